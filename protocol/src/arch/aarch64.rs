@@ -1,0 +1,62 @@
+//! aarch64: address-space constants and the saved context.
+
+/// RAM starts here (the `virt` machine layout).
+pub const RAM_BASE: u64 = 0x4000_0000;
+/// Lowest address a guest image may be linked at.
+pub const IMAGE_BASE: u64 = 0x4020_0000;
+/// The hypercall page ([`crate::hypercall`]), below RAM, with no memory behind it.
+pub const HYPERCALL_BASE: u64 = 0x0B00_0000;
+/// GICv3 distributor and redistributors.
+pub const GICD_BASE: u64 = 0x0800_0000;
+pub const GICR_BASE: u64 = 0x080A_0000;
+/// The upcall interrupt: a software-generated interrupt (SGI) number.
+pub const INTID_UPCALL: u32 = 8;
+/// Guest-to-guest reschedule SGI.
+pub const INTID_RESCHEDULE: u32 = 9;
+/// EL1 virtual timer PPI: the runtime's preemption tick.
+pub const INTID_VTIMER: u32 = 27;
+
+/// An EL0 thread's complete state, as handed over in PREEMPTED and UNBLOCKED records.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct UserContext {
+    pub x: [u64; 31],
+    pub sp: u64,
+    pub pc: u64,
+    pub pstate: u64,
+    pub tpidr_el0: u64,
+    pub fpcr: u64,
+    pub fpsr: u64,
+    pub _pad: u64,
+    pub q: [u128; 32],
+}
+
+impl Default for UserContext {
+    fn default() -> Self {
+        UserContext { x: [0; 31], sp: 0, pc: 0, pstate: 0, tpidr_el0: 0, fpcr: 0, fpsr: 0, _pad: 0, q: [0; 32] }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{offset_of, size_of};
+
+    #[test]
+    fn user_context_layout() {
+        assert_eq!(offset_of!(UserContext, sp), 248);
+        assert_eq!(offset_of!(UserContext, pc), 256);
+        assert_eq!(offset_of!(UserContext, pstate), 264);
+        assert_eq!(offset_of!(UserContext, tpidr_el0), 272);
+        assert_eq!(offset_of!(UserContext, fpcr), 280);
+        assert_eq!(offset_of!(UserContext, fpsr), 288);
+        assert_eq!(offset_of!(UserContext, q), 304);
+        assert_eq!(size_of::<UserContext>(), 832);
+    }
+
+    #[test]
+    fn address_space_is_consistent() {
+        assert!(HYPERCALL_BASE + crate::hypercall::HYPERCALL_PAGE_SIZE <= RAM_BASE);
+        assert!(IMAGE_BASE > RAM_BASE);
+    }
+}

@@ -1,0 +1,143 @@
+//! Hypercalls: how a guest asks the VMM for something.
+//!
+//! A hypercall is one 8-byte **load** from `hypercall_base + 8 * nr` (see
+//! [`crate::arch::x86_64::HYPERCALL_BASE`]), a guest-physical page with no memory behind it, so
+//! the access exits to the VMM. It works at any privilege level, on both architectures, and is
+//! the only exit available from CPL3 on our KVM. Arguments travel in registers, the result is the
+//! loaded value:
+//!
+//! | arch    | arguments 0..3           | result            |
+//! |---------|--------------------------|-------------------|
+//! | x86_64  | `rdi`, `rsi`, `rdx`, `r10` | the load's destination register |
+//! | aarch64 | `x0`, `x1`, `x2`, `x3`     | the load's destination register |
+//!
+//! A load at an offset that is not a multiple of 8, any store to the page, an unknown number, or
+//! arguments that break a call's rules (a buffer outside guest memory, say) stop the guest with an
+//! error naming the call: protocol violations are never silently ignored.
+
+/// Size of the hypercall page.
+pub const HYPERCALL_PAGE_SIZE: u64 = 4096;
+
+/// Hypercall numbers.
+#[repr(u64)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hypercall {
+    /// `console_write(gpa, len) -> len`: write `len` bytes at guest-physical `gpa` to the console.
+    ConsoleWrite = 1,
+    /// `exit(code) -> !`: stop the whole guest; `code & 0xff` becomes activm's exit status.
+    Exit = 2,
+    /// `panic(gpa, len) -> !`: stop the guest, report the UTF-8 message on stderr, fail.
+    Panic = 3,
+    /// `fatal_trap() -> !`: issued by the CPL0 stub for an exception it cannot handle. The stub
+    /// pushes `rax` and leaves the CPU's exception frame above it ([`crate::arch::x86_64::TrapFrame`]
+    /// at the stack pointer); the VMM reports it with the registers.
+    FatalTrap = 4,
+    /// `vcpu_stop() -> !`: this vCPU is done; the guest goes on with the others.
+    VcpuStop = 5,
+    /// `halt() -> 0`: sleep until an interrupt is pending for this vCPU.
+    Halt = 6,
+    /// `sa_register(upcall_entry, flags) -> 0`: register the CPL3 upcall entry point.
+    SaRegister = 16,
+    /// `sa_setconcurrency(n) -> previous`: the guest can use up to `n` vCPUs.
+    SaSetConcurrency = 17,
+    /// `sa_yield() -> 0`: this vCPU has no work; the VMM may give its processor away.
+    SaYield = 18,
+    /// `sa_preempt(vcpu) -> 0`: deliver a USER upcall to one of the guest's vCPUs.
+    SaPreempt = 19,
+    /// `sa_enable() -> 0`: start delivering upcalls (after the stack pool is filled).
+    SaEnable = 20,
+}
+
+impl Hypercall {
+    /// Highest valid hypercall number + 1 (the page holds 512 slots).
+    pub const SLOTS: u64 = HYPERCALL_PAGE_SIZE / 8;
+
+    pub const fn from_raw(nr: u64) -> Option<Hypercall> {
+        Some(match nr {
+            1 => Hypercall::ConsoleWrite,
+            2 => Hypercall::Exit,
+            3 => Hypercall::Panic,
+            4 => Hypercall::FatalTrap,
+            5 => Hypercall::VcpuStop,
+            6 => Hypercall::Halt,
+            16 => Hypercall::SaRegister,
+            17 => Hypercall::SaSetConcurrency,
+            18 => Hypercall::SaYield,
+            19 => Hypercall::SaPreempt,
+            20 => Hypercall::SaEnable,
+            _ => return None,
+        })
+    }
+
+    /// The guest-physical address whose load performs this call.
+    pub const fn address(self, hypercall_base: u64) -> u64 {
+        hypercall_base + 8 * self as u64
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Hypercall::ConsoleWrite => "console_write",
+            Hypercall::Exit => "exit",
+            Hypercall::Panic => "panic",
+            Hypercall::FatalTrap => "fatal_trap",
+            Hypercall::VcpuStop => "vcpu_stop",
+            Hypercall::Halt => "halt",
+            Hypercall::SaRegister => "sa_register",
+            Hypercall::SaSetConcurrency => "sa_setconcurrency",
+            Hypercall::SaYield => "sa_yield",
+            Hypercall::SaPreempt => "sa_preempt",
+            Hypercall::SaEnable => "sa_enable",
+        }
+    }
+}
+
+/// Decode a guest-physical address inside the hypercall page into a call number.
+/// Returns `Err(offset)` for a misaligned access.
+pub const fn decode(gpa: u64, hypercall_base: u64) -> Option<Result<u64, u64>> {
+    if gpa < hypercall_base || gpa >= hypercall_base + HYPERCALL_PAGE_SIZE {
+        return None;
+    }
+    let offset = gpa - hypercall_base;
+    if offset % 8 != 0 {
+        Some(Err(offset))
+    } else {
+        Some(Ok(offset / 8))
+    }
+}
+
+/// Largest buffer `console_write` and `panic` accept in one call.
+pub const MAX_WRITE_LEN: u64 = 64 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_pinned() {
+        assert_eq!(Hypercall::ConsoleWrite as u64, 1);
+        assert_eq!(Hypercall::Exit as u64, 2);
+        assert_eq!(Hypercall::Panic as u64, 3);
+        assert_eq!(Hypercall::FatalTrap as u64, 4);
+        assert_eq!(Hypercall::VcpuStop as u64, 5);
+        assert_eq!(Hypercall::Halt as u64, 6);
+        assert_eq!(Hypercall::SaRegister as u64, 16);
+        assert_eq!(Hypercall::SaEnable as u64, 20);
+    }
+
+    #[test]
+    fn every_number_round_trips() {
+        for nr in 0..Hypercall::SLOTS {
+            if let Some(hc) = Hypercall::from_raw(nr) {
+                assert_eq!(hc as u64, nr);
+                assert_eq!(decode(hc.address(0x1000), 0x1000), Some(Ok(nr)));
+            }
+        }
+    }
+
+    #[test]
+    fn decode_rejects_outside_and_misaligned() {
+        assert_eq!(decode(0xfff, 0x1000), None);
+        assert_eq!(decode(0x2000, 0x1000), None);
+        assert_eq!(decode(0x1004, 0x1000), Some(Err(4)));
+    }
+}
