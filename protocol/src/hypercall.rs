@@ -105,6 +105,9 @@ pub const fn decode(gpa: u64, hypercall_base: u64) -> Option<Result<u64, u64>> {
     }
 }
 
+/// Returned by a call this VMM does not implement (yet); the guest may fall back.
+pub const HC_UNSUPPORTED: u64 = u64::MAX;
+
 /// Largest buffer `console_write` and `panic` accept in one call.
 pub const MAX_WRITE_LEN: u64 = 64 * 1024;
 

@@ -1,0 +1,168 @@
+//! Building the x86_64 boot structures in guest memory: GDT, TSS, IDT, page tables.
+
+use protocol::arch::x86_64::{
+    vector_has_error_code, HYPERCALL_BASE, IST_CRITICAL, KERNEL_CS, LAPIC_BASE, TSS_SELECTOR_BASE,
+};
+use protocol::boot::MemKind;
+
+use super::layout::*;
+use crate::error::Error;
+use crate::memory::{GuestRam, Plan};
+
+const PTE_PRESENT: u64 = 1 << 0;
+const PTE_WRITABLE: u64 = 1 << 1;
+const PTE_USER: u64 = 1 << 2;
+const PTE_WRITE_THROUGH: u64 = 1 << 3;
+const PTE_NO_CACHE: u64 = 1 << 4;
+const PTE_HUGE: u64 = 1 << 7;
+const TWO_MIB: u64 = 2 << 20;
+
+/// Where the VMM's own structures sit, for the guest's memory map.
+pub fn vmm_regions() -> [(u64, u64, MemKind); 4] {
+    [
+        (GDT_ADDR, BOOT_INFO_ADDR - GDT_ADDR, MemKind::Vmm),
+        (BOOT_INFO_ADDR, 0x2000, MemKind::BootInfo),
+        (PML4_ADDR, KERNEL_STACKS_END - PML4_ADDR, MemKind::Vmm),
+        (LAPIC_BASE, 0x1000, MemKind::InterruptController),
+    ]
+}
+
+/// Write GDT, TSSs, IDT and page tables.
+pub fn write_tables(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
+    write_gdt(ram, plan.nr_vcpus)?;
+    write_idt(ram, plan.vectors, plan.vector_stride)?;
+    write_page_tables(ram, plan.mem_size)
+}
+
+fn write_gdt(ram: &GuestRam, nr_vcpus: u32) -> Result<(), Error> {
+    // Accessed bits pre-set so the CPU never needs to write the descriptors.
+    let fixed: [u64; 5] = [
+        0,
+        0x0020_9B00_0000_0000, // 0x08 kernel code: P, DPL0, code, L
+        0x00CF_9300_0000_FFFF, // 0x10 kernel data: P, DPL0, data, writable
+        0x00CF_F300_0000_FFFF, // 0x18 user data: P, DPL3
+        0x0020_FB00_0000_0000, // 0x20 user code: P, DPL3, L
+    ];
+    for (i, desc) in fixed.iter().enumerate() {
+        ram.write_u64(GDT_ADDR + 8 * i as u64, *desc)?;
+    }
+    for i in 0..nr_vcpus as u64 {
+        let base = TSS_ADDR + i * TSS_STRIDE;
+        let limit = 0x67u64;
+        // 64-bit TSS, busy (it is loaded through KVM_SET_SREGS as already busy).
+        let low = (limit & 0xffff)
+            | ((base & 0xff_ffff) << 16)
+            | (0x8Bu64 << 40)
+            | (((base >> 24) & 0xff) << 56);
+        let sel = TSS_SELECTOR_BASE as u64 + 16 * i;
+        ram.write_u64(GDT_ADDR + sel, low)?;
+        ram.write_u64(GDT_ADDR + sel + 8, base >> 32)?;
+        // TSS: RSP0 at 4, IST1 at 0x24, I/O map base beyond the limit (no I/O bitmap).
+        ram.write_u64(base + 4, rsp0_top(i))?;
+        ram.write_u64(base + 0x24 + 8 * (IST_CRITICAL as u64 - 1), ist_top(i))?;
+        ram.write_u16(base + 0x66, 0x68)?;
+    }
+    Ok(())
+}
+
+/// GDT limit for `nr_vcpus` TSS descriptors.
+pub fn gdt_limit(nr_vcpus: u32) -> u16 {
+    (TSS_SELECTOR_BASE as u32 + 16 * nr_vcpus - 1) as u16
+}
+
+fn write_idt(ram: &GuestRam, vectors: u64, stride: u64) -> Result<(), Error> {
+    for vector in 0..256u64 {
+        let handler = vectors + vector * stride;
+        let ist = match vector {
+            2 | 8 | 18 => IST_CRITICAL as u64,
+            _ => 0,
+        };
+        // Interrupt gate (type 0xE), present, DPL0: `int n` from CPL3 faults.
+        let low = (handler & 0xffff)
+            | ((KERNEL_CS as u64) << 16)
+            | (ist << 32)
+            | (0x8Eu64 << 40)
+            | (((handler >> 16) & 0xffff) << 48);
+        ram.write_u64(IDT_ADDR + 16 * vector, low)?;
+        ram.write_u64(IDT_ADDR + 16 * vector + 8, handler >> 32)?;
+    }
+    debug_assert!(vector_has_error_code(14));
+    Ok(())
+}
+
+fn write_page_tables(ram: &GuestRam, mem_size: u64) -> Result<(), Error> {
+    let table = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
+    ram.write_u64(PML4_ADDR, PDPT_ADDR | table)?;
+    for gib in 0..4u64 {
+        ram.write_u64(PDPT_ADDR + 8 * gib, (PD_ADDR + 0x1000 * gib) | table)?;
+    }
+    // First 2 MiB in 4 KiB pages: page 0 stays unmapped, VMM structures are CPL0-only.
+    ram.write_u64(PD_ADDR, LOW_PT_ADDR | table)?;
+    let kernel = PTE_PRESENT | PTE_WRITABLE;
+    let user = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
+    let low = |start: u64, end: u64, flags: u64| -> Result<(), Error> {
+        let mut page = start;
+        while page < end {
+            ram.write_u64(LOW_PT_ADDR + 8 * (page >> 12), page | flags)?;
+            page += 0x1000;
+        }
+        Ok(())
+    };
+    low(GDT_ADDR, BOOT_INFO_ADDR, kernel)?;
+    low(BOOT_INFO_ADDR, ARGS_ADDR + 0x1000, user)?;
+    low(PML4_ADDR, LOW_PT_ADDR + 0x1000, kernel)?;
+    low(KERNEL_STACKS_ADDR, KERNEL_STACKS_END, kernel)?;
+    // RAM above 2 MiB in 2 MiB pages, all CPL3 read-write.
+    let mut addr = TWO_MIB;
+    while addr < mem_size {
+        ram.write_u64(PD_ADDR + 8 * (addr / TWO_MIB), addr | user | PTE_HUGE)?;
+        addr += TWO_MIB;
+    }
+    // The hypercall page and the local APIC, uncached, reachable from CPL3.
+    for mmio in [HYPERCALL_BASE, LAPIC_BASE] {
+        let page = mmio & !(TWO_MIB - 1);
+        let flags = user | PTE_HUGE | PTE_NO_CACHE | PTE_WRITE_THROUGH;
+        ram.write_u64(PD_ADDR + 8 * (page / TWO_MIB), page | flags)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> Plan {
+        Plan::new(2, 64 << 20, 0x20_0000..0x30_0000, 0x20_0100, 16, 0x20_0000).unwrap()
+    }
+
+    #[test]
+    fn page_tables_hide_vmm_structures() {
+        let plan = plan();
+        let ram = GuestRam::new(plan.mem_size).unwrap();
+        write_tables(&ram, &plan).unwrap();
+        let pte = |addr: u64| ram.read_u64(LOW_PT_ADDR + 8 * (addr >> 12)).unwrap();
+        assert_eq!(pte(0), 0, "null page unmapped");
+        assert_eq!(pte(GDT_ADDR) & PTE_USER, 0);
+        assert_eq!(pte(IDT_ADDR) & PTE_USER, 0);
+        assert_ne!(pte(BOOT_INFO_ADDR) & PTE_USER, 0);
+        assert_eq!(pte(KERNEL_STACKS_ADDR) & PTE_USER, 0);
+        let pde = |addr: u64| ram.read_u64(PD_ADDR + 8 * (addr / TWO_MIB)).unwrap();
+        assert_eq!(pde(0x20_0000), 0x20_0000 | 0x87);
+        assert_eq!(pde(64 << 20), 0, "nothing mapped past RAM");
+        assert_ne!(pde(HYPERCALL_BASE) & PTE_NO_CACHE, 0);
+    }
+
+    #[test]
+    fn idt_gate_points_at_stub() {
+        let plan = plan();
+        let ram = GuestRam::new(plan.mem_size).unwrap();
+        write_tables(&ram, &plan).unwrap();
+        let low = ram.read_u64(IDT_ADDR + 16 * 14).unwrap();
+        let high = ram.read_u64(IDT_ADDR + 16 * 14 + 8).unwrap();
+        let handler = (low & 0xffff) | ((low >> 48) << 16) | (high << 32);
+        assert_eq!(handler, 0x20_0100 + 14 * 16);
+        assert_eq!((low >> 16) & 0xffff, KERNEL_CS as u64);
+        let df = ram.read_u64(IDT_ADDR + 16 * 8).unwrap();
+        assert_eq!((df >> 32) & 7, IST_CRITICAL as u64);
+    }
+}

@@ -1,0 +1,35 @@
+//! x86_64: the guest enters at CPL0 in long mode with VMM-built GDT, TSS, IDT and page tables.
+
+pub mod boot;
+pub mod layout;
+pub mod vcpu;
+
+pub use protocol::arch::x86_64 as abi;
+
+/// The ELF machine number guests for this architecture carry.
+pub const ELF_MACHINE: u16 = 62; // EM_X86_64
+
+use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+
+use crate::error::Error;
+use crate::memory::Plan;
+
+/// Per-VM x86_64 state the vCPUs are configured from.
+#[derive(Debug)]
+pub struct ArchVm {
+    cpuid: CpuId,
+}
+
+/// Create the in-kernel interrupt controller and read the CPUID template.
+pub fn setup_vm(kvm: &Kvm, vm: &VmFd) -> Result<ArchVm, Error> {
+    vm.create_irq_chip().map_err(Error::kvm("KVM_CREATE_IRQCHIP"))?;
+    let cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(Error::kvm("KVM_GET_SUPPORTED_CPUID"))?;
+    Ok(ArchVm { cpuid })
+}
+
+pub fn configure_vcpu(fd: &VcpuFd, arch: &ArchVm, index: u32, plan: &Plan) -> Result<(), Error> {
+    vcpu::configure(fd, &arch.cpuid, index, plan)
+}

@@ -1,0 +1,122 @@
+//! Writing [`protocol::boot::BootInfo`], the argument block and the shared area's header.
+
+use std::mem::offset_of;
+
+use protocol::boot::{
+    BootInfo, MemKind, MemRegion, VcpuBoot, BOOT_FLAG_TIMING, BOOT_INFO_MAGIC, MAX_ARGS_LEN,
+    MAX_MEM_REGIONS,
+};
+use protocol::shared::{
+    SharedHeader, VcpuArea, VcpuRunState, SHARED_MAGIC, UPCALL_QUEUE_CAPACITY, VCPU_AREA_SIZE,
+};
+use protocol::{ABI_VERSION, MAX_VCPUS};
+
+use crate::arch::current::{abi, boot::vmm_regions, layout};
+use crate::error::Error;
+use crate::memory::{GuestRam, Plan};
+
+/// Host facts the boot info carries.
+#[derive(Clone, Copy, Debug)]
+pub struct HostFacts {
+    pub tsc_khz: u64,
+    pub vmm_start_tsc: u64,
+    pub boot_timing: bool,
+}
+
+/// Pack guest arguments as NUL-terminated strings.
+pub fn pack_args(args: &[String]) -> Result<Vec<u8>, Error> {
+    let mut packed = Vec::new();
+    for arg in args {
+        if arg.as_bytes().contains(&0) {
+            return Err(Error::Config(format!("guest argument {arg:?} contains a NUL byte")));
+        }
+        packed.extend_from_slice(arg.as_bytes());
+        packed.push(0);
+    }
+    if packed.len() > MAX_ARGS_LEN {
+        return Err(Error::Config(format!(
+            "guest arguments take {} bytes; the limit is {MAX_ARGS_LEN}",
+            packed.len()
+        )));
+    }
+    Ok(packed)
+}
+
+pub fn write(ram: &GuestRam, plan: &Plan, args: &[String], host: HostFacts) -> Result<(), Error> {
+    let packed = pack_args(args)?;
+    ram.write_bytes(layout::ARGS_ADDR, &packed)?;
+
+    let mut regions: Vec<(u64, u64, MemKind)> = vmm_regions().to_vec();
+    regions.extend([
+        (plan.image.start, plan.image.end - plan.image.start, MemKind::Image),
+        (plan.shared_area.start, plan.shared_area.end - plan.shared_area.start, MemKind::SharedArea),
+        (plan.boot_stacks.start, plan.boot_stacks.end - plan.boot_stacks.start, MemKind::BootStacks),
+        (plan.heap.start, plan.heap.end - plan.heap.start, MemKind::Free),
+        (abi::HYPERCALL_BASE, protocol::hypercall::HYPERCALL_PAGE_SIZE, MemKind::Hypercall),
+    ]);
+    assert!(regions.len() <= MAX_MEM_REGIONS);
+    let mut mem_map = [MemRegion::EMPTY; MAX_MEM_REGIONS];
+    for (slot, (start, size, kind)) in mem_map.iter_mut().zip(&regions) {
+        *slot = MemRegion { start: *start, size: *size, kind: *kind as u32, _pad: 0 };
+    }
+    let mut vcpus = [VcpuBoot::EMPTY; MAX_VCPUS];
+    for (i, vcpu) in vcpus.iter_mut().take(plan.nr_vcpus as usize).enumerate() {
+        vcpu.user_stack_top = plan.user_stack_top(i as u32);
+        vcpu.irq_id = i as u32;
+    }
+    let info = BootInfo {
+        magic: BOOT_INFO_MAGIC,
+        abi_version: ABI_VERSION,
+        size: std::mem::size_of::<BootInfo>() as u32,
+        nr_vcpus: plan.nr_vcpus,
+        flags: if host.boot_timing { BOOT_FLAG_TIMING } else { 0 },
+        tsc_khz: host.tsc_khz,
+        vmm_start_tsc: host.vmm_start_tsc,
+        mem_size: plan.mem_size,
+        hypercall_base: abi::HYPERCALL_BASE,
+        irq_controller_base: abi::LAPIC_BASE,
+        shared_area: plan.shared_area.start,
+        shared_area_size: plan.shared_area.end - plan.shared_area.start,
+        heap_start: plan.heap.start,
+        heap_end: plan.heap.end,
+        args: layout::ARGS_ADDR,
+        args_len: packed.len() as u32,
+        argc: args.len() as u32,
+        nr_mem_regions: regions.len() as u32,
+        _pad: 0,
+        mem_map,
+        vcpus,
+    };
+    ram.write_struct(layout::BOOT_INFO_ADDR, &info)?;
+    write_shared_area(ram, plan)
+}
+
+fn write_shared_area(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
+    let base = plan.shared_area.start;
+    ram.write_u64(base + offset_of!(SharedHeader, magic) as u64, SHARED_MAGIC)?;
+    ram.write_u32(base + offset_of!(SharedHeader, abi_version) as u64, ABI_VERSION)?;
+    ram.write_u32(base + offset_of!(SharedHeader, nr_vcpus) as u64, plan.nr_vcpus)?;
+    ram.write_u32(base + offset_of!(SharedHeader, vcpu_area_size) as u64, VCPU_AREA_SIZE as u32)?;
+    ram.write_u32(base + offset_of!(SharedHeader, queue_capacity) as u64, UPCALL_QUEUE_CAPACITY as u32)?;
+    ram.write_u32(base + offset_of!(SharedHeader, granted_vcpus) as u64, plan.nr_vcpus)?;
+    ram.write_u32(base + offset_of!(SharedHeader, requested_concurrency) as u64, plan.nr_vcpus)?;
+    for i in 0..plan.nr_vcpus {
+        let area = plan.vcpu_area(i);
+        ram.write_u32(area + offset_of!(VcpuArea, state) as u64, VcpuRunState::Running as u32)?;
+        // Activation ids start at 1; the boot activation of vCPU i is i + 1.
+        ram.write_u32(area + offset_of!(VcpuArea, activation) as u64, i + 1)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_are_nul_separated() {
+        assert_eq!(pack_args(&["a".into(), "bc".into()]).unwrap(), b"a\0bc\0");
+        assert!(pack_args(&["a\0b".into()]).is_err());
+        assert!(pack_args(&["x".repeat(MAX_ARGS_LEN)]).is_err());
+    }
+}

@@ -1,0 +1,200 @@
+//! Guest RAM and the plan of what goes where in it.
+
+use std::ops::Range;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use crate::arch::current::layout::{BOOT_STACK_SIZE, MIN_HEAP};
+use crate::error::Error;
+
+/// Guest RAM: one region from guest-physical 0. Every access is bounds-checked, so a hostile
+/// guest pointer is an error, never a host fault.
+#[derive(Debug)]
+pub struct GuestRam {
+    mem: GuestMemoryMmap<()>,
+    size: u64,
+}
+
+impl GuestRam {
+    pub fn new(size: u64) -> Result<GuestRam, Error> {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), size as usize)])
+            .map_err(|e| Error::Host(format!("cannot allocate {size} bytes of guest memory: {e}")))?;
+        Ok(GuestRam { mem, size })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn inner(&self) -> &GuestMemoryMmap<()> {
+        &self.mem
+    }
+
+    /// Host address of guest-physical 0 (for KVM_SET_USER_MEMORY_REGION).
+    pub fn host_base(&self) -> u64 {
+        self.mem
+            .get_host_address(GuestAddress(0))
+            .map(|p| p as u64)
+            .expect("guest RAM starts at 0")
+    }
+
+    /// `len` bytes at `gpa`, if they lie inside RAM.
+    pub fn read_bytes(&self, gpa: u64, len: u64) -> Result<Vec<u8>, Error> {
+        self.check(gpa, len)?;
+        let mut buf = vec![0u8; len as usize];
+        self.mem
+            .read_slice(&mut buf, GuestAddress(gpa))
+            .map_err(|e| Error::Memory(format!("read of {len} bytes at {gpa:#x}: {e}")))?;
+        Ok(buf)
+    }
+
+    pub fn write_bytes(&self, gpa: u64, bytes: &[u8]) -> Result<(), Error> {
+        self.check(gpa, bytes.len() as u64)?;
+        self.mem
+            .write_slice(bytes, GuestAddress(gpa))
+            .map_err(|e| Error::Memory(format!("write of {} bytes at {gpa:#x}: {e}", bytes.len())))
+    }
+
+    pub fn read_u64(&self, gpa: u64) -> Result<u64, Error> {
+        let bytes = self.read_bytes(gpa, 8)?;
+        Ok(u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+    }
+
+    pub fn write_u64(&self, gpa: u64, value: u64) -> Result<(), Error> {
+        self.write_bytes(gpa, &value.to_le_bytes())
+    }
+
+    pub fn write_u32(&self, gpa: u64, value: u32) -> Result<(), Error> {
+        self.write_bytes(gpa, &value.to_le_bytes())
+    }
+
+    pub fn write_u16(&self, gpa: u64, value: u16) -> Result<(), Error> {
+        self.write_bytes(gpa, &value.to_le_bytes())
+    }
+
+    /// Write a plain-data ABI struct.
+    ///
+    /// `T` must be one of the `protocol` types without implicit padding (every byte is a field
+    /// or an explicit `_pad`), which is what the protocol's layout tests pin.
+    pub fn write_struct<T: Copy>(&self, gpa: u64, value: &T) -> Result<(), Error> {
+        // SAFETY: `value` is a valid, initialised `T` of `size_of::<T>()` bytes; the protocol's
+        // ABI types have no implicit padding, so every byte read here is initialised.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(value as *const T as *const u8, std::mem::size_of::<T>())
+        };
+        self.write_bytes(gpa, bytes)
+    }
+
+    /// Read a plain-data ABI struct (any bit pattern must be a valid `T`: integers only).
+    pub fn read_struct<T: Copy + Default>(&self, gpa: u64) -> Result<T, Error> {
+        let bytes = self.read_bytes(gpa, std::mem::size_of::<T>() as u64)?;
+        let mut value = T::default();
+        // SAFETY: `value` is `size_of::<T>()` writable bytes and `T` consists of integers only
+        // (the callers use protocol types made of u64/u32 fields), so any byte pattern is valid.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), &mut value as *mut T as *mut u8, bytes.len());
+        }
+        Ok(value)
+    }
+
+    fn check(&self, gpa: u64, len: u64) -> Result<(), Error> {
+        match gpa.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(Error::Memory(format!(
+                "range {gpa:#x}+{len:#x} lies outside guest RAM (0..{:#x})",
+                self.size
+            ))),
+        }
+    }
+}
+
+/// What goes where in guest RAM above the image.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub nr_vcpus: u32,
+    pub mem_size: u64,
+    pub image: Range<u64>,
+    pub entry: u64,
+    /// Interrupt entry stubs (from the boot header).
+    pub vectors: u64,
+    pub vector_stride: u64,
+    pub shared_area: Range<u64>,
+    pub boot_stacks: Range<u64>,
+    pub heap: Range<u64>,
+}
+
+const fn align_up(value: u64, align: u64) -> u64 {
+    (value + align - 1) & !(align - 1)
+}
+
+impl Plan {
+    pub fn new(
+        nr_vcpus: u32,
+        mem_size: u64,
+        image: Range<u64>,
+        vectors: u64,
+        vector_stride: u64,
+        entry: u64,
+    ) -> Result<Plan, Error> {
+        let shared_start = align_up(image.end, 4096);
+        let shared_end = shared_start + protocol::shared::shared_area_size(nr_vcpus as usize) as u64;
+        let stacks_start = align_up(shared_end, 4096);
+        let stacks_end = stacks_start + nr_vcpus as u64 * BOOT_STACK_SIZE;
+        let heap_start = align_up(stacks_end, 4096);
+        let needed = heap_start + MIN_HEAP;
+        if needed > mem_size {
+            return Err(Error::MemTooSmall { needed, given: mem_size });
+        }
+        Ok(Plan {
+            nr_vcpus,
+            mem_size,
+            image,
+            entry,
+            vectors,
+            vector_stride,
+            shared_area: shared_start..shared_end,
+            boot_stacks: stacks_start..stacks_end,
+            heap: heap_start..mem_size,
+        })
+    }
+
+    /// Top of vCPU `index`'s CPL3 boot stack.
+    pub fn user_stack_top(&self, index: u32) -> u64 {
+        self.boot_stacks.start + (index as u64 + 1) * BOOT_STACK_SIZE
+    }
+
+    /// Guest-physical address of vCPU `index`'s area in the shared area.
+    pub fn vcpu_area(&self, index: u32) -> u64 {
+        self.shared_area.start + protocol::shared::vcpu_area_offset(index as usize) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_orders_regions() {
+        let plan = Plan::new(4, 64 << 20, 0x20_0000..0x21_0123, 0, 16, 0x20_0000).unwrap();
+        assert_eq!(plan.shared_area.start, 0x21_1000);
+        assert!(plan.shared_area.end <= plan.boot_stacks.start);
+        assert!(plan.boot_stacks.end <= plan.heap.start);
+        assert_eq!(plan.heap.end, 64 << 20);
+        assert_eq!(plan.user_stack_top(0) % 16, 0);
+    }
+
+    #[test]
+    fn plan_rejects_small_memory() {
+        let err = Plan::new(4, 4 << 20, 0x20_0000..0x30_0000, 0, 16, 0x20_0000).unwrap_err();
+        assert!(matches!(err, Error::MemTooSmall { .. }), "{err}");
+    }
+
+    #[test]
+    fn ram_accesses_are_bounds_checked() {
+        let ram = GuestRam::new(1 << 20).unwrap();
+        ram.write_u64(8, 42).unwrap();
+        assert_eq!(ram.read_u64(8).unwrap(), 42);
+        assert!(ram.read_bytes((1 << 20) - 4, 8).is_err());
+        assert!(ram.read_bytes(u64::MAX - 2, 8).is_err(), "overflow is caught");
+    }
+}
