@@ -1,0 +1,77 @@
+//! The platform floor for booting: create a VM with the same memory as activm, one vCPU in
+//! long mode, and run it to its first exit (a load from an address with no memory). Nothing
+//! activm does beyond this is free; the ratio to this floor is what activm's design costs.
+
+use kvm_bindings::{kvm_segment, kvm_userspace_memory_region};
+use kvm_ioctls::{Kvm, VcpuExit};
+
+const PML4: u64 = 0x1000;
+const PDPT: u64 = 0x2000;
+const PD: u64 = 0x3000;
+const CODE: u64 = 0x20_0000;
+/// `mov rax, [0xFEB00000]` (movabs), the first and only instruction.
+const LOAD_UNBACKED: [u8; 10] = [0x48, 0xa1, 0x00, 0x00, 0xb0, 0xfe, 0x00, 0x00, 0x00, 0x00];
+
+/// Boot a minimal VM with `mem_size` bytes of RAM to its first exit; returns the host TSC
+/// when that exit came back to user space.
+pub fn boot_to_first_exit(mem_size: usize) -> u64 {
+    let kvm = Kvm::new().expect("open /dev/kvm");
+    let vm = kvm.create_vm().expect("KVM_CREATE_VM");
+    // SAFETY: an anonymous private mapping with no address hint; checked below.
+    let mem = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            mem_size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(mem, libc::MAP_FAILED, "mmap guest memory");
+    let mem = mem as *mut u8;
+    let write_u64 = |gpa: u64, value: u64| {
+        assert!(gpa as usize + 8 <= mem_size);
+        // SAFETY: `gpa + 8` lies inside the `mem_size`-byte mapping.
+        unsafe { (mem.add(gpa as usize) as *mut u64).write_unaligned(value) }
+    };
+    write_u64(PML4, PDPT | 3);
+    write_u64(PDPT, PD | 3);
+    write_u64(PD + 8, CODE | 0x83);
+    // Map the unbacked page so the load reaches the VMM as MMIO.
+    write_u64(PDPT + 8 * 3, (PD + 0x1000) | 3);
+    write_u64(PD + 0x1000 + 8 * 501, 0xFEA0_0000 | 0x9b);
+    // SAFETY: CODE + 10 bytes lie inside the mapping.
+    unsafe { std::ptr::copy_nonoverlapping(LOAD_UNBACKED.as_ptr(), mem.add(CODE as usize), LOAD_UNBACKED.len()) };
+    let region = kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: mem_size as u64,
+        userspace_addr: mem as u64,
+    };
+    // SAFETY: the mapping stays alive until after the VM is dropped (it is never unmapped
+    // before process exit in this benchmark helper).
+    unsafe { vm.set_user_memory_region(region) }.expect("set memory region");
+    let mut vcpu = vm.create_vcpu(0).expect("KVM_CREATE_VCPU");
+    let mut sregs = vcpu.get_sregs().expect("get sregs");
+    let code = kvm_segment { selector: 8, type_: 0xb, present: 1, s: 1, l: 1, g: 1, limit: 0xffff_ffff, ..Default::default() };
+    let data = kvm_segment { selector: 16, type_: 3, present: 1, s: 1, db: 1, g: 1, limit: 0xffff_ffff, ..Default::default() };
+    sregs.cs = code;
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.ss = data;
+    sregs.cr0 = 0x8000_0011 | (1 << 5);
+    sregs.cr3 = PML4;
+    sregs.cr4 = 1 << 5;
+    sregs.efer = 0x500;
+    vcpu.set_sregs(&sregs).expect("set sregs");
+    let mut regs = vcpu.get_regs().expect("get regs");
+    regs.rip = CODE;
+    regs.rflags = 2;
+    vcpu.set_regs(&regs).expect("set regs");
+    match vcpu.run().expect("KVM_RUN") {
+        VcpuExit::MmioRead(..) => activm::rdtsc(),
+        other => panic!("floor guest: unexpected exit {other:?}"),
+    }
+}
