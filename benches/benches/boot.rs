@@ -26,17 +26,19 @@ fn main() {
 
         let start = activm::rdtsc();
         let config = VmConfig {
-            image: demo.clone(),
-            vcpus: 1,
             mem_size: MEM,
-            args: vec![],
             boot_timing: true,
             timeout: Some(Duration::from_secs(30)),
             start_tsc: start,
+            ..VmConfig::new(&demo)
         };
         let report = activm::run(&config, Box::new(std::io::sink())).expect("activm run");
         let end = activm::rdtsc();
-        assert_eq!(report.outcome, activm::Outcome::Exited(0), "demo guest failed");
+        assert_eq!(
+            report.outcome,
+            activm::Outcome::Exited(0),
+            "demo guest failed"
+        );
         let timing = report.timing.expect("boot timing");
         let (first, main) = timing.vcpus[0];
         first_us.push(us(first - start));
@@ -44,15 +46,24 @@ fn main() {
         total_us.push(us(end - start));
     }
     let (floor_med, floor_p10, floor_p90) = summary(&mut floor_us);
-    println!("boot time, {rounds} rounds, 1 vCPU, {} MiB (medians, p10..p90):", MEM >> 20);
-    println!("  {:<42} {:>9.1} us  ({:.1}..{:.1})   1.00x", "floor: bare VM to its first exit", floor_med, floor_p10, floor_p90);
+    println!(
+        "boot time, {rounds} rounds, 1 vCPU, {} MiB (medians, p10..p90):",
+        MEM >> 20
+    );
+    println!(
+        "  {:<42} {:>9.1} us  ({:.1}..{:.1})   1.00x",
+        "floor: bare VM to its first exit", floor_med, floor_p10, floor_p90
+    );
     for (name, samples) in [
         ("activm: start -> first guest instruction", &mut first_us),
         ("activm: start -> guest main (CPL3)", &mut main_us),
         ("activm: start -> guest exit, VM torn down", &mut total_us),
     ] {
         let (med, p10, p90) = summary(samples);
-        println!("  {name:<42} {med:>9.1} us  ({p10:.1}..{p90:.1})  {:5.2}x", med / floor_med);
+        println!(
+            "  {name:<42} {med:>9.1} us  ({p10:.1}..{p90:.1})  {:5.2}x",
+            med / floor_med
+        );
     }
 }
 

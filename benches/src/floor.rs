@@ -42,7 +42,13 @@ pub fn boot_to_first_exit(mem_size: usize) -> u64 {
     write_u64(PDPT + 8 * 3, (PD + 0x1000) | 3);
     write_u64(PD + 0x1000 + 8 * 501, 0xFEA0_0000 | 0x9b);
     // SAFETY: CODE + 10 bytes lie inside the mapping.
-    unsafe { std::ptr::copy_nonoverlapping(LOAD_UNBACKED.as_ptr(), mem.add(CODE as usize), LOAD_UNBACKED.len()) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            LOAD_UNBACKED.as_ptr(),
+            mem.add(CODE as usize),
+            LOAD_UNBACKED.len(),
+        )
+    };
     let region = kvm_userspace_memory_region {
         slot: 0,
         flags: 0,
@@ -55,8 +61,26 @@ pub fn boot_to_first_exit(mem_size: usize) -> u64 {
     unsafe { vm.set_user_memory_region(region) }.expect("set memory region");
     let mut vcpu = vm.create_vcpu(0).expect("KVM_CREATE_VCPU");
     let mut sregs = vcpu.get_sregs().expect("get sregs");
-    let code = kvm_segment { selector: 8, type_: 0xb, present: 1, s: 1, l: 1, g: 1, limit: 0xffff_ffff, ..Default::default() };
-    let data = kvm_segment { selector: 16, type_: 3, present: 1, s: 1, db: 1, g: 1, limit: 0xffff_ffff, ..Default::default() };
+    let code = kvm_segment {
+        selector: 8,
+        type_: 0xb,
+        present: 1,
+        s: 1,
+        l: 1,
+        g: 1,
+        limit: 0xffff_ffff,
+        ..Default::default()
+    };
+    let data = kvm_segment {
+        selector: 16,
+        type_: 3,
+        present: 1,
+        s: 1,
+        db: 1,
+        g: 1,
+        limit: 0xffff_ffff,
+        ..Default::default()
+    };
     sregs.cs = code;
     sregs.ds = data;
     sregs.es = data;

@@ -76,6 +76,8 @@ pub enum MemKind {
     Hypercall = 7,
     /// The interrupt controller (x86_64: the local APIC page, mapped for CPL3).
     InterruptController = 8,
+    /// Thread stacks with guard pages (`BootInfo::stack_region`).
+    ThreadStacks = 9,
 }
 
 /// One entry of the memory map.
@@ -90,7 +92,12 @@ pub struct MemRegion {
 }
 
 impl MemRegion {
-    pub const EMPTY: MemRegion = MemRegion { start: 0, size: 0, kind: 0, _pad: 0 };
+    pub const EMPTY: MemRegion = MemRegion {
+        start: 0,
+        size: 0,
+        kind: 0,
+        _pad: 0,
+    };
 }
 
 /// The largest number of memory-map entries.
@@ -112,7 +119,13 @@ pub struct VcpuBoot {
 }
 
 impl VcpuBoot {
-    pub const EMPTY: VcpuBoot = VcpuBoot { user_stack_top: 0, first_insn_tsc: 0, main_tsc: 0, irq_id: 0, _pad: 0 };
+    pub const EMPTY: VcpuBoot = VcpuBoot {
+        user_stack_top: 0,
+        first_insn_tsc: 0,
+        main_tsc: 0,
+        irq_id: 0,
+        _pad: 0,
+    };
 }
 
 /// `BootInfo::flags`: the user asked for `--boot-timing`.
@@ -158,6 +171,13 @@ pub struct BootInfo {
     pub _pad: u32,
     pub mem_map: [MemRegion; MAX_MEM_REGIONS],
     pub vcpus: [VcpuBoot; MAX_VCPUS],
+    /// Thread stacks with guard pages, mapped by the VMM with 4 KiB pages: `nr_stack_slots`
+    /// slots of `stack_slot_size` bytes from `stack_region`. The lowest page of every slot is
+    /// left unmapped (the guard); the stack grows down from the slot's end.
+    pub stack_region: u64,
+    pub stack_slot_size: u64,
+    pub nr_stack_slots: u32,
+    pub _pad2: u32,
 }
 
 /// The largest argument block.
@@ -196,7 +216,13 @@ mod tests {
         assert_eq!(offset_of!(BootInfo, nr_mem_regions), 112);
         assert_eq!(offset_of!(BootInfo, mem_map), 120);
         assert_eq!(offset_of!(BootInfo, vcpus), 120 + 24 * MAX_MEM_REGIONS);
-        assert_eq!(size_of::<BootInfo>(), 504 + 32 * crate::MAX_VCPUS);
+        assert_eq!(
+            offset_of!(BootInfo, stack_region),
+            504 + 32 * crate::MAX_VCPUS
+        );
+        assert_eq!(offset_of!(BootInfo, stack_slot_size), 2560);
+        assert_eq!(offset_of!(BootInfo, nr_stack_slots), 2568);
+        assert_eq!(size_of::<BootInfo>(), 2576);
         assert!(size_of::<BootInfo>() <= 4096, "BootInfo must fit one page");
     }
 }

@@ -98,7 +98,7 @@ pub const fn decode(gpa: u64, hypercall_base: u64) -> Option<Result<u64, u64>> {
         return None;
     }
     let offset = gpa - hypercall_base;
-    if offset % 8 != 0 {
+    if !offset.is_multiple_of(8) {
         Some(Err(offset))
     } else {
         Some(Ok(offset / 8))

@@ -212,13 +212,22 @@ mod tests {
         assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, seq), 0);
         assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, kind), 8);
         assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, flags), 12);
-        assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, activation), 16);
+        assert_eq!(
+            offset_of!(UpcallRecordOf<x86_64::UserContext>, activation),
+            16
+        );
         assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, vcpu), 20);
-        assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, delivered_to), 24);
+        assert_eq!(
+            offset_of!(UpcallRecordOf<x86_64::UserContext>, delivered_to),
+            24
+        );
         assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, arg), 32);
         assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, context), 64);
         assert_eq!(size_of::<UpcallRecordOf<x86_64::UserContext>>(), 64 + 704);
-        assert_eq!(offset_of!(UpcallRecordOf<aarch64::UserContext>, context), 64);
+        assert_eq!(
+            offset_of!(UpcallRecordOf<aarch64::UserContext>, context),
+            64
+        );
         assert_eq!(size_of::<UpcallRecordOf<aarch64::UserContext>>(), 64 + 832);
     }
 

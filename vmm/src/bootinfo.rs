@@ -28,7 +28,9 @@ pub fn pack_args(args: &[String]) -> Result<Vec<u8>, Error> {
     let mut packed = Vec::new();
     for arg in args {
         if arg.as_bytes().contains(&0) {
-            return Err(Error::Config(format!("guest argument {arg:?} contains a NUL byte")));
+            return Err(Error::Config(format!(
+                "guest argument {arg:?} contains a NUL byte"
+            )));
         }
         packed.extend_from_slice(arg.as_bytes());
         packed.push(0);
@@ -48,16 +50,46 @@ pub fn write(ram: &GuestRam, plan: &Plan, args: &[String], host: HostFacts) -> R
 
     let mut regions: Vec<(u64, u64, MemKind)> = vmm_regions().to_vec();
     regions.extend([
-        (plan.image.start, plan.image.end - plan.image.start, MemKind::Image),
-        (plan.shared_area.start, plan.shared_area.end - plan.shared_area.start, MemKind::SharedArea),
-        (plan.boot_stacks.start, plan.boot_stacks.end - plan.boot_stacks.start, MemKind::BootStacks),
-        (plan.heap.start, plan.heap.end - plan.heap.start, MemKind::Free),
-        (abi::HYPERCALL_BASE, protocol::hypercall::HYPERCALL_PAGE_SIZE, MemKind::Hypercall),
+        (
+            plan.image.start,
+            plan.image.end - plan.image.start,
+            MemKind::Image,
+        ),
+        (
+            plan.shared_area.start,
+            plan.shared_area.end - plan.shared_area.start,
+            MemKind::SharedArea,
+        ),
+        (
+            plan.boot_stacks.start,
+            plan.boot_stacks.end - plan.boot_stacks.start,
+            MemKind::BootStacks,
+        ),
+        (
+            plan.stack_region.start,
+            plan.stacks.bytes(),
+            MemKind::ThreadStacks,
+        ),
+        (
+            plan.heap.start,
+            plan.heap.end - plan.heap.start,
+            MemKind::Free,
+        ),
+        (
+            abi::HYPERCALL_BASE,
+            protocol::hypercall::HYPERCALL_PAGE_SIZE,
+            MemKind::Hypercall,
+        ),
     ]);
     assert!(regions.len() <= MAX_MEM_REGIONS);
     let mut mem_map = [MemRegion::EMPTY; MAX_MEM_REGIONS];
     for (slot, (start, size, kind)) in mem_map.iter_mut().zip(&regions) {
-        *slot = MemRegion { start: *start, size: *size, kind: *kind as u32, _pad: 0 };
+        *slot = MemRegion {
+            start: *start,
+            size: *size,
+            kind: *kind as u32,
+            _pad: 0,
+        };
     }
     let mut vcpus = [VcpuBoot::EMPTY; MAX_VCPUS];
     for (i, vcpu) in vcpus.iter_mut().take(plan.nr_vcpus as usize).enumerate() {
@@ -69,7 +101,11 @@ pub fn write(ram: &GuestRam, plan: &Plan, args: &[String], host: HostFacts) -> R
         abi_version: ABI_VERSION,
         size: std::mem::size_of::<BootInfo>() as u32,
         nr_vcpus: plan.nr_vcpus,
-        flags: if host.boot_timing { BOOT_FLAG_TIMING } else { 0 },
+        flags: if host.boot_timing {
+            BOOT_FLAG_TIMING
+        } else {
+            0
+        },
         tsc_khz: host.tsc_khz,
         vmm_start_tsc: host.vmm_start_tsc,
         mem_size: plan.mem_size,
@@ -86,6 +122,10 @@ pub fn write(ram: &GuestRam, plan: &Plan, args: &[String], host: HostFacts) -> R
         _pad: 0,
         mem_map,
         vcpus,
+        stack_region: plan.stack_region.start,
+        stack_slot_size: plan.stacks.slot_size,
+        nr_stack_slots: plan.stacks.slots,
+        _pad2: 0,
     };
     ram.write_struct(layout::BOOT_INFO_ADDR, &info)?;
     write_shared_area(ram, plan)
@@ -94,15 +134,36 @@ pub fn write(ram: &GuestRam, plan: &Plan, args: &[String], host: HostFacts) -> R
 fn write_shared_area(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
     let base = plan.shared_area.start;
     ram.write_u64(base + offset_of!(SharedHeader, magic) as u64, SHARED_MAGIC)?;
-    ram.write_u32(base + offset_of!(SharedHeader, abi_version) as u64, ABI_VERSION)?;
-    ram.write_u32(base + offset_of!(SharedHeader, nr_vcpus) as u64, plan.nr_vcpus)?;
-    ram.write_u32(base + offset_of!(SharedHeader, vcpu_area_size) as u64, VCPU_AREA_SIZE as u32)?;
-    ram.write_u32(base + offset_of!(SharedHeader, queue_capacity) as u64, UPCALL_QUEUE_CAPACITY as u32)?;
-    ram.write_u32(base + offset_of!(SharedHeader, granted_vcpus) as u64, plan.nr_vcpus)?;
-    ram.write_u32(base + offset_of!(SharedHeader, requested_concurrency) as u64, plan.nr_vcpus)?;
+    ram.write_u32(
+        base + offset_of!(SharedHeader, abi_version) as u64,
+        ABI_VERSION,
+    )?;
+    ram.write_u32(
+        base + offset_of!(SharedHeader, nr_vcpus) as u64,
+        plan.nr_vcpus,
+    )?;
+    ram.write_u32(
+        base + offset_of!(SharedHeader, vcpu_area_size) as u64,
+        VCPU_AREA_SIZE as u32,
+    )?;
+    ram.write_u32(
+        base + offset_of!(SharedHeader, queue_capacity) as u64,
+        UPCALL_QUEUE_CAPACITY as u32,
+    )?;
+    ram.write_u32(
+        base + offset_of!(SharedHeader, granted_vcpus) as u64,
+        plan.nr_vcpus,
+    )?;
+    ram.write_u32(
+        base + offset_of!(SharedHeader, requested_concurrency) as u64,
+        plan.nr_vcpus,
+    )?;
     for i in 0..plan.nr_vcpus {
         let area = plan.vcpu_area(i);
-        ram.write_u32(area + offset_of!(VcpuArea, state) as u64, VcpuRunState::Running as u32)?;
+        ram.write_u32(
+            area + offset_of!(VcpuArea, state) as u64,
+            VcpuRunState::Running as u32,
+        )?;
         // Activation ids start at 1; the boot activation of vCPU i is i + 1.
         ram.write_u32(area + offset_of!(VcpuArea, activation) as u64, i + 1)?;
     }

@@ -10,15 +10,25 @@ pub enum Error {
     #[error("KVM lacks a capability activm needs: {0}")]
     KvmCapability(&'static str),
     #[error("KVM: {what}: {source}")]
-    Kvm { what: &'static str, source: vmm_sys_util::errno::Error },
+    Kvm {
+        what: &'static str,
+        source: vmm_sys_util::errno::Error,
+    },
     #[error("cannot read guest image {path}: {source}")]
-    ImageRead { path: PathBuf, source: std::io::Error },
+    ImageRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: not an ELF file")]
     NotElf { path: PathBuf },
     #[error("{path}: unusable ELF: {reason}")]
     BadElf { path: PathBuf, reason: String },
     #[error("{path}: ELF built for {found}, but this activm runs {expected} guests")]
-    WrongArch { path: PathBuf, found: String, expected: &'static str },
+    WrongArch {
+        path: PathBuf,
+        found: String,
+        expected: &'static str,
+    },
     #[error("{path}: no activm boot header at {addr:#x}: not an activm guest")]
     NoBootHeader { path: PathBuf, addr: u64 },
     #[error("{path}: guest built for activm ABI v{guest}, this activm speaks ABI v{vmm}; rebuild the guest")]

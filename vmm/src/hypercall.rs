@@ -52,10 +52,14 @@ pub fn handle_load(
         )));
     }
     let Some(call) = Hypercall::from_raw(nr) else {
-        return Err(violation(index, fd, format!(
-            "unknown hypercall {nr} on vCPU {index} (rip {:#x})",
-            regs.rip
-        )));
+        return Err(violation(
+            index,
+            fd,
+            format!(
+                "unknown hypercall {nr} on vCPU {index} (rip {:#x})",
+                regs.rip
+            ),
+        ));
     };
     let [a0, a1, _a2, _a3] = hypercall_args(regs);
     match call {
@@ -70,7 +74,10 @@ pub fn handle_load(
                 Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
                 Err(e) => format!("<unreadable panic message: {e}>"),
             };
-            Err(HcAction::Finish(Outcome::Panicked { vcpu: index, message }))
+            Err(HcAction::Finish(Outcome::Panicked {
+                vcpu: index,
+                message,
+            }))
         }
         Hypercall::FatalTrap => Err(HcAction::Finish(Outcome::Fault {
             vcpu: index,
@@ -79,8 +86,10 @@ pub fn handle_load(
         Hypercall::VcpuStop => Err(HcAction::StopVcpu),
         Hypercall::Halt => {
             // Sleep inside KVM until an interrupt is pending; KVM completes this load first.
-            fd.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_HALTED })
-                .map_err(|e| violation(index, fd, format!("KVM_SET_MP_STATE(HALTED): {e}")))?;
+            fd.set_mp_state(kvm_mp_state {
+                mp_state: KVM_MP_STATE_HALTED,
+            })
+            .map_err(|e| violation(index, fd, format!("KVM_SET_MP_STATE(HALTED): {e}")))?;
             Ok(0)
         }
         Hypercall::SaRegister
@@ -98,9 +107,12 @@ fn read_buffer(vm: &VmShared, call: Hypercall, gpa: u64, len: u64) -> Result<Vec
             call.name()
         ));
     }
-    vm.ram
-        .read_bytes(gpa, len)
-        .map_err(|e| format!("malformed hypercall {}: buffer {gpa:#x}+{len}: {e}", call.name()))
+    vm.ram.read_bytes(gpa, len).map_err(|e| {
+        format!(
+            "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",
+            call.name()
+        )
+    })
 }
 
 /// Describe a store that exited to the VMM.

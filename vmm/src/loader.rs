@@ -45,8 +45,14 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<(Vec<u8>, ImageInfo), Error
     let mut bytes = Vec::new();
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|source| Error::ImageRead { path: path.into(), source })?;
-    let bad = |reason: String| Error::BadElf { path: path.into(), reason };
+        .map_err(|source| Error::ImageRead {
+            path: path.into(),
+            source,
+        })?;
+    let bad = |reason: String| Error::BadElf {
+        path: path.into(),
+        reason,
+    };
     if bytes.len() < 64 || bytes[..4] != *b"\x7fELF" {
         return Err(Error::NotElf { path: path.into() });
     }
@@ -63,7 +69,9 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<(Vec<u8>, ImageInfo), Error
         });
     }
     if e_type != 2 {
-        return Err(bad(format!("ELF type {e_type} is not a static executable (ET_EXEC)")));
+        return Err(bad(format!(
+            "ELF type {e_type} is not a static executable (ET_EXEC)"
+        )));
     }
     let entry = u64::from_le_bytes(header_field(&bytes, 24));
     let phoff = u64::from_le_bytes(header_field(&bytes, 32));
@@ -72,11 +80,13 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<(Vec<u8>, ImageInfo), Error
     if phentsize != ELF64_PHDR_SIZE {
         return Err(bad(format!("program header size {phentsize}")));
     }
-    let table_end = phnum.checked_mul(phentsize).and_then(|n| n.checked_add(phoff));
+    let table_end = phnum
+        .checked_mul(phentsize)
+        .and_then(|n| n.checked_add(phoff));
     if table_end.is_none_or(|end| end > bytes.len() as u64) {
         return Err(bad("program headers lie outside the file".into()));
     }
-    let mut span = u64::MAX..0;
+    let (mut lowest, mut highest) = (u64::MAX, 0);
     for i in 0..phnum {
         let at = (phoff + i * phentsize) as usize;
         let p_type = u32::from_le_bytes(header_field(&bytes, at));
@@ -91,34 +101,59 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<(Vec<u8>, ImageInfo), Error
         if file_end.is_none_or(|end| end > bytes.len() as u64) || filesz > memsz {
             return Err(bad(format!("segment {i} lies outside the file")));
         }
-        let end = paddr.checked_add(memsz).ok_or_else(|| bad(format!("segment {i} overflows")))?;
+        let end = paddr
+            .checked_add(memsz)
+            .ok_or_else(|| bad(format!("segment {i} overflows")))?;
         if paddr < IMAGE_BASE {
             return Err(bad(format!(
                 "segment {i} at {paddr:#x} lies below the guest image base {IMAGE_BASE:#x}"
             )));
         }
         if end > mem_size {
-            return Err(Error::MemTooSmall { needed: end, given: mem_size });
+            return Err(Error::MemTooSmall {
+                needed: end,
+                given: mem_size,
+            });
         }
-        span = span.start.min(paddr)..span.end.max(end);
+        lowest = lowest.min(paddr);
+        highest = highest.max(end);
     }
+    let span = lowest..highest;
     if span.start >= span.end {
         return Err(bad("no loadable segment".into()));
     }
     if !span.contains(&entry) {
-        return Err(bad(format!("entry point {entry:#x} lies outside the loaded image")));
+        return Err(bad(format!(
+            "entry point {entry:#x} lies outside the loaded image"
+        )));
     }
     Ok((bytes, ImageInfo { entry, span }))
 }
 
 /// Load the image into RAM and return its boot header.
-pub fn load(path: &Path, bytes: &[u8], info: &ImageInfo, ram: &GuestRam) -> Result<BootHeader, Error> {
+pub fn load(
+    path: &Path,
+    bytes: &[u8],
+    info: &ImageInfo,
+    ram: &GuestRam,
+) -> Result<BootHeader, Error> {
     let mut cursor = std::io::Cursor::new(bytes);
-    Elf::load(ram.inner(), None, &mut cursor, Some(GuestAddress(IMAGE_BASE)))
-        .map_err(|e| Error::BadElf { path: path.into(), reason: e.to_string() })?;
+    Elf::load(
+        ram.inner(),
+        None,
+        &mut cursor,
+        Some(GuestAddress(IMAGE_BASE)),
+    )
+    .map_err(|e| Error::BadElf {
+        path: path.into(),
+        reason: e.to_string(),
+    })?;
     let header: BootHeaderRaw = ram.read_struct(info.span.start)?;
     if header.magic != BOOT_HEADER_MAGIC {
-        return Err(Error::NoBootHeader { path: path.into(), addr: info.span.start });
+        return Err(Error::NoBootHeader {
+            path: path.into(),
+            addr: info.span.start,
+        });
     }
     if header.abi_version != protocol::ABI_VERSION {
         return Err(Error::AbiMismatch {
@@ -168,15 +203,25 @@ mod tests {
     use std::io::Write;
 
     fn temp_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
-        let path = std::env::temp_dir().join(format!("activm-loader-{}-{name}", std::process::id()));
-        std::fs::File::create(&path).unwrap().write_all(bytes).unwrap();
+        let path =
+            std::env::temp_dir().join(format!("activm-loader-{}-{name}", std::process::id()));
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(bytes)
+            .unwrap();
         path
     }
 
     #[test]
     fn rejects_non_elf() {
-        let path = temp_file("garbage", b"this is not an ELF file at all, not even close.....................");
-        assert!(matches!(inspect(&path, 64 << 20), Err(Error::NotElf { .. })));
+        let path = temp_file(
+            "garbage",
+            b"this is not an ELF file at all, not even close.....................",
+        );
+        assert!(matches!(
+            inspect(&path, 64 << 20),
+            Err(Error::NotElf { .. })
+        ));
     }
 
     #[test]
@@ -189,13 +234,19 @@ mod tests {
     #[test]
     fn rejects_segment_below_image_base() {
         let path = temp_file("low", &tiny_elf(ELF_MACHINE, 0x1000, &[0; 16]));
-        assert!(inspect(&path, 64 << 20).unwrap_err().to_string().contains("below"));
+        assert!(inspect(&path, 64 << 20)
+            .unwrap_err()
+            .to_string()
+            .contains("below"));
     }
 
     #[test]
     fn rejects_image_larger_than_memory() {
         let path = temp_file("big", &tiny_elf(ELF_MACHINE, 0x400_0000, &[0; 16]));
-        assert!(matches!(inspect(&path, 32 << 20), Err(Error::MemTooSmall { .. })));
+        assert!(matches!(
+            inspect(&path, 32 << 20),
+            Err(Error::MemTooSmall { .. })
+        ));
     }
 
     #[test]
@@ -203,7 +254,10 @@ mod tests {
         let mut elf = tiny_elf(ELF_MACHINE, IMAGE_BASE, &[0; 16]);
         elf.truncate(80);
         let path = temp_file("trunc", &elf);
-        assert!(inspect(&path, 64 << 20).unwrap_err().to_string().contains("outside the file"));
+        assert!(inspect(&path, 64 << 20)
+            .unwrap_err()
+            .to_string()
+            .contains("outside the file"));
     }
 
     #[test]
@@ -212,7 +266,10 @@ mod tests {
         let path = temp_file("nohdr", &elf);
         let (bytes, info) = inspect(&path, 64 << 20).unwrap();
         let ram = GuestRam::new(64 << 20).unwrap();
-        assert!(matches!(load(&path, &bytes, &info, &ram), Err(Error::NoBootHeader { .. })));
+        assert!(matches!(
+            load(&path, &bytes, &info, &ram),
+            Err(Error::NoBootHeader { .. })
+        ));
     }
 
     #[test]

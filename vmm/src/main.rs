@@ -7,7 +7,11 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "activm", version, about = "A KVM virtual machine monitor whose vCPUs are scheduler activations")]
+#[command(
+    name = "activm",
+    version,
+    about = "A KVM virtual machine monitor whose vCPUs are scheduler activations"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,6 +43,13 @@ struct RunArgs {
     /// Print per-vCPU exit counts on stderr when the guest ends.
     #[arg(long)]
     stats: bool,
+    /// Usable size of each guard-paged thread stack the VMM maps for the guest runtime.
+    #[arg(long, default_value = "124K", value_name = "SIZE", value_parser = parse_size)]
+    thread_stack: u64,
+    /// Number of guard-paged thread stacks (default: as many as fit in a quarter of RAM,
+    /// at most 4096).
+    #[arg(long, value_name = "N")]
+    thread_stacks: Option<u32>,
     /// Stop the guest after this many seconds (exit status 124).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
@@ -50,9 +61,13 @@ struct RunArgs {
 /// Parse `256M`, `1G`, `65536`, `64MiB`.
 fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (number, suffix) = text.split_at(digits);
-    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a size (try 256M)"))?;
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (try 256M)"))?;
     let shift = match suffix.to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kib" | "kb" => 10,
@@ -60,7 +75,9 @@ fn parse_size(text: &str) -> Result<u64, String> {
         "g" | "gib" | "gb" => 30,
         _ => return Err(format!("unknown size suffix {suffix:?} (use K, M or G)")),
     };
-    number.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 fn main() -> ExitCode {
@@ -87,6 +104,8 @@ fn run(args: RunArgs, start_tsc: u64) -> ExitCode {
         boot_timing: args.boot_timing,
         timeout,
         start_tsc,
+        thread_stack_size: args.thread_stack,
+        thread_stacks: args.thread_stacks,
     };
     match activm::run(&config, Box::new(std::io::stdout())) {
         Ok(report) => {
@@ -127,7 +146,9 @@ mod tests {
 
     #[test]
     fn cli_parses_guest_args_after_double_dash() {
-        let cli = Cli::try_parse_from(["activm", "run", "g.elf", "--vcpus", "4", "--", "exit", "3"]).unwrap();
+        let cli =
+            Cli::try_parse_from(["activm", "run", "g.elf", "--vcpus", "4", "--", "exit", "3"])
+                .unwrap();
         let Command::Run(args) = cli.command;
         assert_eq!(args.vcpus, 4);
         assert_eq!(args.args, ["exit", "3"]);

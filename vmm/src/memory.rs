@@ -4,7 +4,9 @@ use std::ops::Range;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use crate::arch::current::layout::{BOOT_STACK_SIZE, MIN_HEAP};
+use crate::arch::current::layout::{
+    BOOT_STACK_SIZE, MAX_STACK_TABLES, MIN_HEAP, STACK_REGION_ALIGN, STACK_TABLES_ADDR,
+};
 use crate::error::Error;
 
 /// Guest RAM: one region from guest-physical 0. Every access is bounds-checked, so a hostile
@@ -17,8 +19,9 @@ pub struct GuestRam {
 
 impl GuestRam {
     pub fn new(size: u64) -> Result<GuestRam, Error> {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), size as usize)])
-            .map_err(|e| Error::Host(format!("cannot allocate {size} bytes of guest memory: {e}")))?;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), size as usize)]).map_err(
+            |e| Error::Host(format!("cannot allocate {size} bytes of guest memory: {e}")),
+        )?;
         Ok(GuestRam { mem, size })
     }
 
@@ -92,7 +95,11 @@ impl GuestRam {
         // SAFETY: `value` is `size_of::<T>()` writable bytes and `T` consists of integers only
         // (the callers use protocol types made of u64/u32 fields), so any byte pattern is valid.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), &mut value as *mut T as *mut u8, bytes.len());
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                &mut value as *mut T as *mut u8,
+                bytes.len(),
+            );
         }
         Ok(value)
     }
@@ -120,7 +127,42 @@ pub struct Plan {
     pub vector_stride: u64,
     pub shared_area: Range<u64>,
     pub boot_stacks: Range<u64>,
+    /// Page tables for the thread-stack region (one 4 KiB table per 2 MiB), in VMM memory.
+    pub stack_tables: Range<u64>,
+    /// Thread stacks with guard pages: `stacks.slots` slots of `stacks.slot_size` bytes.
+    pub stack_region: Range<u64>,
+    pub stacks: StackSlots,
     pub heap: Range<u64>,
+}
+
+/// The thread-stack region the VMM maps with a guard page under every stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackSlots {
+    /// Bytes per slot, guard page included (a multiple of 4 KiB).
+    pub slot_size: u64,
+    pub slots: u32,
+}
+
+impl StackSlots {
+    /// Slots for stacks of `usable` bytes (rounded up to 4 KiB) each; `count` slots, or by
+    /// default as many as fit in a quarter of `mem_size` (at most 256 MiB and 4096 slots).
+    pub fn new(usable: u64, count: Option<u32>, mem_size: u64) -> Result<StackSlots, Error> {
+        if !(4096..=(64 << 20)).contains(&usable) {
+            return Err(Error::Config(
+                "--thread-stack must be between 4K and 64M".into(),
+            ));
+        }
+        let slot_size = align_up(usable, 4096) + 4096;
+        let slots = match count {
+            Some(n) => n,
+            None => ((mem_size / 4).min(256 << 20) / slot_size).min(4096) as u32,
+        };
+        Ok(StackSlots { slot_size, slots })
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.slot_size * self.slots as u64
+    }
 }
 
 const fn align_up(value: u64, align: u64) -> u64 {
@@ -135,15 +177,33 @@ impl Plan {
         vectors: u64,
         vector_stride: u64,
         entry: u64,
+        stacks: StackSlots,
     ) -> Result<Plan, Error> {
         let shared_start = align_up(image.end, 4096);
-        let shared_end = shared_start + protocol::shared::shared_area_size(nr_vcpus as usize) as u64;
+        let shared_end =
+            shared_start + protocol::shared::shared_area_size(nr_vcpus as usize) as u64;
         let stacks_start = align_up(shared_end, 4096);
         let stacks_end = stacks_start + nr_vcpus as u64 * BOOT_STACK_SIZE;
-        let heap_start = align_up(stacks_end, 4096);
+        let region_len = align_up(stacks.bytes(), STACK_REGION_ALIGN);
+        let tables = region_len / STACK_REGION_ALIGN;
+        if tables > MAX_STACK_TABLES {
+            return Err(Error::Config(format!(
+                "thread stacks take {} MiB; at most {} MiB are possible (fewer --thread-stacks)",
+                region_len >> 20,
+                (MAX_STACK_TABLES * STACK_REGION_ALIGN) >> 20
+            )));
+        }
+        let tables_start = STACK_TABLES_ADDR;
+        let tables_end = tables_start + tables * 4096;
+        let region_start = align_up(stacks_end, STACK_REGION_ALIGN);
+        let region_end = region_start + region_len;
+        let heap_start = align_up(region_end, 4096);
         let needed = heap_start + MIN_HEAP;
         if needed > mem_size {
-            return Err(Error::MemTooSmall { needed, given: mem_size });
+            return Err(Error::MemTooSmall {
+                needed,
+                given: mem_size,
+            });
         }
         Ok(Plan {
             nr_vcpus,
@@ -154,6 +214,9 @@ impl Plan {
             vector_stride,
             shared_area: shared_start..shared_end,
             boot_stacks: stacks_start..stacks_end,
+            stack_tables: tables_start..tables_end,
+            stack_region: region_start..region_end,
+            stacks,
             heap: heap_start..mem_size,
         })
     }
@@ -173,20 +236,54 @@ impl Plan {
 mod tests {
     use super::*;
 
+    pub fn test_stacks() -> StackSlots {
+        StackSlots::new(60 * 1024, Some(100), 64 << 20).unwrap()
+    }
+
     #[test]
     fn plan_orders_regions() {
-        let plan = Plan::new(4, 64 << 20, 0x20_0000..0x21_0123, 0, 16, 0x20_0000).unwrap();
+        let plan = Plan::new(
+            4,
+            64 << 20,
+            0x20_0000..0x21_0123,
+            0,
+            16,
+            0x20_0000,
+            test_stacks(),
+        )
+        .unwrap();
         assert_eq!(plan.shared_area.start, 0x21_1000);
         assert!(plan.shared_area.end <= plan.boot_stacks.start);
-        assert!(plan.boot_stacks.end <= plan.heap.start);
+        assert!(plan.boot_stacks.end <= plan.stack_region.start);
+        assert!(plan.stack_tables.end <= 0x20_0000);
+        assert_eq!(plan.stack_region.start % STACK_REGION_ALIGN, 0);
+        assert!(plan.stack_region.end - plan.stack_region.start >= 100 * 64 * 1024);
+        assert!(plan.stack_region.end <= plan.heap.start);
         assert_eq!(plan.heap.end, 64 << 20);
         assert_eq!(plan.user_stack_top(0) % 16, 0);
     }
 
     #[test]
     fn plan_rejects_small_memory() {
-        let err = Plan::new(4, 4 << 20, 0x20_0000..0x30_0000, 0, 16, 0x20_0000).unwrap_err();
+        let err = Plan::new(
+            4,
+            4 << 20,
+            0x20_0000..0x30_0000,
+            0,
+            16,
+            0x20_0000,
+            test_stacks(),
+        )
+        .unwrap_err();
         assert!(matches!(err, Error::MemTooSmall { .. }), "{err}");
+    }
+
+    #[test]
+    fn stack_slots_default_to_a_quarter_of_ram() {
+        let slots = StackSlots::new(124 * 1024, None, 256 << 20).unwrap();
+        assert_eq!(slots.slot_size, 128 * 1024);
+        assert_eq!(slots.slots, 512);
+        assert!(StackSlots::new(100, None, 256 << 20).is_err());
     }
 
     #[test]
@@ -195,6 +292,9 @@ mod tests {
         ram.write_u64(8, 42).unwrap();
         assert_eq!(ram.read_u64(8).unwrap(), 42);
         assert!(ram.read_bytes((1 << 20) - 4, 8).is_err());
-        assert!(ram.read_bytes(u64::MAX - 2, 8).is_err(), "overflow is caught");
+        assert!(
+            ram.read_bytes(u64::MAX - 2, 8).is_err(),
+            "overflow is caught"
+        );
     }
 }

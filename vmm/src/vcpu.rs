@@ -134,8 +134,14 @@ pub enum Exit {
 
 fn copy_exit(exit: VcpuExit<'_>) -> Exit {
     match exit {
-        VcpuExit::MmioRead(addr, data) => Exit::MmioRead { addr, len: data.len() },
-        VcpuExit::MmioWrite(addr, data) => Exit::MmioWrite { addr, len: data.len() },
+        VcpuExit::MmioRead(addr, data) => Exit::MmioRead {
+            addr,
+            len: data.len(),
+        },
+        VcpuExit::MmioWrite(addr, data) => Exit::MmioWrite {
+            addr,
+            len: data.len(),
+        },
         VcpuExit::Shutdown => Exit::Shutdown,
         VcpuExit::InternalError => Exit::InternalError { suberror: 0 },
         VcpuExit::FailEntry(reason, _) => Exit::FailEntry { reason },
@@ -206,33 +212,44 @@ fn handle_exit(fd: &mut VcpuFd, index: u32, vm: &VmShared, exit: Exit) -> HcActi
         }
         Exit::MmioWrite { addr, len } => {
             vm.vcpus[index as usize].exits[EXIT_OTHER].fetch_add(1, Ordering::Relaxed);
-            HcAction::Finish(Outcome::fault(index, format!(
-                "{}\n{}",
-                hypercall::describe_store(vm, addr, len),
-                arch(fd)
-            )))
+            HcAction::Finish(Outcome::fault(
+                index,
+                format!("{}\n{}", hypercall::describe_store(vm, addr, len), arch(fd)),
+            ))
         }
         Exit::Shutdown => HcAction::Finish(Outcome::fault(
             index,
-            format!("guest triple fault (KVM shutdown) on vCPU {index}\n{}", arch(fd)),
+            format!(
+                "guest triple fault (KVM shutdown) on vCPU {index}\n{}",
+                arch(fd)
+            ),
         )),
         Exit::InternalError { .. } => {
             let run = fd.get_kvm_run();
             // SAFETY: the last exit was KVM_EXIT_INTERNAL_ERROR, so `internal` is active.
             let suberror = unsafe { run.__bindgen_anon_1.internal.suberror };
-            HcAction::Finish(Outcome::fault(index, format!(
-                "KVM internal error (suberror {suberror}) on vCPU {index}: the guest ran an \
+            HcAction::Finish(Outcome::fault(
+                index,
+                format!(
+                    "KVM internal error (suberror {suberror}) on vCPU {index}: the guest ran an \
                  instruction KVM could not emulate (at CPL0: no SSE or xgetbv there)\n{}",
-                arch(fd)
-            )))
+                    arch(fd)
+                ),
+            ))
         }
         Exit::FailEntry { reason } => HcAction::Finish(Outcome::fault(
             index,
-            format!("KVM could not enter vCPU {index} (hardware reason {reason:#x})\n{}", arch(fd)),
+            format!(
+                "KVM could not enter vCPU {index} (hardware reason {reason:#x})\n{}",
+                arch(fd)
+            ),
         )),
         Exit::Io { port } => HcAction::Finish(Outcome::fault(
             index,
-            format!("port I/O to {port:#x} on vCPU {index}: activm guests have no I/O ports\n{}", arch(fd)),
+            format!(
+                "port I/O to {port:#x} on vCPU {index}: activm guests have no I/O ports\n{}",
+                arch(fd)
+            ),
         )),
         Exit::Other(what) => HcAction::Finish(Outcome::fault(
             index,

@@ -13,7 +13,7 @@ use protocol::boot::VcpuBoot;
 use crate::arch::current as arch;
 use crate::bootinfo::{self, HostFacts};
 use crate::error::Error;
-use crate::memory::{GuestRam, Plan};
+use crate::memory::{GuestRam, Plan, StackSlots};
 use crate::vcpu::{self, VcpuControl};
 use crate::{loader, rdtsc};
 
@@ -35,7 +35,30 @@ pub struct VmConfig {
     pub timeout: Option<Duration>,
     /// Host TSC at process start, for boot timing.
     pub start_tsc: u64,
+    /// Usable bytes of each guard-paged thread stack, and how many (default: a quarter of RAM).
+    pub thread_stack_size: u64,
+    pub thread_stacks: Option<u32>,
 }
+
+impl VmConfig {
+    /// A configuration with activm's defaults for everything but the image.
+    pub fn new(image: impl Into<PathBuf>) -> VmConfig {
+        VmConfig {
+            image: image.into(),
+            vcpus: 1,
+            mem_size: 256 << 20,
+            args: Vec::new(),
+            boot_timing: false,
+            timeout: None,
+            start_tsc: crate::rdtsc(),
+            thread_stack_size: DEFAULT_THREAD_STACK,
+            thread_stacks: None,
+        }
+    }
+}
+
+/// Usable bytes of a thread stack unless `--thread-stack` says otherwise.
+pub const DEFAULT_THREAD_STACK: u64 = 124 * 1024;
 
 /// How a guest ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,10 +94,14 @@ impl Outcome {
     pub fn describe(&self) -> Option<String> {
         match self {
             Outcome::Exited(_) => None,
-            Outcome::Panicked { vcpu, message } => Some(format!("guest panicked on vCPU {vcpu}: {message}")),
+            Outcome::Panicked { vcpu, message } => {
+                Some(format!("guest panicked on vCPU {vcpu}: {message}"))
+            }
             Outcome::Fault { report, .. } => Some(format!("guest fault: {report}")),
             Outcome::AllStopped => Some("every vCPU stopped without the guest calling exit".into()),
-            Outcome::TimedOut(after) => Some(format!("guest still running after the {after:?} timeout; stopped")),
+            Outcome::TimedOut(after) => Some(format!(
+                "guest still running after the {after:?} timeout; stopped"
+            )),
         }
     }
 }
@@ -151,7 +178,9 @@ pub struct VmShared {
 
 impl std::fmt::Debug for VmShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VmShared").field("plan", &self.plan).finish_non_exhaustive()
+        f.debug_struct("VmShared")
+            .field("plan", &self.plan)
+            .finish_non_exhaustive()
     }
 }
 
@@ -200,7 +229,11 @@ impl VmShared {
                         slot = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
                         continue;
                     }
-                    slot = self.done.wait_timeout(slot, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+                    slot = self
+                        .done
+                        .wait_timeout(slot, deadline - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
                 }
             }
         }
@@ -208,7 +241,8 @@ impl VmShared {
 }
 
 fn open_kvm() -> Result<Kvm, Error> {
-    let kvm = Kvm::new().map_err(|e| Error::KvmUnavailable(std::io::Error::from_raw_os_error(e.errno())))?;
+    let kvm = Kvm::new()
+        .map_err(|e| Error::KvmUnavailable(std::io::Error::from_raw_os_error(e.errno())))?;
     for (cap, name) in [
         (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
         (Cap::ImmediateExit, "KVM_CAP_IMMEDIATE_EXIT"),
@@ -231,7 +265,7 @@ pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunRepor
             config.vcpus
         )));
     }
-    if config.mem_size % (2 << 20) != 0 || config.mem_size > arch::abi::RAM_LIMIT {
+    if !config.mem_size.is_multiple_of(2 << 20) || config.mem_size > arch::abi::RAM_LIMIT {
         return Err(Error::Config(format!(
             "--mem must be a multiple of 2 MiB and at most {} MiB",
             arch::abi::RAM_LIMIT >> 20
@@ -252,7 +286,8 @@ pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunRepor
     // SAFETY: the region is `ram`'s mapping of `mem_size` bytes, which `VmShared` keeps alive
     // (and unmoved: the mmap does not move with the struct) until every vCPU thread is joined
     // and the VM fd is closed.
-    unsafe { vm.set_user_memory_region(region) }.map_err(Error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
+    unsafe { vm.set_user_memory_region(region) }
+        .map_err(Error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
 
     let header = loader::load(&config.image, &image_bytes, &image, &ram)?;
     let plan = Plan::new(
@@ -262,13 +297,20 @@ pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunRepor
         header.vectors,
         header.vector_stride,
         image.entry,
+        StackSlots::new(
+            config.thread_stack_size,
+            config.thread_stacks,
+            config.mem_size,
+        )?,
     )?;
     arch::boot::write_tables(&ram, &plan)?;
     let vm_created = rdtsc();
 
     let mut fds = Vec::new();
     for index in 0..config.vcpus {
-        let fd = vm.create_vcpu(index as u64).map_err(Error::kvm("KVM_CREATE_VCPU"))?;
+        let fd = vm
+            .create_vcpu(index as u64)
+            .map_err(Error::kvm("KVM_CREATE_VCPU"))?;
         arch::configure_vcpu(&fd, &arch_vm, index, &plan)?;
         fds.push(fd);
     }
@@ -277,7 +319,11 @@ pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunRepor
         &ram,
         &plan,
         &config.args,
-        HostFacts { tsc_khz, vmm_start_tsc: config.start_tsc, boot_timing: config.boot_timing },
+        HostFacts {
+            tsc_khz,
+            vmm_start_tsc: config.start_tsc,
+            boot_timing: config.boot_timing,
+        },
     )?;
 
     vcpu::install_kick_handler()?;
@@ -307,27 +353,55 @@ pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunRepor
             return Err(Error::Host("a vCPU thread panicked".into()));
         }
     }
-    let timing = config.boot_timing.then(|| boot_timing(&shared, config, tsc_khz, vm_created, vcpus_started));
+    let timing = config
+        .boot_timing
+        .then(|| boot_timing(&shared, config, tsc_khz, vm_created, vcpus_started));
     let exits = shared
         .vcpus
         .iter()
         .map(|v| {
             let n = |i: usize| v.exits[i].load(Ordering::Relaxed);
-            (n(vcpu::EXIT_HYPERCALL), n(vcpu::EXIT_KICK), n(vcpu::EXIT_OTHER))
+            (
+                n(vcpu::EXIT_HYPERCALL),
+                n(vcpu::EXIT_KICK),
+                n(vcpu::EXIT_OTHER),
+            )
         })
         .collect();
-    Ok(RunReport { outcome, timing, exits })
+    Ok(RunReport {
+        outcome,
+        timing,
+        exits,
+    })
 }
 
-fn boot_timing(shared: &VmShared, config: &VmConfig, tsc_khz: u64, vm_created: u64, vcpus_started: u64) -> BootTiming {
+fn boot_timing(
+    shared: &VmShared,
+    config: &VmConfig,
+    tsc_khz: u64,
+    vm_created: u64,
+    vcpus_started: u64,
+) -> BootTiming {
     let vcpus_field = std::mem::offset_of!(protocol::boot::BootInfo, vcpus) as u64;
     let vcpus = (0..config.vcpus as u64)
         .map(|i| {
-            let at = arch::layout::BOOT_INFO_ADDR + vcpus_field + i * std::mem::size_of::<VcpuBoot>() as u64;
-            let first = shared.ram.read_u64(at + std::mem::offset_of!(VcpuBoot, first_insn_tsc) as u64);
-            let main = shared.ram.read_u64(at + std::mem::offset_of!(VcpuBoot, main_tsc) as u64);
+            let at = arch::layout::BOOT_INFO_ADDR
+                + vcpus_field
+                + i * std::mem::size_of::<VcpuBoot>() as u64;
+            let first = shared
+                .ram
+                .read_u64(at + std::mem::offset_of!(VcpuBoot, first_insn_tsc) as u64);
+            let main = shared
+                .ram
+                .read_u64(at + std::mem::offset_of!(VcpuBoot, main_tsc) as u64);
             (first.unwrap_or(0), main.unwrap_or(0))
         })
         .collect();
-    BootTiming { tsc_khz, process_start: config.start_tsc, vm_created, vcpus_started, vcpus }
+    BootTiming {
+        tsc_khz,
+        process_start: config.start_tsc,
+        vm_created,
+        vcpus_started,
+        vcpus,
+    }
 }

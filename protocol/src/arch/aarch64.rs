@@ -18,7 +18,7 @@ pub const INTID_VTIMER: u32 = 27;
 
 /// An EL0 thread's complete state, as handed over in PREEMPTED and UNBLOCKED records.
 #[repr(C, align(64))]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct UserContext {
     pub x: [u64; 31],
     pub sp: u64,
@@ -29,12 +29,6 @@ pub struct UserContext {
     pub fpsr: u64,
     pub _pad: u64,
     pub q: [u128; 32],
-}
-
-impl Default for UserContext {
-    fn default() -> Self {
-        UserContext { x: [0; 31], sp: 0, pc: 0, pstate: 0, tpidr_el0: 0, fpcr: 0, fpsr: 0, _pad: 0, q: [0; 32] }
-    }
 }
 
 #[cfg(test)]
@@ -56,7 +50,7 @@ mod tests {
 
     #[test]
     fn address_space_is_consistent() {
-        assert!(HYPERCALL_BASE + crate::hypercall::HYPERCALL_PAGE_SIZE <= RAM_BASE);
-        assert!(IMAGE_BASE > RAM_BASE);
+        const { assert!(HYPERCALL_BASE + crate::hypercall::HYPERCALL_PAGE_SIZE <= RAM_BASE) };
+        const { assert!(IMAGE_BASE > RAM_BASE) };
     }
 }

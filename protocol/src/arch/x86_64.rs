@@ -129,8 +129,8 @@ mod tests {
     #[test]
     fn address_space_is_consistent() {
         assert_eq!(USER_DS + 8, USER_CS, "SYSRET layout");
-        assert!(RAM_LIMIT <= HYPERCALL_BASE);
-        assert!(HYPERCALL_BASE + crate::hypercall::HYPERCALL_PAGE_SIZE <= LAPIC_BASE);
+        const { assert!(RAM_LIMIT <= HYPERCALL_BASE) };
+        const { assert!(HYPERCALL_BASE + crate::hypercall::HYPERCALL_PAGE_SIZE <= LAPIC_BASE) };
         assert!(vector_has_error_code(14) && !vector_has_error_code(3));
     }
 }

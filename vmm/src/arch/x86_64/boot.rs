@@ -31,7 +31,32 @@ pub fn vmm_regions() -> [(u64, u64, MemKind); 4] {
 pub fn write_tables(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
     write_gdt(ram, plan.nr_vcpus)?;
     write_idt(ram, plan.vectors, plan.vector_stride)?;
-    write_page_tables(ram, plan.mem_size)
+    write_page_tables(ram, plan.mem_size)?;
+    write_stack_region_tables(ram, plan)
+}
+
+/// Map the thread-stack region with 4 KiB pages, leaving the lowest page of every slot unmapped.
+/// The tables live in the VMM's low memory, mapped nowhere. Built before any vCPU runs, so no TLB holds the 2 MiB
+/// mappings this replaces.
+fn write_stack_region_tables(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
+    let user = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
+    let region = &plan.stack_region;
+    for (i, chunk) in (region.start..region.end)
+        .step_by(TWO_MIB as usize)
+        .enumerate()
+    {
+        let table = plan.stack_tables.start + 4096 * i as u64;
+        ram.write_u64(PD_ADDR + 8 * (chunk / TWO_MIB), table | user)?;
+        for page in 0..512u64 {
+            let addr = chunk + 4096 * page;
+            let offset = addr - region.start;
+            let guard = offset.is_multiple_of(plan.stacks.slot_size);
+            let used = offset < plan.stacks.bytes();
+            let entry = if guard || !used { 0 } else { addr | user };
+            ram.write_u64(table + 8 * page, entry)?;
+        }
+    }
+    Ok(())
 }
 
 fn write_gdt(ram: &GuestRam, nr_vcpus: u32) -> Result<(), Error> {
@@ -132,7 +157,34 @@ mod tests {
     use super::*;
 
     fn plan() -> Plan {
-        Plan::new(2, 64 << 20, 0x20_0000..0x30_0000, 0x20_0100, 16, 0x20_0000).unwrap()
+        let stacks = crate::memory::StackSlots::new(60 * 1024, Some(40), 64 << 20).unwrap();
+        Plan::new(
+            2,
+            64 << 20,
+            0x20_0000..0x30_0000,
+            0x20_0100,
+            16,
+            0x20_0000,
+            stacks,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn thread_stacks_have_guard_pages() {
+        let plan = plan();
+        let ram = GuestRam::new(plan.mem_size).unwrap();
+        write_tables(&ram, &plan).unwrap();
+        let start = plan.stack_region.start;
+        let pde = ram.read_u64(PD_ADDR + 8 * (start / TWO_MIB)).unwrap();
+        assert_eq!(pde & PTE_HUGE, 0, "4 KiB pages in the stack region");
+        let table = pde & !0xfff;
+        let pte = |addr: u64| ram.read_u64(table + 8 * ((addr - start) / 4096)).unwrap();
+        let slot = plan.stacks.slot_size;
+        assert_eq!(pte(start), 0, "guard of slot 0");
+        assert_eq!(pte(start + 4096), (start + 4096) | 7);
+        assert_eq!(pte(start + slot), 0, "guard of slot 1");
+        assert_eq!(pte(start + slot - 4096), (start + slot - 4096) | 7);
     }
 
     #[test]

@@ -9,8 +9,10 @@
 //! 0x0000_6000  argument block          CPL3 read-write
 //! 0x0000_8000  page tables             CPL0 only
 //! 0x0001_0000  CPL0 stacks, 8 KiB per vCPU (IST stack, then the RSP0 stack)
+//! 0x0010_0000  page tables of the thread-stack region (mapped nowhere)
 //! 0x0020_0000  guest image (protocol IMAGE_BASE), then the shared area, the CPL3 boot
-//!              stacks and the heap, all CPL3 read-write
+//!              stacks, the thread-stack region (4 KiB pages, a guard page under every slot) and the heap;
+//!              all CPL3 read-write unless said otherwise
 //! 0xFEB0_0000  hypercall page (no memory): CPL3
 //! 0xFEE0_0000  local APIC: CPL3, uncached
 //! ```
@@ -38,6 +40,11 @@ pub const KERNEL_STACKS_END: u64 =
 
 /// Size of each vCPU's CPL3 boot stack.
 pub const BOOT_STACK_SIZE: u64 = 256 * 1024;
+/// The thread-stack region is mapped with 4 KiB pages, one page table per 2 MiB.
+pub const STACK_REGION_ALIGN: u64 = 2 << 20;
+/// Where those page tables go, and how many fit (so the region is at most 512 MiB).
+pub const STACK_TABLES_ADDR: u64 = 0x10_0000;
+pub const MAX_STACK_TABLES: u64 = 256;
 /// Smallest heap the VMM accepts to leave the guest.
 pub const MIN_HEAP: u64 = 1024 * 1024;
 
@@ -51,7 +58,9 @@ pub const fn ist_top(index: u64) -> u64 {
     KERNEL_STACKS_ADDR + (index * KERNEL_STACKS_PER_VCPU + 1) * KERNEL_STACK_SIZE
 }
 
-const _: () = assert!(KERNEL_STACKS_END <= protocol::arch::x86_64::IMAGE_BASE);
+const _: () = assert!(KERNEL_STACKS_END <= STACK_TABLES_ADDR);
+const _: () =
+    assert!(STACK_TABLES_ADDR + MAX_STACK_TABLES * 4096 <= protocol::arch::x86_64::IMAGE_BASE);
 const _: () = assert!(TSS_ADDR + MAX_VCPUS as u64 * TSS_STRIDE <= BOOT_INFO_ADDR);
 const _: () = assert!(LOW_PT_ADDR + 0x1000 <= KERNEL_STACKS_ADDR);
 

@@ -23,7 +23,8 @@ pub struct ArchVm {
 
 /// Create the in-kernel interrupt controller and read the CPUID template.
 pub fn setup_vm(kvm: &Kvm, vm: &VmFd) -> Result<ArchVm, Error> {
-    vm.create_irq_chip().map_err(Error::kvm("KVM_CREATE_IRQCHIP"))?;
+    vm.create_irq_chip()
+        .map_err(Error::kvm("KVM_CREATE_IRQCHIP"))?;
     let cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(Error::kvm("KVM_GET_SUPPORTED_CPUID"))?;

@@ -60,7 +60,8 @@ fn segment(selector: u16, code: bool, dpl: u8) -> kvm_segment {
 
 /// Put vCPU `index` at the guest's entry point: CPL0, long mode, the VMM's tables loaded.
 pub fn configure(vcpu: &VcpuFd, cpuid: &CpuId, index: u32, plan: &Plan) -> Result<(), Error> {
-    vcpu.set_cpuid2(&cpuid_for(cpuid, index)).map_err(Error::kvm("KVM_SET_CPUID2"))?;
+    vcpu.set_cpuid2(&cpuid_for(cpuid, index))
+        .map_err(Error::kvm("KVM_SET_CPUID2"))?;
     // Guest TSC = host TSC, so guest and VMM timestamps compare (boot timing, upcall latency).
     let offset: u64 = 0;
     let attr = kvm_device_attr {
@@ -98,7 +99,8 @@ pub fn configure(vcpu: &VcpuFd, cpuid: &CpuId, index: u32, plan: &Plan) -> Resul
     sregs.cr3 = PML4_ADDR;
     sregs.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT;
     sregs.efer = EFER_LME | EFER_LMA;
-    vcpu.set_sregs(&sregs).map_err(Error::kvm("KVM_SET_SREGS"))?;
+    vcpu.set_sregs(&sregs)
+        .map_err(Error::kvm("KVM_SET_SREGS"))?;
 
     let regs = kvm_regs {
         rip: plan.entry,
@@ -111,8 +113,10 @@ pub fn configure(vcpu: &VcpuFd, cpuid: &CpuId, index: u32, plan: &Plan) -> Resul
     };
     vcpu.set_regs(&regs).map_err(Error::kvm("KVM_SET_REGS"))?;
     // With the in-kernel irqchip, application processors wait for SIPI: start them directly.
-    vcpu.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_RUNNABLE })
-        .map_err(Error::kvm("KVM_SET_MP_STATE"))?;
+    vcpu.set_mp_state(kvm_mp_state {
+        mp_state: KVM_MP_STATE_RUNNABLE,
+    })
+    .map_err(Error::kvm("KVM_SET_MP_STATE"))?;
     Ok(())
 }
 
@@ -133,9 +137,34 @@ pub fn dump(vcpu: &VcpuFd) -> String {
          r9={:#018x} r10={:#018x} r11={:#018x} r12={:#018x}\n  \
          r13={:#018x} r14={:#018x} r15={:#018x}\n  \
          cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} efer={:#x} fs.base={:#x} gs.base={:#x}",
-        r.rip, r.rsp, r.rflags, s.cs.dpl, s.cs.selector, s.ss.selector, r.rax, r.rbx, r.rcx,
-        r.rdx, r.rsi, r.rdi, r.rbp, r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15, s.cr0,
-        s.cr2, s.cr3, s.cr4, s.efer, s.fs.base, s.gs.base
+        r.rip,
+        r.rsp,
+        r.rflags,
+        s.cs.dpl,
+        s.cs.selector,
+        s.ss.selector,
+        r.rax,
+        r.rbx,
+        r.rcx,
+        r.rdx,
+        r.rsi,
+        r.rdi,
+        r.rbp,
+        r.r8,
+        r.r9,
+        r.r10,
+        r.r11,
+        r.r12,
+        r.r13,
+        r.r14,
+        r.r15,
+        s.cr0,
+        s.cr2,
+        s.cr3,
+        s.cr4,
+        s.efer,
+        s.fs.base,
+        s.gs.base
     )
 }
 
@@ -193,10 +222,13 @@ pub fn fatal_trap_report(fd: &VcpuFd, index: u32, ram: &GuestRam, regs: &kvm_reg
             " ({} {} {})",
             if e & 4 != 0 { "user" } else { "supervisor" },
             if e & 2 != 0 { "write" } else { "read" },
-            if e & 1 != 0 { "protection violation" } else { "of an unmapped page" }
+            if e & 1 != 0 {
+                "protection violation"
+            } else {
+                "of an unmapped page"
+            }
         );
     }
     report += &format!("\n  rax={:#x} (at the trap)\n{}", frame.rax, dump(fd));
     report
 }
-
