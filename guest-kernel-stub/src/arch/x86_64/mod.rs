@@ -1,0 +1,38 @@
+//! x86_64. CPL0 code lives in `global_asm!` only (boot entry in [`boot`], interrupt entry in
+//! [`traps`]); no Rust code ever runs at CPL0, so the Rust code may use SSE freely.
+
+pub(crate) mod boot;
+pub(crate) mod hypercall;
+pub mod irqchip;
+pub mod percpu;
+pub mod traps;
+
+pub use traps::IrqFrame;
+
+/// Reads the time-stamp counter (works at CPL3; guest and host TSC agree).
+#[inline(always)]
+pub fn rdtsc() -> u64 {
+    let lo: u32;
+    let hi: u32;
+    // SAFETY: rdtsc only reads the TSC into edx:eax.
+    unsafe {
+        core::arch::asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags));
+    }
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+/// The current privilege level: the RPL bits of `%cs`. Always 3 once the stub has booted.
+#[inline(always)]
+pub fn current_cpl() -> u8 {
+    let cs: u16;
+    // SAFETY: reading %cs has no side effects.
+    unsafe {
+        core::arch::asm!("mov {0:x}, cs", out(reg) cs, options(nomem, nostack, preserves_flags));
+    }
+    (cs & 3) as u8
+}
+
+/// Per-vCPU set-up at CPL3, before the heap and the layer above.
+pub(crate) fn init_vcpu() {
+    irqchip::enable();
+}

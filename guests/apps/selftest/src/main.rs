@@ -1,0 +1,386 @@
+//! Behaviour chosen by the first guest argument, for the VMM's integration tests. vCPUs other
+//! than 0 stop at once unless the mode uses them (`cpl`, `smp`).
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use activm_stub::protocol::arch::x86_64::{HYPERCALL_BASE, VECTOR_RESCHEDULE, VECTOR_TIMER};
+use activm_stub::protocol::hypercall::Hypercall;
+use activm_stub::{
+    args, boot_info, current_cpl, exit, hypercall, lapic, nr_vcpus, pause, println, rdtsc, tsc_khz,
+    vcpu_stop, IrqFrame,
+};
+
+const USAGE: &str = concat!(
+    "usage: selftest MODE [ARGS]\n",
+    "modes: exit N | panic | cpl | privileged | null | unknown-hypercall | misaligned-hypercall |\n",
+    "       bad-pointer | store-hypercall | fp | smp | args | spin | heap | irq | irq-stress",
+);
+
+/// vCPUs that have finished their part of `cpl` or `smp`.
+static DONE: AtomicU32 = AtomicU32::new(0);
+/// The counter of `smp`.
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+/// Set by the `irq` handler.
+static IRQ_SEEN: AtomicBool = AtomicBool::new(false);
+/// `irq-stress`: handled timer ticks and IPIs; vCPU 0 ready; vCPU 1 done sending.
+static TICKS: AtomicU64 = AtomicU64::new(0);
+static IPIS: AtomicU64 = AtomicU64::new(0);
+static STRESS_READY: AtomicBool = AtomicBool::new(false);
+static SENDER_DONE: AtomicBool = AtomicBool::new(false);
+
+fn main(vcpu: u32) -> ! {
+    let mut argv = args();
+    let mode = argv.next().unwrap_or("");
+    match mode {
+        "cpl" => cpl(vcpu),
+        "smp" => smp(vcpu),
+        "irq-stress" => irq_stress(vcpu),
+        _ if vcpu != 0 => vcpu_stop(),
+        "exit" => {
+            let code = argv.next().and_then(|s| s.parse::<i32>().ok());
+            match code {
+                Some(code) => exit(code),
+                None => usage(),
+            }
+        }
+        "panic" => panic!("selftest panic on purpose"),
+        "privileged" => privileged(),
+        "null" => null(),
+        "unknown-hypercall" => {
+            // SAFETY: an unknown call number stops the guest; nothing is passed.
+            unsafe { hypercall::raw(0x1FF, 0, 0, 0, 0) };
+            panic!("unknown hypercall returned");
+        }
+        "misaligned-hypercall" => misaligned_hypercall(),
+        "bad-pointer" => {
+            // SAFETY: the VMM must reject the buffer (outside guest memory) and stop the guest.
+            unsafe { hypercall::raw(Hypercall::ConsoleWrite as u64, 0x7fff_0000_0000, 16, 0, 0) };
+            panic!("console_write with a bad pointer returned");
+        }
+        "store-hypercall" => store_hypercall(),
+        "fp" => fp(),
+        "args" => print_args(),
+        "spin" => loop {
+            pause();
+        },
+        "heap" => heap(),
+        "irq" => irq(),
+        _ => usage(),
+    }
+}
+
+activm_stub::vcpu_entry!(main);
+
+fn usage() -> ! {
+    println!("{USAGE}");
+    exit(2)
+}
+
+/// Waits at CPL3 until all vCPUs are done.
+fn wait_all() {
+    while DONE.load(Ordering::Acquire) < nr_vcpus() {
+        pause();
+    }
+}
+
+fn cpl(vcpu: u32) -> ! {
+    println!("vcpu {vcpu} cpl={}", current_cpl());
+    DONE.fetch_add(1, Ordering::AcqRel);
+    if vcpu != 0 {
+        vcpu_stop();
+    }
+    wait_all();
+    exit(0)
+}
+
+fn smp(vcpu: u32) -> ! {
+    const PER_VCPU: u64 = 1_000_000;
+    for _ in 0..PER_VCPU {
+        COUNTER.fetch_add(1, Ordering::Relaxed);
+    }
+    DONE.fetch_add(1, Ordering::AcqRel);
+    if vcpu != 0 {
+        vcpu_stop();
+    }
+    wait_all();
+    let total = COUNTER.load(Ordering::Relaxed);
+    let expected = u64::from(nr_vcpus()) * PER_VCPU;
+    println!("smp total={total} expected={expected}");
+    exit(if total == expected { 0 } else { 1 })
+}
+
+/// `mov %cr3, %rax` at CPL3: #GP, a fatal trap.
+fn privileged() -> ! {
+    // SAFETY: faults at CPL3; the stub reports the trap and the VMM stops the guest.
+    unsafe { core::arch::asm!("mov rax, cr3", out("rax") _, options(nomem, nostack)) };
+    panic!("mov from cr3 at CPL3 did not fault");
+}
+
+/// A load from address 0: #PF (page 0 is unmapped), a fatal trap.
+fn null() -> ! {
+    // SAFETY: faults; the stub reports the trap and the VMM stops the guest.
+    unsafe {
+        core::arch::asm!("xor eax, eax", "mov rax, qword ptr [rax]", out("rax") _, options(nostack))
+    };
+    panic!("load from address 0 did not fault");
+}
+
+/// A load at hypercall page offset 4: a protocol violation.
+fn misaligned_hypercall() -> ! {
+    // SAFETY: the VMM must stop the guest; no argument is passed.
+    unsafe {
+        core::arch::asm!("mov rax, qword ptr [rax]", inout("rax") HYPERCALL_BASE + 4 => _, options(nostack));
+    }
+    panic!("misaligned hypercall returned");
+}
+
+/// An 8-byte store to the hypercall page: a protocol violation.
+fn store_hypercall() -> ! {
+    let addr = Hypercall::ConsoleWrite.address(HYPERCALL_BASE);
+    // SAFETY: the VMM must stop the guest; nothing is written to memory.
+    unsafe {
+        core::arch::asm!("mov qword ptr [{addr}], {value}", addr = in(reg) addr, value = in(reg) 0u64, options(nostack));
+    }
+    panic!("store to the hypercall page returned");
+}
+
+/// Hardware floating point at CPL3: sum of 1/k^2, k = 1..=1e6 (smallest terms first), which is
+/// pi^2/6 - 9.999995e-7.
+fn fp() -> ! {
+    let mut sum = 0.0f64;
+    let mut k = 1_000_000u32;
+    while k > 0 {
+        let x = f64::from(k);
+        sum += 1.0 / (x * x);
+        k -= 1;
+    }
+    let expected = core::f64::consts::PI * core::f64::consts::PI / 6.0;
+    println!("fp sum={sum:.6} expected={expected:.6}");
+    assert!(
+        (sum - expected).abs() < 1e-6,
+        "sum {sum} is not within 1e-6 of pi^2/6 = {expected}"
+    );
+    exit(0)
+}
+
+fn print_args() -> ! {
+    let argv = args();
+    println!("argc={}", argv.len());
+    for (i, arg) in argv.enumerate() {
+        println!("arg[{i}]={arg}");
+    }
+    exit(0)
+}
+
+fn heap() -> ! {
+    let mut v: Vec<u64> = Vec::with_capacity(1 << 20);
+    v.extend(0..1u64 << 20);
+    let sum: u64 = v.iter().sum();
+    assert_eq!(sum, (1u64 << 20) * ((1 << 20) - 1) / 2);
+    drop(v);
+    let mut strings: Vec<String> = (0..16).map(|i| i.to_string()).collect();
+    strings.push(String::from("activm"));
+    let joined = strings.concat();
+    assert_eq!(joined, "0123456789101112131415activm");
+    drop(strings);
+    println!("heap ok");
+    exit(0)
+}
+
+fn on_reschedule(_frame: &mut IrqFrame) {
+    IRQ_SEEN.store(true, Ordering::Release);
+}
+
+/// A self-IPI from CPL3 through the xAPIC ICR, handled at CPL3.
+fn irq() -> ! {
+    activm_stub::register_irq_handler(VECTOR_RESCHEDULE, on_reschedule);
+    lapic::send_self_ipi(VECTOR_RESCHEDULE);
+    let deadline = rdtsc() + tsc_khz() * 1000;
+    while !IRQ_SEEN.load(Ordering::Acquire) {
+        assert!(rdtsc() < deadline, "self-IPI not delivered within 1 s");
+        pause();
+    }
+    println!("irq ok");
+    exit(0)
+}
+
+/// State `hold_registers` loads into and stores from the registers.
+#[repr(C, align(16))]
+#[derive(Debug)]
+struct RegState {
+    xmm_in: [[u64; 2]; 16],
+    xmm_out: [[u64; 2]; 16],
+    /// rax, rbx, rcx, rdx, rsi, rdi, rbp, r8..r15 after the loop.
+    gpr_out: [u64; 15],
+    mxcsr_out: u32,
+    mxcsr_saved: u32,
+}
+
+/// The value `hold_registers` keeps in GPR number `i` (rbx = 1, rdx = 3, ...).
+const fn gpr_pattern(i: u64) -> u64 {
+    (0x0101_0101_0101_0101 * (i + 1)) ^ 0x8000_0000_0000_0000
+}
+/// MXCSR during the loop: all exceptions masked, round toward zero.
+const MXCSR_HELD: u32 = 0x7F80;
+
+/// Keeps known values in every GPR but rsp, in xmm0-15 and in MXCSR while spinning `iterations`
+/// times at CPL3, then stores them: interrupts landing in the loop must not change any of them.
+fn hold_registers(iterations: u64, st: &mut RegState) {
+    // SAFETY: rbx and rbp are saved and restored on the stack; every other register the block
+    // writes is declared; MXCSR is restored; `st` is a live, 16-byte-aligned buffer.
+    unsafe {
+        core::arch::asm!(
+            "push rbx",
+            "push rbp",
+            // The caller put MXCSR_HELD in mxcsr_out.
+            "stmxcsr [rax + {mxcsr_saved}]",
+            "ldmxcsr [rax + {mxcsr_out}]",
+            "movdqa xmm0, [rax + 0]", "movdqa xmm1, [rax + 16]", "movdqa xmm2, [rax + 32]",
+            "movdqa xmm3, [rax + 48]", "movdqa xmm4, [rax + 64]", "movdqa xmm5, [rax + 80]",
+            "movdqa xmm6, [rax + 96]", "movdqa xmm7, [rax + 112]", "movdqa xmm8, [rax + 128]",
+            "movdqa xmm9, [rax + 144]", "movdqa xmm10, [rax + 160]", "movdqa xmm11, [rax + 176]",
+            "movdqa xmm12, [rax + 192]", "movdqa xmm13, [rax + 208]", "movdqa xmm14, [rax + 224]",
+            "movdqa xmm15, [rax + 240]",
+            "mov rbx, {p1}", "mov rdx, {p3}", "mov rsi, {p4}", "mov rdi, {p5}", "mov rbp, {p6}",
+            "mov r8, {p7}", "mov r9, {p8}", "mov r10, {p9}", "mov r11, {p10}", "mov r12, {p11}",
+            "mov r13, {p12}", "mov r14, {p13}", "mov r15, {p14}",
+            "2:",
+            "pause",
+            "dec rcx",
+            "jnz 2b",
+            "movdqa [rax + 256], xmm0", "movdqa [rax + 272], xmm1", "movdqa [rax + 288], xmm2",
+            "movdqa [rax + 304], xmm3", "movdqa [rax + 320], xmm4", "movdqa [rax + 336], xmm5",
+            "movdqa [rax + 352], xmm6", "movdqa [rax + 368], xmm7", "movdqa [rax + 384], xmm8",
+            "movdqa [rax + 400], xmm9", "movdqa [rax + 416], xmm10", "movdqa [rax + 432], xmm11",
+            "movdqa [rax + 448], xmm12", "movdqa [rax + 464], xmm13", "movdqa [rax + 480], xmm14",
+            "movdqa [rax + 496], xmm15",
+            "mov [rax + 512], rax", "mov [rax + 520], rbx", "mov [rax + 528], rcx", "mov [rax + 536], rdx",
+            "mov [rax + 544], rsi", "mov [rax + 552], rdi", "mov [rax + 560], rbp", "mov [rax + 568], r8",
+            "mov [rax + 576], r9", "mov [rax + 584], r10", "mov [rax + 592], r11", "mov [rax + 600], r12",
+            "mov [rax + 608], r13", "mov [rax + 616], r14", "mov [rax + 624], r15",
+            "stmxcsr [rax + {mxcsr_out}]",
+            "ldmxcsr [rax + {mxcsr_saved}]",
+            "pop rbp",
+            "pop rbx",
+            mxcsr_saved = const core::mem::offset_of!(RegState, mxcsr_saved),
+            mxcsr_out = const core::mem::offset_of!(RegState, mxcsr_out),
+            p1 = const gpr_pattern(1), p3 = const gpr_pattern(3), p4 = const gpr_pattern(4),
+            p5 = const gpr_pattern(5), p6 = const gpr_pattern(6), p7 = const gpr_pattern(7),
+            p8 = const gpr_pattern(8), p9 = const gpr_pattern(9), p10 = const gpr_pattern(10),
+            p11 = const gpr_pattern(11), p12 = const gpr_pattern(12), p13 = const gpr_pattern(13),
+            p14 = const gpr_pattern(14),
+            in("rax") st as *mut RegState,
+            inout("rcx") iterations => _,
+            out("rdx") _, out("rsi") _, out("rdi") _, out("r8") _, out("r9") _, out("r10") _,
+            out("r11") _, out("r12") _, out("r13") _, out("r14") _, out("r15") _,
+            out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _, out("xmm4") _, out("xmm5") _,
+            out("xmm6") _, out("xmm7") _, out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+            out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
+        );
+    }
+}
+
+fn on_tick(frame: &mut IrqFrame) {
+    assert_eq!(frame.vector, u64::from(VECTOR_TIMER));
+    TICKS.fetch_add(1, Ordering::Relaxed);
+}
+
+fn on_ipi(frame: &mut IrqFrame) {
+    assert_eq!(frame.vector, u64::from(VECTOR_RESCHEDULE));
+    IPIS.fetch_add(1, Ordering::Release);
+}
+
+/// Interrupts landing at random points of CPL3 code must preserve every register: vCPU 0 holds
+/// known values in all GPRs, xmm0-15 and MXCSR while its APIC timer ticks every 200 us and
+/// vCPU 1 (if any) sends it 500 IPIs.
+fn irq_stress(vcpu: u32) -> ! {
+    const WANT_TICKS: u64 = 100;
+    const SEND_IPIS: u64 = 500;
+    let second = tsc_khz() * 1000;
+    match vcpu {
+        0 => {}
+        1 => {
+            while !STRESS_READY.load(Ordering::Acquire) {
+                pause();
+            }
+            let target = boot_info().vcpus[0].irq_id;
+            for _ in 0..SEND_IPIS {
+                let before = IPIS.load(Ordering::Acquire);
+                lapic::send_ipi(target, VECTOR_RESCHEDULE);
+                let deadline = rdtsc() + second;
+                while IPIS.load(Ordering::Acquire) == before {
+                    assert!(rdtsc() < deadline, "IPI to vCPU 0 not handled within 1 s");
+                    pause();
+                }
+            }
+            SENDER_DONE.store(true, Ordering::Release);
+            vcpu_stop()
+        }
+        _ => vcpu_stop(),
+    }
+    activm_stub::register_irq_handler(VECTOR_TIMER, on_tick);
+    activm_stub::register_irq_handler(VECTOR_RESCHEDULE, on_ipi);
+    STRESS_READY.store(true, Ordering::Release);
+    lapic::start_periodic_timer(VECTOR_TIMER, 200_000);
+    let mut st = RegState {
+        xmm_in: [[0; 2]; 16],
+        xmm_out: [[0; 2]; 16],
+        gpr_out: [0; 15],
+        mxcsr_out: MXCSR_HELD,
+        mxcsr_saved: 0,
+    };
+    for (i, x) in st.xmm_in.iter_mut().enumerate() {
+        *x = [
+            0x1111_2222_3333_4444u64.wrapping_mul(i as u64 + 1),
+            !(0x0f0f_0f0f_0f0f_0f0f * (i as u64 + 1)),
+        ];
+    }
+    let deadline = rdtsc() + 20 * second;
+    let mut rounds = 0u64;
+    loop {
+        st.mxcsr_out = MXCSR_HELD;
+        hold_registers(100_000, &mut st);
+        rounds += 1;
+        assert_eq!(
+            st.xmm_out, st.xmm_in,
+            "xmm registers changed under interrupts (round {rounds})"
+        );
+        let rax = &st as *const RegState as u64;
+        for (i, &value) in st.gpr_out.iter().enumerate() {
+            let want = match i {
+                0 => rax,
+                2 => 0,
+                _ => gpr_pattern(i as u64),
+            };
+            assert_eq!(
+                value, want,
+                "GPR #{i} changed under interrupts (round {rounds})"
+            );
+        }
+        assert_eq!(
+            st.mxcsr_out, MXCSR_HELD,
+            "MXCSR changed under interrupts (round {rounds})"
+        );
+        let done = TICKS.load(Ordering::Relaxed) >= WANT_TICKS
+            && (nr_vcpus() == 1 || SENDER_DONE.load(Ordering::Acquire));
+        if done {
+            break;
+        }
+        assert!(
+            rdtsc() < deadline,
+            "irq-stress: only {} ticks and {} IPIs in 20 s",
+            TICKS.load(Ordering::Relaxed),
+            IPIS.load(Ordering::Relaxed)
+        );
+    }
+    lapic::stop_timer();
+    let (ticks, ipis) = (TICKS.load(Ordering::Relaxed), IPIS.load(Ordering::Relaxed));
+    println!("irq-stress ok: {ticks} timer ticks, {ipis} IPIs, {rounds} rounds");
+    exit(0)
+}

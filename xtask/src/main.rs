@@ -1,0 +1,364 @@
+//! `cargo xtask`: builds the bare-metal guests.
+//!
+//! The guests (workspace `guests/`) need Debian's Rust toolchain (`/usr/bin/cargo`,
+//! `/usr/bin/rustc` 1.96 with `RUSTC_BOOTSTRAP=1` for `-Zbuild-std` and the custom target
+//! `guests/x86_64-activm.json`) and `ld.lld-16`; this tool installs them if missing and runs that
+//! cargo with a clean environment (none of the outer rustup cargo's variables).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// Debian packages the guest build needs.
+const PACKAGES: &[&str] = &["rustc-web", "rust-web-src", "lld-16", "rust-web-clippy"];
+/// The guest toolchain.
+const GUEST_CARGO: &str = "/usr/bin/cargo";
+const GUEST_RUSTC: &str = "/usr/bin/rustc";
+/// The custom target (guests/x86_64-activm.json): its output directory under guests/target.
+const GUEST_TARGET: &str = "x86_64-activm";
+/// Where the BootHeader must be: protocol::arch::x86_64::IMAGE_BASE.
+const IMAGE_BASE: u64 = 0x20_0000;
+/// BootHeader magic, "ACTIVMHD".
+const BOOT_HEADER_MAGIC: &[u8; 8] = b"ACTIVMHD";
+
+const USAGE: &str = "\
+usage: cargo xtask COMMAND
+  build-guests [--release]       install the guest toolchain if missing, build guests/, print the ELF paths
+  clippy-guests                  run clippy on the guest workspace for the guest target (-D warnings)
+  guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
+  install-toolchain              only install the Debian packages the guest build needs";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("build-guests") => parse_release(&args[1..]).and_then(build_guests),
+        Some("clippy-guests") => no_more(&args[1..]).and_then(|()| clippy_guests()),
+        Some("guest-path") => guest_path(&args[1..]),
+        Some("install-toolchain") => no_more(&args[1..]).and_then(|()| install_toolchain()),
+        Some("help" | "-h" | "--help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => Err(format!("unknown or missing command\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn no_more(args: &[String]) -> Result<(), String> {
+    match args.first() {
+        None => Ok(()),
+        Some(a) => Err(format!("unexpected argument `{a}`\n{USAGE}")),
+    }
+}
+
+fn parse_release(args: &[String]) -> Result<bool, String> {
+    match args {
+        [] => Ok(false),
+        [flag] if flag == "--release" => Ok(true),
+        [a, ..] => Err(format!("unexpected argument `{a}`\n{USAGE}")),
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the repository root")
+        .to_path_buf()
+}
+
+fn guests_dir() -> PathBuf {
+    repo_root().join("guests")
+}
+
+fn profile_dir(release: bool) -> &'static str {
+    if release {
+        "release"
+    } else {
+        "debug"
+    }
+}
+
+/// The ELF of guest `app`.
+fn elf_path(app: &str, release: bool) -> PathBuf {
+    guests_dir()
+        .join("target")
+        .join(GUEST_TARGET)
+        .join(profile_dir(release))
+        .join(app)
+}
+
+/// The guest apps: the directories under guests/apps.
+fn apps() -> Result<Vec<String>, String> {
+    let dir = guests_dir().join("apps");
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut apps: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().join("Cargo.toml").is_file())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    apps.sort();
+    Ok(apps)
+}
+
+fn guest_path(args: &[String]) -> Result<(), String> {
+    let (app, rest) = args
+        .split_first()
+        .ok_or_else(|| format!("guest-path needs an app name\n{USAGE}"))?;
+    let release = parse_release(rest)?;
+    let path = elf_path(app, release);
+    if !path.is_file() {
+        let flag = if release { " --release" } else { "" };
+        eprintln!(
+            "xtask: note: {} is not built yet (cargo xtask build-guests{flag})",
+            path.display()
+        );
+    }
+    println!("{}", path.display());
+    Ok(())
+}
+
+/// Whether `pkg` is installed, according to dpkg.
+fn dpkg_installed(pkg: &str) -> Result<bool, String> {
+    let out = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .map_err(|e| {
+            format!("cannot run dpkg-query ({e}): the guest toolchain needs a Debian-based system")
+        })?;
+    Ok(out.status.success()
+        && String::from_utf8_lossy(&out.stdout)
+            .trim_end()
+            .ends_with(" installed"))
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let mut line = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        line.push(' ');
+        line.push_str(&arg.to_string_lossy());
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot run `{line}`: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{line}` failed: {status}"))
+    }
+}
+
+/// Installs the missing Debian packages (idempotent: nothing happens if all are there).
+fn install_toolchain() -> Result<(), String> {
+    let mut missing = Vec::new();
+    for pkg in PACKAGES {
+        if !dpkg_installed(pkg)? {
+            missing.push(*pkg);
+        }
+    }
+    if missing.is_empty() {
+        println!("xtask: guest toolchain present ({})", PACKAGES.join(" "));
+        return Ok(());
+    }
+    if !is_root() {
+        return Err(format!(
+            "guest toolchain packages missing: {}; installing them needs root: run `apt-get install -y {}` as root, or run this as root",
+            missing.join(" "),
+            missing.join(" ")
+        ));
+    }
+    println!(
+        "xtask: installing guest toolchain: apt-get update && apt-get install -y {}",
+        missing.join(" ")
+    );
+    run(Command::new("apt-get")
+        .arg("update")
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    Ok(())
+}
+
+/// Whether an environment variable of the outer (rustup) cargo must not reach the guest cargo.
+fn leaks(name: &str) -> bool {
+    const KEEP: &[&str] = &[
+        "CARGO_HOME",
+        "CARGO_NET_",
+        "CARGO_HTTP_",
+        "CARGO_REGISTRY",
+        "CARGO_REGISTRIES_",
+        "CARGO_TERM_",
+    ];
+    if name.starts_with("CARGO") {
+        return !KEEP.iter().any(|k| name.starts_with(k));
+    }
+    name.starts_with("RUSTUP_TOOLCHAIN")
+        || name.starts_with("RUSTC")
+        || name.starts_with("RUSTDOC")
+        || name == "RUSTFLAGS"
+        || name == "RUST_RECURSION_COUNT"
+}
+
+/// The guest cargo, in guests/, with a clean environment.
+fn guest_cargo() -> Command {
+    let mut cmd = Command::new(GUEST_CARGO);
+    cmd.current_dir(guests_dir());
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(leaks) {
+            cmd.env_remove(&name);
+        }
+    }
+    cmd.env("RUSTC", GUEST_RUSTC).env("RUSTC_BOOTSTRAP", "1");
+    // Debian's tools first: `cargo clippy` runs the first `cargo-clippy` on PATH, and rustup's
+    // proxies (~/.cargo/bin) would pick rustup's toolchain.
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![PathBuf::from("/usr/bin")];
+    dirs.extend(std::env::split_paths(&path));
+    if let Ok(path) = std::env::join_paths(dirs) {
+        cmd.env("PATH", path);
+    }
+    cmd
+}
+
+fn build_guests(release: bool) -> Result<(), String> {
+    install_toolchain()?;
+    let mut cmd = guest_cargo();
+    cmd.arg("build");
+    if release {
+        cmd.arg("--release");
+    }
+    println!(
+        "xtask: building guests: cd guests && RUSTC={GUEST_RUSTC} RUSTC_BOOTSTRAP=1 {GUEST_CARGO} build{}",
+        if release { " --release" } else { "" }
+    );
+    run(&mut cmd)?;
+    for app in apps()? {
+        let path = elf_path(&app, release);
+        check_elf(&path)?;
+        println!("{}", path.display());
+    }
+    Ok(())
+}
+
+fn clippy_guests() -> Result<(), String> {
+    install_toolchain()?;
+    let mut cmd = guest_cargo();
+    cmd.args(["clippy", "--workspace", "--", "-D", "warnings"]);
+    println!("xtask: cd guests && RUSTC={GUEST_RUSTC} RUSTC_BOOTSTRAP=1 {GUEST_CARGO} clippy --workspace -- -D warnings");
+    run(&mut cmd)
+}
+
+fn u16_at(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes(b[off..off + 2].try_into().expect("2 bytes"))
+}
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes(b[off..off + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
+}
+
+/// Checks what the VMM relies on: a static x86_64 ELF64 whose lowest PT_LOAD segment starts at
+/// IMAGE_BASE with the BootHeader magic, and (if objdump is there) no SSE in the CPL0 code.
+fn check_elf(path: &Path) -> Result<(), String> {
+    let b = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bad = |what: &str| format!("{}: {what}", path.display());
+    if b.len() < 64 || &b[..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
+        return Err(bad("not a little-endian ELF64 file"));
+    }
+    if u16_at(&b, 16) != 2 || u16_at(&b, 18) != 62 {
+        return Err(bad("not a static x86_64 executable (ET_EXEC, EM_X86_64)"));
+    }
+    let (phoff, phentsize, phnum) = (
+        u64_at(&b, 32) as usize,
+        u16_at(&b, 54) as usize,
+        u16_at(&b, 56) as usize,
+    );
+    let lowest = (0..phnum)
+        .map(|i| phoff + i * phentsize)
+        .filter(|&ph| ph + 56 <= b.len() && u32_at(&b, ph) == 1)
+        .min_by_key(|&ph| u64_at(&b, ph + 16))
+        .ok_or_else(|| bad("no PT_LOAD segment"))?;
+    let (offset, vaddr) = (u64_at(&b, lowest + 8) as usize, u64_at(&b, lowest + 16));
+    if vaddr != IMAGE_BASE {
+        return Err(bad(&format!(
+            "lowest loadable address {vaddr:#x}, expected {IMAGE_BASE:#x}"
+        )));
+    }
+    if b.get(offset..offset + 8) != Some(&BOOT_HEADER_MAGIC[..]) {
+        return Err(bad("no BootHeader at the lowest loadable address"));
+    }
+    check_cpl0_sse(path)
+}
+
+/// Disassembles `[__activm_cpl0_start, __activm_cpl0_end)` and rejects MMX/SSE/AVX/x87 registers
+/// and `xgetbv`/`xsetbv`: the CPL0 emulator of our KVM has none of them.
+fn check_cpl0_sse(path: &Path) -> Result<(), String> {
+    let symbol = |name: &str| -> Result<Option<u64>, String> {
+        let out = match Command::new("nm").arg(path).output() {
+            Ok(out) => out,
+            Err(_) => return Ok(None),
+        };
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|line| {
+                let mut f = line.split_whitespace();
+                let (addr, _, sym) = (f.next()?, f.next()?, f.next()?);
+                (sym == name)
+                    .then(|| u64::from_str_radix(addr, 16).ok())
+                    .flatten()
+            }))
+    };
+    let (Some(start), Some(end)) = (symbol("__activm_cpl0_start")?, symbol("__activm_cpl0_end")?)
+    else {
+        println!(
+            "xtask: note: nm/objdump unavailable or no CPL0 range symbols: CPL0 SSE check skipped"
+        );
+        return Ok(());
+    };
+    let out = Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn"])
+        .arg(format!("--start-address={start:#x}"))
+        .arg(format!("--stop-address={end:#x}"))
+        .arg(path)
+        .output();
+    let Ok(out) = out
+        .map_err(|_| ())
+        .and_then(|o| if o.status.success() { Ok(o) } else { Err(()) })
+    else {
+        println!("xtask: note: objdump unavailable: CPL0 SSE check skipped");
+        return Ok(());
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let forbidden = ["%xmm", "%ymm", "%zmm", "%mm", "%st", "xgetbv", "xsetbv"];
+    for line in text.lines() {
+        if forbidden.iter().any(|f| line.contains(f)) {
+            return Err(format!(
+                "{}: CPL0 code uses MMX/SSE/AVX/x87: {}",
+                path.display(),
+                line.trim()
+            ));
+        }
+    }
+    if !text.contains("iretq") {
+        return Err(format!(
+            "{}: CPL0 range {start:#x}..{end:#x} disassembled to nothing useful",
+            path.display()
+        ));
+    }
+    Ok(())
+}
