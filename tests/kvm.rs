@@ -18,7 +18,9 @@ const GUEST_TIMEOUT_SECS: &str = "60";
 fn guest_dir() -> PathBuf {
     match std::env::var_os("ACTIVM_GUEST_DIR") {
         Some(dir) => dir.into(),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../guests/target/x86_64-activm/release"),
+        None => {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../guests/target/x86_64-activm/release")
+        }
     }
 }
 
@@ -27,7 +29,11 @@ fn guest(name: &str) -> Result<PathBuf, Failed> {
     if path.is_file() {
         Ok(path)
     } else {
-        Err(format!("guest {} is missing: run `cargo xtask build-guests` first", path.display()).into())
+        Err(format!(
+            "guest {} is missing: run `cargo xtask build-guests` first",
+            path.display()
+        )
+        .into())
     }
 }
 
@@ -62,7 +68,11 @@ impl Run {
         if self.stdout.contains(text) {
             Ok(self)
         } else {
-            Err(format!("stdout lacks {text:?}\n--- stdout\n{}--- stderr\n{}", self.stdout, self.stderr).into())
+            Err(format!(
+                "stdout lacks {text:?}\n--- stdout\n{}--- stderr\n{}",
+                self.stdout, self.stderr
+            )
+            .into())
         }
     }
 
@@ -70,7 +80,11 @@ impl Run {
         if self.stderr.contains(text) {
             Ok(self)
         } else {
-            Err(format!("stderr lacks {text:?}\n--- stdout\n{}--- stderr\n{}", self.stdout, self.stderr).into())
+            Err(format!(
+                "stderr lacks {text:?}\n--- stdout\n{}--- stderr\n{}",
+                self.stdout, self.stderr
+            )
+            .into())
         }
     }
 }
@@ -78,11 +92,16 @@ impl Run {
 /// `activm run <image> <options> -- <guest args>`.
 fn activm_run(image: &Path, options: &[&str], guest_args: &[&str]) -> Result<Run, Failed> {
     let mut cmd = Command::new(ACTIVM);
-    cmd.arg("run").arg(image).args(["--timeout", GUEST_TIMEOUT_SECS]).args(options);
+    cmd.arg("run")
+        .arg(image)
+        .args(["--timeout", GUEST_TIMEOUT_SECS])
+        .args(options);
     if !guest_args.is_empty() {
         cmd.arg("--").args(guest_args);
     }
-    let output = cmd.output().map_err(|e| format!("cannot run {ACTIVM}: {e}"))?;
+    let output = cmd
+        .output()
+        .map_err(|e| format!("cannot run {ACTIVM}: {e}"))?;
     Ok(Run::from(output))
 }
 
@@ -146,7 +165,10 @@ fn kvm_tests() -> Vec<Trial> {
             Ok(())
         }),
         Trial::test("triple_fault_is_reported_with_registers", || {
-            let image = temp_image("triple", &raw_guest(protocol::ABI_VERSION, TRIPLE_FAULT_CODE))?;
+            let image = temp_image(
+                "triple",
+                &raw_guest(protocol::ABI_VERSION, TRIPLE_FAULT_CODE),
+            )?;
             activm_run(&image, &[], &[])?
                 .expect_code(125)?
                 .stderr_has("triple fault")?
@@ -154,12 +176,18 @@ fn kvm_tests() -> Vec<Trial> {
             Ok(())
         }),
         Trial::test("unknown_hypercall_is_refused", || {
-            selftest(&[], &["unknown-hypercall"])?.expect_code(125)?.stderr_has("unknown hypercall 511")?;
+            selftest(&[], &["unknown-hypercall"])?
+                .expect_code(125)?
+                .stderr_has("unknown hypercall 511")?;
             Ok(())
         }),
         Trial::test("malformed_hypercalls_are_refused", || {
-            selftest(&[], &["misaligned-hypercall"])?.expect_code(125)?.stderr_has("not 8-byte aligned")?;
-            selftest(&[], &["store-hypercall"])?.expect_code(125)?.stderr_has("hypercalls are loads")?;
+            selftest(&[], &["misaligned-hypercall"])?
+                .expect_code(125)?
+                .stderr_has("not 8-byte aligned")?;
+            selftest(&[], &["store-hypercall"])?
+                .expect_code(125)?
+                .stderr_has("hypercalls are loads")?;
             selftest(&[], &["bad-pointer"])?
                 .expect_code(125)?
                 .stderr_has("malformed hypercall console_write")?
@@ -167,11 +195,15 @@ fn kvm_tests() -> Vec<Trial> {
             Ok(())
         }),
         Trial::test("floating_point_works_at_cpl3", || {
-            selftest(&[], &["fp"])?.expect_code(0)?.stdout_has("1.644933")?;
+            selftest(&[], &["fp"])?
+                .expect_code(0)?
+                .stdout_has("1.644933")?;
             Ok(())
         }),
         Trial::test("smp_atomics_add_up", || {
-            selftest(&["--vcpus", "4"], &["smp"])?.expect_code(0)?.stdout_has("smp total=4000000 expected=4000000")?;
+            selftest(&["--vcpus", "4"], &["smp"])?
+                .expect_code(0)?
+                .stdout_has("smp total=4000000 expected=4000000")?;
             Ok(())
         }),
         Trial::test("guest_arguments_arrive", || {
@@ -183,11 +215,15 @@ fn kvm_tests() -> Vec<Trial> {
             Ok(())
         }),
         Trial::test("heap_allocation_works", || {
-            selftest(&["--mem", "64M"], &["heap"])?.expect_code(0)?.stdout_has("heap ok")?;
+            selftest(&["--mem", "64M"], &["heap"])?
+                .expect_code(0)?
+                .stdout_has("heap ok")?;
             Ok(())
         }),
         Trial::test("cpl3_self_ipi_reaches_handler", || {
-            selftest(&[], &["irq"])?.expect_code(0)?.stdout_has("irq ok")?;
+            selftest(&[], &["irq"])?
+                .expect_code(0)?
+                .stdout_has("irq ok")?;
             Ok(())
         }),
         Trial::test("timeout_stops_a_spinning_guest", || {
@@ -202,7 +238,8 @@ fn kvm_tests() -> Vec<Trial> {
             Ok(())
         }),
         Trial::test("boot_timing_is_reported", || {
-            let run = activm_run(&guest("demo")?, &["--boot-timing", "--vcpus", "2"], &[])?.expect_code(0)?;
+            let run = activm_run(&guest("demo")?, &["--boot-timing", "--vcpus", "2"], &[])?
+                .expect_code(0)?;
             let line = run
                 .stderr
                 .lines()
@@ -219,13 +256,22 @@ fn kvm_tests() -> Vec<Trial> {
             Ok(())
         }),
         Trial::test("abi_version_mismatch_is_refused", || {
-            let image = temp_image("abi", &raw_guest(protocol::ABI_VERSION + 1, TRIPLE_FAULT_CODE))?;
-            activm_run(&image, &[], &[])?.expect_code(1)?.stderr_has("ABI v2")?;
+            let image = temp_image(
+                "abi",
+                &raw_guest(protocol::ABI_VERSION + 1, TRIPLE_FAULT_CODE),
+            )?;
+            activm_run(&image, &[], &[])?
+                .expect_code(1)?
+                .stderr_has("ABI v2")?;
             Ok(())
         }),
         Trial::test("memory_too_small_is_refused", || {
-            selftest(&["--mem", "2M"], &["exit", "0"])?.expect_code(1)?.stderr_has("guest memory too small")?;
-            selftest(&["--mem", "3M"], &["exit", "0"])?.expect_code(1)?.stderr_has("multiple of 2 MiB")?;
+            selftest(&["--mem", "2M"], &["exit", "0"])?
+                .expect_code(1)?
+                .stderr_has("guest memory too small")?;
+            selftest(&["--mem", "3M"], &["exit", "0"])?
+                .expect_code(1)?
+                .stderr_has("multiple of 2 MiB")?;
             Ok(())
         }),
     ]);
@@ -243,27 +289,40 @@ fn input_tests() -> Vec<Trial> {
         }),
         Trial::test("non_elf_image_is_refused", || {
             let image = temp_image("garbage", &[0x42; 4096])?;
-            activm_run(&image, &[], &[])?.expect_code(1)?.stderr_has("not an ELF file")?;
+            activm_run(&image, &[], &[])?
+                .expect_code(1)?
+                .stderr_has("not an ELF file")?;
             Ok(())
         }),
         Trial::test("aarch64_elf_is_refused", || {
             let image = temp_image("arm", &tiny_elf(183, 0x20_0000, &[0; 64]))?;
-            activm_run(&image, &[], &[])?.expect_code(1)?.stderr_has("built for aarch64")?;
+            activm_run(&image, &[], &[])?
+                .expect_code(1)?
+                .stderr_has("built for aarch64")?;
             Ok(())
         }),
         Trial::test("image_without_boot_header_is_refused", || {
             let image = temp_image("nohdr", &tiny_elf(62, 0x20_0000, &[0x90; 64]))?;
-            activm_run(&image, &[], &[])?.expect_code(1)?.stderr_has("not an activm guest")?;
+            activm_run(&image, &[], &[])?
+                .expect_code(1)?
+                .stderr_has("not an activm guest")?;
             Ok(())
         }),
         Trial::test("bad_vcpu_count_is_refused", || {
             let image = temp_image("vcpus", &[0x42; 64])?;
-            activm_run(&image, &["--vcpus", "0"], &[])?.expect_code(1)?.stderr_has("--vcpus must be")?;
-            activm_run(&image, &["--vcpus", "65"], &[])?.expect_code(1)?.stderr_has("--vcpus must be")?;
+            activm_run(&image, &["--vcpus", "0"], &[])?
+                .expect_code(1)?
+                .stderr_has("--vcpus must be")?;
+            activm_run(&image, &["--vcpus", "65"], &[])?
+                .expect_code(1)?
+                .stderr_has("--vcpus must be")?;
             Ok(())
         }),
         Trial::test("usage_errors_exit_2", || {
-            let output = Command::new(ACTIVM).args(["run"]).output().map_err(|e| e.to_string())?;
+            let output = Command::new(ACTIVM)
+                .args(["run"])
+                .output()
+                .map_err(|e| e.to_string())?;
             Run::from(output).expect_code(2)?.stderr_has("Usage")?;
             Ok(())
         }),
@@ -284,7 +343,10 @@ fn main() {
     let mut trials = kvm_tests();
     if let Err(why) = kvm_usable() {
         eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
-        trials = trials.into_iter().map(|t| t.with_ignored_flag(true)).collect();
+        trials = trials
+            .into_iter()
+            .map(|t| t.with_ignored_flag(true))
+            .collect();
     }
     trials.extend(input_tests());
     libtest_mimic::run(&args, trials).exit();
