@@ -1,4 +1,5 @@
-//! `cargo xtask`: builds the bare-metal guests.
+//! `cargo xtask`: builds the bare-metal guests, and runs the demo, the test suite and the
+//! benchmarks (the README's commands) with the guests built first.
 //!
 //! The guests (workspace `guests/`) need Debian's Rust toolchain (`/usr/bin/cargo`,
 //! `/usr/bin/rustc` 1.96 with `RUSTC_BOOTSTRAP=1` for `-Zbuild-std` and the custom target
@@ -22,6 +23,9 @@ const BOOT_HEADER_MAGIC: &[u8; 8] = b"ACTIVMHD";
 
 const USAGE: &str = "\
 usage: cargo xtask COMMAND
+  demo [--vcpus N]               build everything and boot the demo guest (default 4 vCPUs)
+  test                           build the guests, then run the whole test suite (cargo test --workspace)
+  bench [NAME]                   build the guests, then run the benchmarks (or only benches/NAME)
   build-guests [--release]       install the guest toolchain if missing, build guests/, print the ELF paths
   clippy-guests                  run clippy on the guest workspace for the guest target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
@@ -30,6 +34,9 @@ usage: cargo xtask COMMAND
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        Some("demo") => demo(&args[1..]),
+        Some("test") => no_more(&args[1..]).and_then(|()| test()),
+        Some("bench") => bench(&args[1..]),
         Some("build-guests") => parse_release(&args[1..]).and_then(build_guests),
         Some("clippy-guests") => no_more(&args[1..]).and_then(|()| clippy_guests()),
         Some("guest-path") => guest_path(&args[1..]),
@@ -47,6 +54,46 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The outer (host) cargo, the one running this xtask.
+fn host_cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(repo_root());
+    cmd
+}
+
+fn demo(args: &[String]) -> Result<(), String> {
+    let vcpus = match args {
+        [] => "4".to_string(),
+        [flag, n] if flag == "--vcpus" => n.clone(),
+        _ => return Err(format!("usage: cargo xtask demo [--vcpus N]\n{USAGE}")),
+    };
+    build_guests(true)?;
+    run(host_cargo().args(["build", "--release", "--quiet", "-p", "activm-vmm"]))?;
+    let activm = repo_root().join("target/release/activm");
+    let demo = elf_path("demo", true);
+    println!("xtask: {} run {} --vcpus {vcpus}", activm.display(), demo.display());
+    run(Command::new(activm).arg("run").arg(demo).args(["--vcpus", &vcpus]))
+}
+
+fn test() -> Result<(), String> {
+    build_guests(true)?;
+    run(host_cargo().args(["test", "--workspace"]))
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    build_guests(true)?;
+    let mut cmd = host_cargo();
+    cmd.args(["bench", "-p", "activm-benches"]);
+    match args {
+        [] => {}
+        [name] => {
+            cmd.args(["--bench", name]);
+        }
+        _ => return Err(format!("usage: cargo xtask bench [NAME]\n{USAGE}")),
+    }
+    run(&mut cmd)
 }
 
 fn no_more(args: &[String]) -> Result<(), String> {
