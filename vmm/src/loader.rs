@@ -40,15 +40,39 @@ fn header_field<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
     bytes[at..at + N].try_into().expect("in-bounds slice")
 }
 
-/// Check the ELF header and program headers of `path` without loading anything.
-pub fn inspect(path: &Path, mem_size: u64) -> Result<(Vec<u8>, ImageInfo), Error> {
+/// Read the ELF header and the program headers: the only parts of the file read before
+/// loading (guest ELFs carry megabytes of debug information the VMM never needs).
+fn read_headers(path: &Path) -> Result<(Vec<u8>, u64), Error> {
+    let read_err = |source| Error::ImageRead {
+        path: path.into(),
+        source,
+    };
+    let mut file = File::open(path).map_err(read_err)?;
+    let file_len = file.metadata().map_err(read_err)?.len();
     let mut bytes = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|source| Error::ImageRead {
-            path: path.into(),
-            source,
-        })?;
+    (&mut file)
+        .take(64)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() == 64 && bytes[..4] == *b"\x7fELF" {
+        let phoff = u64::from_le_bytes(header_field(&bytes, 32));
+        let phnum = u16::from_le_bytes(header_field(&bytes, 56)) as u64;
+        // Linkers put the program headers right after the ELF header; read anything else whole.
+        if phoff == 64 {
+            let table_len = (phnum * ELF64_PHDR_SIZE).min(file_len - 64);
+            file.take(table_len)
+                .read_to_end(&mut bytes)
+                .map_err(read_err)?;
+        } else {
+            file.read_to_end(&mut bytes).map_err(read_err)?;
+        }
+    }
+    Ok((bytes, file_len))
+}
+
+/// Check the ELF header and program headers of `path` without loading anything.
+pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
+    let (bytes, file_len) = read_headers(path)?;
     let bad = |reason: String| Error::BadElf {
         path: path.into(),
         reason,
@@ -98,7 +122,7 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<(Vec<u8>, ImageInfo), Error
         let filesz = u64::from_le_bytes(header_field(&bytes, at + 32));
         let memsz = u64::from_le_bytes(header_field(&bytes, at + 40));
         let file_end = offset.checked_add(filesz);
-        if file_end.is_none_or(|end| end > bytes.len() as u64) || filesz > memsz {
+        if file_end.is_none_or(|end| end > file_len) || filesz > memsz {
             return Err(bad(format!("segment {i} lies outside the file")));
         }
         let end = paddr
@@ -127,26 +151,20 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<(Vec<u8>, ImageInfo), Error
             "entry point {entry:#x} lies outside the loaded image"
         )));
     }
-    Ok((bytes, ImageInfo { entry, span }))
+    Ok(ImageInfo { entry, span })
 }
 
 /// Load the image into RAM and return its boot header.
-pub fn load(
-    path: &Path,
-    bytes: &[u8],
-    info: &ImageInfo,
-    ram: &GuestRam,
-) -> Result<BootHeader, Error> {
-    let mut cursor = std::io::Cursor::new(bytes);
-    Elf::load(
-        ram.inner(),
-        None,
-        &mut cursor,
-        Some(GuestAddress(IMAGE_BASE)),
-    )
-    .map_err(|e| Error::BadElf {
+pub fn load(path: &Path, info: &ImageInfo, ram: &GuestRam) -> Result<BootHeader, Error> {
+    let mut file = File::open(path).map_err(|source| Error::ImageRead {
         path: path.into(),
-        reason: e.to_string(),
+        source,
+    })?;
+    Elf::load(ram.inner(), None, &mut file, Some(GuestAddress(IMAGE_BASE))).map_err(|e| {
+        Error::BadElf {
+            path: path.into(),
+            reason: e.to_string(),
+        }
     })?;
     let header: BootHeaderRaw = ram.read_struct(info.span.start)?;
     if header.magic != BOOT_HEADER_MAGIC {
@@ -264,10 +282,10 @@ mod tests {
     fn missing_boot_header_is_reported() {
         let elf = tiny_elf(ELF_MACHINE, IMAGE_BASE, &[0x90; 64]);
         let path = temp_file("nohdr", &elf);
-        let (bytes, info) = inspect(&path, 64 << 20).unwrap();
+        let info = inspect(&path, 64 << 20).unwrap();
         let ram = GuestRam::new(64 << 20).unwrap();
         assert!(matches!(
-            load(&path, &bytes, &info, &ram),
+            load(&path, &info, &ram),
             Err(Error::NoBootHeader { .. })
         ));
     }
@@ -278,9 +296,9 @@ mod tests {
         code[..8].copy_from_slice(&BOOT_HEADER_MAGIC.to_le_bytes());
         code[8..12].copy_from_slice(&(protocol::ABI_VERSION + 1).to_le_bytes());
         let path = temp_file("abi", &tiny_elf(ELF_MACHINE, IMAGE_BASE, &code));
-        let (bytes, info) = inspect(&path, 64 << 20).unwrap();
+        let info = inspect(&path, 64 << 20).unwrap();
         let ram = GuestRam::new(64 << 20).unwrap();
-        let err = load(&path, &bytes, &info, &ram).unwrap_err();
+        let err = load(&path, &info, &ram).unwrap_err();
         assert!(err.to_string().contains("ABI v2"), "{err}");
     }
 }

@@ -47,14 +47,17 @@ fn write_stack_region_tables(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
     {
         let table = plan.stack_tables.start + 4096 * i as u64;
         ram.write_u64(PD_ADDR + 8 * (chunk / TWO_MIB), table | user)?;
-        for page in 0..512u64 {
-            let addr = chunk + 4096 * page;
+        // One write per table: 512 entries.
+        let mut entries = [0u8; 4096];
+        for (page, entry) in entries.chunks_exact_mut(8).enumerate() {
+            let addr = chunk + 4096 * page as u64;
             let offset = addr - region.start;
             let guard = offset.is_multiple_of(plan.stacks.slot_size);
-            let used = offset < plan.stacks.bytes();
-            let entry = if guard || !used { 0 } else { addr | user };
-            ram.write_u64(table + 8 * page, entry)?;
+            if !guard && offset < plan.stacks.bytes() {
+                entry.copy_from_slice(&(addr | user).to_le_bytes());
+            }
         }
+        ram.write_bytes(table, &entries)?;
     }
     Ok(())
 }
