@@ -2,6 +2,7 @@
 
 pub mod floor;
 pub mod stats;
+pub mod threads;
 
 use std::path::PathBuf;
 

@@ -1,0 +1,3 @@
+module activm/threadbench
+
+go 1.22

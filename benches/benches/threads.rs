@@ -1,0 +1,447 @@
+//! Thread micro-benchmarks (issue 3): the activm guest runtime beside host Linux threads (NPTL,
+//! futex locks) and Go goroutines, all measured in this one run, on the same operations with
+//! the same parameters. Prints one table of medians with ratios to NPTL and to Go.
+//!
+//! `cargo xtask bench threads` (builds the guests first), or
+//! `cargo bench -p activm-benches --bench threads [-- --quick]`; `ACTIVM_BENCH_QUICK=1` is
+//! the same as `--quick` (fewer trials and creations: a smoke run of a few seconds).
+//! `benches/README.md` explains every row.
+//!
+//! The three implementations take `OP key=value ...` and print `BENCH OP v1 v2 ...` (one value
+//! per trial, nanoseconds); see `activm_benches::threads`:
+//! * NPTL: `threadbench-nptl` (`baselines/nptl.rs`, a binary of this package);
+//! * Go: `baselines/go`, built here with the local Go toolchain and run with GOMAXPROCS=2;
+//! * activm: the guest `threadbench` booted through the activm library on 1 and on 2 vCPUs,
+//!   i.e. `target/release/activm run threadbench --vcpus N -- OP key=value ...`.
+//!
+//! A column that cannot be measured says "n/a" and the reason is printed under the table.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use activm::{Outcome, VmConfig};
+use activm_benches::stats::summary;
+use activm_benches::threads::{fmt_ratio, fmt_value, parse_bench, run_with_limit, tail};
+
+/// What a row's values are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Unit {
+    /// Nanoseconds per operation.
+    Ns,
+    /// Total milliseconds per trial.
+    Ms,
+}
+
+/// One row of the table: an operation with its parameters.
+#[derive(Debug)]
+struct Row {
+    label: String,
+    op: &'static str,
+    params: Vec<(&'static str, u64)>,
+    unit: Unit,
+    /// Time limit of one implementation's run of this row.
+    limit: Duration,
+}
+
+impl Row {
+    fn args(&self) -> Vec<String> {
+        std::iter::once(self.op.to_string())
+            .chain(self.params.iter().map(|(k, v)| format!("{k}={v}")))
+            .collect()
+    }
+}
+
+/// A measured cell: median, p10, p90 (in the row's unit), or why there is none.
+type Cell = Result<(f64, f64, f64), String>;
+
+/// The implementations, in table order.
+const COLUMNS: [&str; 4] = ["NPTL", "Go", "activm 1v", "activm 2v"];
+const GUEST_VCPUS: [u32; 2] = [1, 2];
+
+fn rows(quick: bool) -> Vec<Row> {
+    let q = |full: u64, smoke: u64| if quick { smoke } else { full };
+    let micro = |label: &str, op: &'static str, trials: u64, iters: u64| Row {
+        label: label.to_string(),
+        op,
+        params: vec![("trials", trials), ("iters", iters)],
+        unit: Unit::Ns,
+        limit: Duration::from_secs(60),
+    };
+    let mut rows = vec![
+        micro(
+            "null fork (create+join)",
+            "null-fork",
+            q(31, 5),
+            q(500, 100),
+        ),
+        micro(
+            "signal-wait (round trip/2)",
+            "signal-wait",
+            q(21, 5),
+            q(2000, 300),
+        ),
+        micro(
+            "yield (2 threads, 1 CPU)",
+            "yield",
+            q(21, 5),
+            q(20_000, 2000),
+        ),
+        micro(
+            "mutex uncontended",
+            "mutex",
+            q(21, 5),
+            q(1_000_000, 100_000),
+        ),
+        micro(
+            "mutex contended (2 thr, per acq)",
+            "mutex-contended",
+            q(21, 5),
+            q(100_000, 10_000),
+        ),
+    ];
+    let total = q(100_000, 10_000);
+    for (top, children) in [(1, 1), (4, 4), (20, 10)] {
+        rows.push(Row {
+            label: format!("create {top}x{children} ({}k thr, total)", total / 1000),
+            op: "create",
+            params: vec![
+                ("trials", q(3, 1)),
+                ("total", total),
+                ("top", top),
+                ("children", children),
+            ],
+            unit: Unit::Ms,
+            limit: Duration::from_secs(120),
+        });
+    }
+    for regions in [1, 4, 16] {
+        rows.push(Row {
+            label: format!(
+                "contention 32 thr, {regions} region{} (total)",
+                if regions == 1 { "" } else { "s" }
+            ),
+            op: "contention",
+            params: vec![
+                ("trials", q(11, 3)),
+                ("total", 50_000),
+                ("threads", 32),
+                ("regions", regions),
+            ],
+            unit: Unit::Ms,
+            limit: Duration::from_secs(60),
+        });
+    }
+    rows
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick" || a == "quick")
+        || std::env::var("ACTIVM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let started = Instant::now();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("benches lives in the repository root")
+        .to_path_buf();
+
+    let nptl = PathBuf::from(env!("CARGO_BIN_EXE_threadbench-nptl"));
+    let go = build_go(&root);
+    let guest = find_guest(&root);
+    if let Err(why) = &go {
+        eprintln!("threads: Go column unavailable: {why}");
+    }
+    if let Err(why) = &guest {
+        eprintln!("threads: activm columns unavailable: {why}");
+    }
+
+    let rows = rows(quick);
+    let mut cells: Vec<Vec<Cell>> = Vec::new();
+    for row in &rows {
+        let args = row.args();
+        eprintln!("threads: {}", args.join(" "));
+        let mut line = Vec::new();
+        // Row by row, every implementation in turn: a row's numbers are measured close in time.
+        line.push(measure(row, "NPTL", || {
+            run_with_limit(Command::new(&nptl).args(&args), row.limit)
+        }));
+        line.push(match &go {
+            Ok(go) => measure(row, "Go", || {
+                run_with_limit(
+                    Command::new(go).args(&args).env("GOMAXPROCS", "2"),
+                    row.limit,
+                )
+            }),
+            Err(why) => Err(why.clone()),
+        });
+        for vcpus in GUEST_VCPUS {
+            line.push(match &guest {
+                Ok(elf) => measure(row, &format!("activm {vcpus} vCPU"), || {
+                    run_guest(elf, vcpus, &args, row.limit)
+                }),
+                Err(why) => Err(why.clone()),
+            });
+        }
+        cells.push(line);
+    }
+    print_table(&rows, &cells, quick, started.elapsed());
+}
+
+/// Run one implementation on `row` and summarize its per-trial values.
+fn measure(row: &Row, name: &str, run: impl FnOnce() -> Result<String, String>) -> Cell {
+    let result = run().and_then(|out| parse_bench(&out, row.op));
+    let cell = result.map(|mut values| {
+        if row.unit == Unit::Ms {
+            values.iter_mut().for_each(|v| *v /= 1e6);
+        }
+        summary(&mut values)
+    });
+    match &cell {
+        Ok((median, _, _)) => eprintln!(
+            "threads:   {name:<13} {:>10} {}",
+            fmt_value(*median),
+            unit_name(row.unit)
+        ),
+        Err(why) => eprintln!("threads:   {name:<13} n/a: {why}"),
+    }
+    cell
+}
+
+fn unit_name(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Ns => "ns",
+        Unit::Ms => "ms",
+    }
+}
+
+/// Build the Go baseline into target/threadbench-go; its path, or why it cannot be built.
+fn build_go(root: &Path) -> Result<PathBuf, String> {
+    let go = std::env::var_os("GO")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let local = PathBuf::from("/usr/local/go/bin/go");
+            local.is_file().then_some(local)
+        })
+        .unwrap_or_else(|| PathBuf::from("go"));
+    let out_dir = root.join("target/threadbench-go");
+    let exe = out_dir.join("threadbench");
+    let mut cmd = Command::new(&go);
+    cmd.current_dir(root.join("benches/baselines/go"))
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(".")
+        // Standard library only: no module downloads, no toolchain switch.
+        .env("GOTOOLCHAIN", "local")
+        .env("GOPROXY", "off")
+        .env("GOFLAGS", "-mod=mod");
+    if std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none() {
+        cmd.env("GOCACHE", out_dir.join("cache"));
+    }
+    run_with_limit(&mut cmd, Duration::from_secs(300))
+        .map_err(|e| format!("Go baseline did not build ({}): {e}", go.display()))?;
+    Ok(exe)
+}
+
+/// The guest ELF `threadbench`, or why the activm columns cannot be measured.
+fn find_guest(root: &Path) -> Result<PathBuf, String> {
+    let dir = std::env::var_os("ACTIVM_GUEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("guests/target/x86_64-activm/release"));
+    let elf = dir.join("threadbench");
+    if elf.is_file() {
+        if let Err(e) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+        {
+            return Err(format!("/dev/kvm: {e}"));
+        }
+        return Ok(elf);
+    }
+    let why = if !root.join("guest-runtime/Cargo.toml").is_file() {
+        "the guest runtime (guest-runtime/, activm-rt) does not exist yet"
+    } else if !root.join("guests/apps/threadbench/Cargo.toml").is_file() {
+        "the guest app guests/apps/threadbench does not exist"
+    } else {
+        "the guest app is not built (run `cargo xtask build-guests --release`; it must be a member of guests/Cargo.toml and build against activm-rt)"
+    };
+    Err(format!("{}: missing; {why}", elf.display()))
+}
+
+/// A console for the guest: everything it prints, kept in memory.
+#[derive(Clone, Debug, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("capture lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Boot the guest on `vcpus` vCPUs with `args` (what `activm run ELF --vcpus N -- ARGS` does)
+/// and return its console output.
+fn run_guest(elf: &Path, vcpus: u32, args: &[String], limit: Duration) -> Result<String, String> {
+    let console = Capture::default();
+    let config = VmConfig {
+        vcpus,
+        args: args.to_vec(),
+        timeout: Some(limit),
+        ..VmConfig::new(elf)
+    };
+    let boxed: Box<dyn Write + Send> = Box::new(console.clone());
+    let report =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| activm::run(&config, boxed)))
+            .map_err(|_| "the VMM panicked".to_string())?
+            .map_err(|e| format!("activm run failed: {e}"))?;
+    let out = String::from_utf8_lossy(&console.0.lock().expect("capture lock")).into_owned();
+    match report.outcome {
+        Outcome::Exited(0) => Ok(out),
+        other => Err(format!(
+            "{}{}",
+            other
+                .describe()
+                .unwrap_or_else(|| format!("guest exited with {}", other.exit_code())),
+            tail(&out)
+        )),
+    }
+}
+
+fn print_table(rows: &[Row], cells: &[Vec<Cell>], quick: bool, took: Duration) {
+    let med = |c: &Cell| c.as_ref().ok().map(|s| s.0);
+    let ratio = |a: &Cell, b: &Cell| match (med(a), med(b)) {
+        (Some(a), Some(b)) if b > 0.0 => fmt_ratio(a / b),
+        _ => "n/a".to_string(),
+    };
+    let value = |c: &Cell| med(c).map_or("n/a".to_string(), fmt_value);
+    println!();
+    println!(
+        "thread benchmarks{}: medians over trials; activm/X < 1 means activm is faster",
+        if quick {
+            " (QUICK smoke run: fewer trials and creations)"
+        } else {
+            ""
+        }
+    );
+    println!("host: NPTL = std::thread/std::sync (futex), Go GOMAXPROCS=2, activm guest on 1 and 2 vCPUs");
+    let head = [
+        "op", "unit", COLUMNS[0], COLUMNS[1], COLUMNS[2], COLUMNS[3], "1v/NPTL", "2v/NPTL",
+        "1v/Go", "2v/Go",
+    ];
+    let line = |f: [String; 10]| {
+        println!(
+            "{:<38} {:>4} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8}",
+            f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]
+        )
+    };
+    line(head.map(String::from));
+    for (row, c) in rows.iter().zip(cells) {
+        line([
+            row.label.clone(),
+            unit_name(row.unit).to_string(),
+            value(&c[0]),
+            value(&c[1]),
+            value(&c[2]),
+            value(&c[3]),
+            ratio(&c[2], &c[0]),
+            ratio(&c[3], &c[0]),
+            ratio(&c[2], &c[1]),
+            ratio(&c[3], &c[1]),
+        ]);
+    }
+
+    println!();
+    println!("spread (p10..p90) and trials:");
+    for (row, c) in rows.iter().zip(cells) {
+        let trials = row
+            .params
+            .iter()
+            .find(|(k, _)| *k == "trials")
+            .map_or(0, |p| p.1);
+        let spreads: Vec<String> = COLUMNS
+            .iter()
+            .zip(c)
+            .filter_map(|(name, cell)| {
+                let (_, p10, p90) = cell.as_ref().ok()?;
+                Some(format!("{name} {}..{}", fmt_value(*p10), fmt_value(*p90)))
+            })
+            .collect();
+        println!("  {:<38} {trials:>3}: {}", row.label, spreads.join(", "));
+    }
+
+    // Why cells are n/a: each distinct (column, reason) once, with the rows it hit.
+    let mut reasons: Vec<(&str, &str, Vec<&str>)> = Vec::new();
+    for (row, c) in rows.iter().zip(cells) {
+        for (name, cell) in COLUMNS.iter().zip(c) {
+            if let Err(why) = cell {
+                match reasons.iter_mut().find(|r| r.0 == *name && r.1 == why) {
+                    Some(r) => r.2.push(&row.label),
+                    None => reasons.push((name, why, vec![&row.label])),
+                }
+            }
+        }
+    }
+    if !reasons.is_empty() {
+        println!();
+        println!("n/a cells:");
+        for (name, why, hit) in &reasons {
+            let which = if hit.len() == rows.len() {
+                "all rows".to_string()
+            } else {
+                hit.join("; ")
+            };
+            println!("  {name} ({which}): {why}");
+        }
+    }
+
+    println!();
+    println!("project targets:");
+    let verdict = |c: &Cell, base: &Cell, factor: f64| match (med(c), med(base)) {
+        (Some(v), Some(b)) if v < b * factor => format!("met ({})", fmt_ratio(v / b)),
+        (Some(v), Some(b)) => format!("MISSED ({})", fmt_ratio(v / b)),
+        _ => "n/a".to_string(),
+    };
+    let check = |what: &str, row: usize, base: usize, factor: f64| {
+        let c = &cells[row];
+        println!(
+            "  {what:<24} activm 1v {}, activm 2v {}",
+            verdict(&c[2], &c[base], factor),
+            verdict(&c[3], &c[base], factor)
+        );
+    };
+    check("null fork < NPTL/50", 0, 0, 1.0 / 50.0);
+    check("null fork < Go/2", 0, 1, 0.5);
+    check("signal-wait < Go", 1, 1, 1.0);
+    check("yield < Go", 2, 1, 1.0);
+    for (i, name) in [(2, "activm 1v"), (3, "activm 2v")] {
+        let measured: Vec<(&Row, f64, f64)> = rows
+            .iter()
+            .zip(cells)
+            .filter_map(|(row, c)| Some((row, med(&c[i])?, med(&c[0])?)))
+            .collect();
+        let slower: Vec<String> = measured
+            .iter()
+            .filter(|(_, v, n)| v > n)
+            .map(|(row, v, n)| format!("{} {}", row.label, fmt_ratio(v / n)))
+            .collect();
+        let verdict = if measured.is_empty() {
+            "n/a".to_string()
+        } else if slower.is_empty() {
+            format!("met on all {} measured rows", measured.len())
+        } else {
+            format!(
+                "MISSED on {} of {} measured rows: {}",
+                slower.len(),
+                measured.len(),
+                slower.join("; ")
+            )
+        };
+        println!("  {:<24} {name}: {verdict}", "nothing slower than NPTL");
+    }
+    println!();
+    println!("took {:.0} s", took.as_secs_f64());
+}
