@@ -243,11 +243,11 @@ fn kvm_tests() -> Vec<Trial> {
             let line = run
                 .stderr
                 .lines()
-                .find(|l| l.contains("guest main"))
-                .ok_or("no guest main line in --boot-timing output")?;
+                .find(|l| l.contains("vCPU 0:") && l.contains("guest main"))
+                .ok_or("no guest main line for vCPU 0 in --boot-timing output")?;
             let us: f64 = line
                 .split_whitespace()
-                .nth(2)
+                .last()
                 .and_then(|v| v.parse().ok())
                 .ok_or_else(|| format!("unparsable timing line {line:?}"))?;
             if !(us > 0.0 && us < 10_000_000.0) {

@@ -137,7 +137,9 @@ pub struct UpcallRecordOf<C> {
     pub _pad: u32,
     /// Kind-specific argument (signal number, requester vCPU).
     pub arg: u64,
-    pub _reserved: [u64; 3],
+    /// Host TSC when the event happened (guest and host TSC agree): upcall latency.
+    pub tsc: u64,
+    pub _reserved: [u64; 2],
     /// The saved user context, when `flags & RECORD_HAS_CONTEXT`.
     pub context: C,
 }
@@ -222,6 +224,7 @@ mod tests {
             24
         );
         assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, arg), 32);
+        assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, tsc), 40);
         assert_eq!(offset_of!(UpcallRecordOf<x86_64::UserContext>, context), 64);
         assert_eq!(size_of::<UpcallRecordOf<x86_64::UserContext>>(), 64 + 704);
         assert_eq!(

@@ -1,18 +1,26 @@
-//! Hypercall dispatch: a load from the hypercall page, arguments in registers
-//! (see `protocol::hypercall`). Every argument is untrusted.
+//! Handling vCPU exits: hypercalls (a load from the hypercall page, arguments in registers, see
+//! `protocol::hypercall`) and every other exit, which ends the guest with a report. Every
+//! argument is untrusted.
 
 use kvm_bindings::{kvm_mp_state, kvm_regs, KVM_MP_STATE_HALTED};
 use kvm_ioctls::VcpuFd;
 use protocol::hypercall::{decode, Hypercall, HC_UNSUPPORTED, MAX_WRITE_LEN};
+use protocol::shared::UpcallKind;
 
+use crate::activation::Event;
+use crate::allocator::Slot;
 use crate::arch::current::abi::HYPERCALL_BASE;
 use crate::arch::current::vcpu::{dump, fatal_trap_report, hypercall_args};
-use crate::vm::{Outcome, VmShared};
+use crate::guest::Guest;
+use crate::vcpu::{Exit, EXIT_HYPERCALL, EXIT_OTHER};
+use crate::vm::Outcome;
 
 /// What the vCPU loop does after an exit.
 #[derive(Debug)]
 pub enum HcAction {
     Continue,
+    /// The guest gave this vCPU's processor back (`sa_yield`).
+    Yield,
     /// This vCPU is done; the guest goes on.
     StopVcpu,
     /// The whole guest is done.
@@ -23,11 +31,78 @@ fn violation(index: u32, fd: &VcpuFd, what: String) -> HcAction {
     HcAction::Finish(Outcome::fault(index, format!("{what}\n{}", dump(fd))))
 }
 
+/// Handle one exit of vCPU `index`.
+pub fn handle_exit(fd: &mut VcpuFd, index: u32, guest: &Guest, exit: Exit) -> HcAction {
+    let count = |i: usize| {
+        guest.vcpus[index as usize].exits[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    };
+    match exit {
+        Exit::MmioRead { addr, len } => {
+            count(EXIT_HYPERCALL);
+            let regs = fd.sync_regs().regs;
+            match handle_load(fd, index, guest, addr, len, &regs) {
+                Ok(value) => {
+                    let bytes = value.to_le_bytes();
+                    let run = fd.get_kvm_run();
+                    // SAFETY: the last exit was KVM_EXIT_MMIO, so `mmio` is the active union
+                    // field; `len` came from it and is 8 (checked in `handle_load`).
+                    unsafe { run.__bindgen_anon_1.mmio.data[..len].copy_from_slice(&bytes[..len]) };
+                    HcAction::Continue
+                }
+                Err(action) => action,
+            }
+        }
+        Exit::MmioWrite { addr, len } => {
+            count(EXIT_OTHER);
+            let what = match decode(addr, HYPERCALL_BASE) {
+                Some(_) => format!(
+                    "malformed hypercall: a {len}-byte store to the hypercall page at {addr:#x} (hypercalls are loads)"
+                ),
+                None => format!("{len}-byte store to unbacked guest-physical address {addr:#x}: no device there"),
+            };
+            violation(index, fd, what)
+        }
+        Exit::Shutdown => violation(
+            index,
+            fd,
+            format!("guest triple fault (KVM shutdown) on vCPU {index}"),
+        ),
+        Exit::InternalError => {
+            let run = fd.get_kvm_run();
+            // SAFETY: the last exit was KVM_EXIT_INTERNAL_ERROR, so `internal` is active.
+            let suberror = unsafe { run.__bindgen_anon_1.internal.suberror };
+            violation(
+                index,
+                fd,
+                format!(
+                    "KVM internal error (suberror {suberror}) on vCPU {index}: the guest ran an \
+                     instruction KVM could not emulate (at CPL0: no SSE or xgetbv there)"
+                ),
+            )
+        }
+        Exit::FailEntry { reason } => violation(
+            index,
+            fd,
+            format!("KVM could not enter vCPU {index} (hardware reason {reason:#x})"),
+        ),
+        Exit::Io { port } => violation(
+            index,
+            fd,
+            format!("port I/O to {port:#x} on vCPU {index}: activm guests have no I/O ports"),
+        ),
+        Exit::Other(what) => violation(
+            index,
+            fd,
+            format!("unexpected KVM exit {what} on vCPU {index}"),
+        ),
+    }
+}
+
 /// Handle an MMIO load at `addr`; `Ok(value)` is the load's result.
-pub fn handle_load(
+fn handle_load(
     fd: &VcpuFd,
     index: u32,
-    vm: &VmShared,
+    guest: &Guest,
     addr: u64,
     len: usize,
     regs: &kvm_regs,
@@ -61,16 +136,19 @@ pub fn handle_load(
             ),
         ));
     };
+    if let Some(trace) = &guest.trace {
+        trace.instant(guest.id, index, call.name(), regs.rdi);
+    }
     let [a0, a1, _a2, _a3] = hypercall_args(regs);
     match call {
         Hypercall::ConsoleWrite => {
-            let bytes = read_buffer(vm, call, a0, a1).map_err(|e| violation(index, fd, e))?;
-            vm.console_write(&bytes);
+            let bytes = read_buffer(guest, call, a0, a1).map_err(|e| violation(index, fd, e))?;
+            guest.console_write(&bytes);
             Ok(a1)
         }
         Hypercall::Exit => Err(HcAction::Finish(Outcome::Exited((a0 & 0xff) as i32))),
         Hypercall::Panic => {
-            let message = match read_buffer(vm, call, a0, a1) {
+            let message = match read_buffer(guest, call, a0, a1) {
                 Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
                 Err(e) => format!("<unreadable panic message: {e}>"),
             };
@@ -81,7 +159,7 @@ pub fn handle_load(
         }
         Hypercall::FatalTrap => Err(HcAction::Finish(Outcome::Fault {
             vcpu: index,
-            report: fatal_trap_report(fd, index, &vm.ram, regs),
+            report: fatal_trap_report(fd, index, &guest.ram, regs),
         })),
         Hypercall::VcpuStop => Err(HcAction::StopVcpu),
         Hypercall::Halt => {
@@ -92,35 +170,91 @@ pub fn handle_load(
             .map_err(|e| violation(index, fd, format!("KVM_SET_MP_STATE(HALTED): {e}")))?;
             Ok(0)
         }
-        Hypercall::SaRegister
-        | Hypercall::SaSetConcurrency
-        | Hypercall::SaYield
-        | Hypercall::SaPreempt
-        | Hypercall::SaEnable => Ok(HC_UNSUPPORTED),
+        Hypercall::SaRegister => {
+            if !guest.acts.allowed() {
+                return Ok(HC_UNSUPPORTED);
+            }
+            if !guest.plan.image.contains(&a0) {
+                return Err(violation(index, fd, format!(
+                    "malformed hypercall sa_register: upcall entry {a0:#x} lies outside the guest image"
+                )));
+            }
+            guest.acts.register(a0);
+            Ok(0)
+        }
+        Hypercall::SaEnable => match guest.acts.enable() {
+            Ok(()) => {
+                guest
+                    .procs
+                    .revoke(guest.procs.alloc.set_activations(guest.id, true));
+                Ok(0)
+            }
+            Err(_) if !guest.acts.allowed() => Ok(HC_UNSUPPORTED),
+            Err(why) => Err(violation(
+                index,
+                fd,
+                format!("malformed hypercall sa_enable: {why}"),
+            )),
+        },
+        Hypercall::SaSetConcurrency => {
+            if !guest.acts.allowed() {
+                return Ok(HC_UNSUPPORTED);
+            }
+            if a0 == 0 || a0 > guest.config.vcpus as u64 {
+                return Err(violation(
+                    index,
+                    fd,
+                    format!(
+                        "malformed hypercall sa_setconcurrency({a0}): the guest has {} vCPUs",
+                        guest.config.vcpus
+                    ),
+                ));
+            }
+            let (previous, kicks) = guest.procs.alloc.set_concurrency(guest.id, a0 as usize);
+            guest.procs.revoke(kicks);
+            Ok(previous as u64)
+        }
+        Hypercall::SaYield => {
+            if !guest.acts.enabled() {
+                return Ok(HC_UNSUPPORTED);
+            }
+            Err(HcAction::Yield)
+        }
+        Hypercall::SaPreempt => {
+            if !guest.acts.enabled() {
+                return Ok(HC_UNSUPPORTED);
+            }
+            let view = guest.procs.alloc.view(guest.id);
+            match view.vcpus.get(a0 as usize) {
+                Some(Slot::Running(_)) => {
+                    let target = a0 as u32;
+                    let event = Event::new(
+                        UpcallKind::User,
+                        guest.acts.current(target),
+                        target,
+                        index as u64,
+                    );
+                    guest.deliver(event);
+                    Ok(0)
+                }
+                // Not running (or no such vCPU): nothing to interrupt.
+                _ => Ok(1),
+            }
+        }
     }
 }
 
-fn read_buffer(vm: &VmShared, call: Hypercall, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
+fn read_buffer(guest: &Guest, call: Hypercall, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
     if len > MAX_WRITE_LEN {
         return Err(format!(
             "malformed hypercall {}: length {len} exceeds the limit of {MAX_WRITE_LEN}",
             call.name()
         ));
     }
-    vm.ram.read_bytes(gpa, len).map_err(|e| {
+    guest.ram.read_bytes(gpa, len).map_err(|e| {
         format!(
             "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",
             call.name()
         )
     })
-}
-
-/// Describe a store that exited to the VMM.
-pub fn describe_store(_vm: &VmShared, addr: u64, len: usize) -> String {
-    match decode(addr, HYPERCALL_BASE) {
-        Some(_) => format!(
-            "malformed hypercall: a {len}-byte store to the hypercall page at {addr:#x} (hypercalls are loads)"
-        ),
-        None => format!("{len}-byte store to unbacked guest-physical address {addr:#x}: no device there"),
-    }
 }

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use serde_json::json;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -19,43 +20,82 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Boot a guest ELF and run it to its end; its exit code becomes activm's.
+    /// Boot one or more guest ELFs on a shared budget of physical CPUs and run them to their end.
     ///
-    /// Exit status: the guest's exit code; 101 if the guest panicked; 125 if it faulted or
-    /// broke the hypercall protocol (the report and registers go to stderr); 124 on --timeout;
-    /// 1 if activm could not start it (bad image, no KVM, bad options); 2 for usage errors.
+    /// Exit status: the guest's exit code (with several guests: 0 if all exited 0, else the
+    /// first failing guest's status); 101 if a guest panicked; 125 if it faulted or broke the
+    /// hypercall protocol (the report and registers go to stderr); 124 on --timeout; 128+N when
+    /// stopped by signal N; 1 if activm could not start it (bad image, no KVM, bad options);
+    /// 2 for usage errors.
     Run(RunArgs),
+    /// Talk to a running activm through its control socket (see `activm run --ctl`).
+    Ctl(CtlArgs),
 }
 
 #[derive(clap::Args, Debug)]
 struct RunArgs {
-    /// The guest image: a static x86_64 ELF built against activm's guest stub.
-    guest: PathBuf,
-    /// Number of vCPUs (1 to 64; more than host cores is fine).
+    /// The guest images: static x86_64 ELFs built against activm's guest stub. Every guest
+    /// gets the same options and arguments.
+    #[arg(required = true, value_name = "GUEST")]
+    guests: Vec<PathBuf>,
+    /// Number of vCPUs per guest (1 to 64; more than host cores is fine).
     #[arg(long, default_value_t = 1, value_name = "N")]
     vcpus: u32,
     /// Guest RAM, a multiple of 2 MiB: bytes or with a K/M/G suffix.
     #[arg(long, default_value = "256M", value_name = "SIZE", value_parser = parse_size)]
     mem: u64,
+    /// Physical CPUs shared by all guests (default: every host CPU).
+    #[arg(long, value_name = "N")]
+    pcpus: Option<usize>,
+    /// The allocator's time slice, in milliseconds.
+    #[arg(long, default_value_t = 10.0, value_name = "MS")]
+    quantum: f64,
+    /// Oblivious mode: no upcalls; vCPUs are time-sliced behind the guests' backs.
+    #[arg(long)]
+    no_activations: bool,
     /// Report process start → first guest instruction → guest main on stderr.
     #[arg(long)]
     boot_timing: bool,
-    /// Print per-vCPU exit counts on stderr when the guest ends.
+    /// Print per-guest counts (upcalls by type, preemptions, exits) and latencies on stderr.
     #[arg(long)]
     stats: bool,
+    /// Write vCPU state changes, upcalls and hypercalls as Chrome trace-event JSON.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Serve the control socket (JSON lines over a Unix socket) at this path.
+    #[arg(long, value_name = "SOCKET")]
+    ctl: Option<PathBuf>,
     /// Usable size of each guard-paged thread stack the VMM maps for the guest runtime.
     #[arg(long, default_value = "124K", value_name = "SIZE", value_parser = parse_size)]
     thread_stack: u64,
     /// Number of guard-paged thread stacks (default: as many as fit in a quarter of RAM,
-    /// at most 4096).
+    /// at most 256 MiB and 4096).
     #[arg(long, value_name = "N")]
     thread_stacks: Option<u32>,
-    /// Stop the guest after this many seconds (exit status 124).
+    /// Stop the guests after this many seconds (exit status 124).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
-    /// Arguments passed to the guest.
+    /// Arguments passed to the guests.
     #[arg(last = true, value_name = "GUEST_ARGS")]
     args: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct CtlArgs {
+    /// The control socket of a running `activm run --ctl SOCKET`.
+    socket: PathBuf,
+    #[command(subcommand)]
+    action: CtlAction,
+}
+
+#[derive(Subcommand, Debug)]
+enum CtlAction {
+    /// List the guests and the state of every vCPU.
+    List,
+    /// Change the number of physical CPUs shared by all guests.
+    SetPcpus { pcpus: u64 },
+    /// Cap how many vCPUs guest GUEST (an id from `list`) may run at once.
+    SetVcpus { guest: u64, vcpus: u64 },
 }
 
 /// Parse `256M`, `1G`, `65536`, `64MiB`.
@@ -85,42 +125,114 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run(args, start_tsc),
+        Command::Ctl(args) => ctl(args),
     }
+}
+
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("activm: error: {message}");
+    ExitCode::from(2)
 }
 
 fn run(args: RunArgs, start_tsc: u64) -> ExitCode {
     let timeout = match args.timeout {
         Some(secs) if !(secs > 0.0 && secs.is_finite()) => {
-            eprintln!("activm: error: --timeout must be a positive number of seconds");
-            return ExitCode::from(2);
+            return usage_error("--timeout must be a positive number of seconds")
         }
         other => other.map(Duration::from_secs_f64),
     };
-    let config = activm::VmConfig {
-        image: args.guest,
-        vcpus: args.vcpus,
-        mem_size: args.mem,
-        args: args.args,
-        boot_timing: args.boot_timing,
+    if !(args.quantum > 0.0 && args.quantum.is_finite()) {
+        return usage_error("--quantum must be a positive number of milliseconds");
+    }
+    let configs: Vec<activm::VmConfig> = args
+        .guests
+        .iter()
+        .map(|image| activm::VmConfig {
+            image: image.clone(),
+            vcpus: args.vcpus,
+            mem_size: args.mem,
+            args: args.args.clone(),
+            boot_timing: args.boot_timing,
+            timeout,
+            start_tsc,
+            thread_stack_size: args.thread_stack,
+            thread_stacks: args.thread_stacks,
+        })
+        .collect();
+    let options = activm::MonitorOptions {
+        pcpus: args.pcpus.unwrap_or_else(activm::monitor::host_cpus),
+        quantum: Duration::from_secs_f64(args.quantum / 1000.0),
+        activations: !args.no_activations,
         timeout,
-        start_tsc,
-        thread_stack_size: args.thread_stack,
-        thread_stacks: args.thread_stacks,
+        trace: args.trace.clone(),
+        handle_signals: true,
+        ctl_socket: args.ctl.clone(),
     };
-    match activm::run(&config, Box::new(std::io::stdout())) {
-        Ok(report) => {
-            if let Some(timing) = &report.timing {
-                eprint!("{}", timing.render());
+    let consoles: Vec<Box<dyn std::io::Write + Send>> = configs
+        .iter()
+        .map(|_| Box::new(std::io::stdout()) as Box<dyn std::io::Write + Send>)
+        .collect();
+    let reports = match activm::run_guests(&configs, consoles, &options) {
+        Ok(reports) => reports,
+        Err(e) => {
+            eprintln!("activm: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let several = reports.len() > 1;
+    let mut status = 0;
+    for report in &reports {
+        let who = if several {
+            format!("[{}] ", report.name)
+        } else {
+            String::new()
+        };
+        if let Some(timing) = &report.timing {
+            eprint!("{who}{}", timing.render());
+        }
+        if args.stats {
+            for line in report.stats.lines() {
+                eprintln!("{who}{line}");
             }
-            if args.stats {
-                for (i, (hypercalls, kicks, other)) in report.exits.iter().enumerate() {
-                    eprintln!("vCPU {i}: {hypercalls} hypercall exits, {kicks} kicks, {other} other exits");
-                }
+            for (i, (hypercalls, kicks, other)) in report.exits.iter().enumerate() {
+                eprintln!("{who}vCPU {i}: {hypercalls} hypercall exits, {kicks} kicks, {other} other exits");
             }
-            if let Some(message) = report.outcome.describe() {
-                eprintln!("activm: {message}");
+        }
+        if let Some(message) = report.outcome.describe() {
+            eprintln!("activm: {who}{message}");
+        }
+        if several {
+            eprintln!("activm: {who}exit status {}", report.outcome.exit_code());
+        }
+        if status == 0 {
+            status = report.outcome.exit_code();
+        }
+    }
+    if let Some(path) = &args.trace {
+        eprintln!("activm: trace written to {}", path.display());
+    }
+    ExitCode::from(status as u8)
+}
+
+fn ctl(args: CtlArgs) -> ExitCode {
+    let request = match args.action {
+        CtlAction::List => json!({"op": "list"}),
+        CtlAction::SetPcpus { pcpus } => json!({"op": "set-pcpus", "pcpus": pcpus}),
+        CtlAction::SetVcpus { guest, vcpus } => {
+            json!({"op": "set-vcpus", "guest": guest, "vcpus": vcpus})
+        }
+    };
+    match activm::ctl::request(&args.socket, &request) {
+        Ok(answer) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&answer).unwrap_or_else(|_| answer.to_string())
+            );
+            if answer.get("ok").and_then(serde_json::Value::as_bool) == Some(true) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
             }
-            ExitCode::from(report.outcome.exit_code() as u8)
         }
         Err(e) => {
             eprintln!("activm: error: {e}");
@@ -145,13 +257,30 @@ mod tests {
     }
 
     #[test]
-    fn cli_parses_guest_args_after_double_dash() {
-        let cli =
-            Cli::try_parse_from(["activm", "run", "g.elf", "--vcpus", "4", "--", "exit", "3"])
-                .unwrap();
-        let Command::Run(args) = cli.command;
+    fn cli_parses_guests_and_guest_args() {
+        let cli = Cli::try_parse_from([
+            "activm", "run", "a.elf", "b.elf", "--vcpus", "4", "--pcpus", "2", "--", "exit", "3",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.guests.len(), 2);
         assert_eq!(args.vcpus, 4);
+        assert_eq!(args.pcpus, Some(2));
         assert_eq!(args.args, ["exit", "3"]);
+    }
+
+    #[test]
+    fn cli_parses_ctl() {
+        let cli = Cli::try_parse_from(["activm", "ctl", "/tmp/s", "set-vcpus", "0", "2"]).unwrap();
+        let Command::Ctl(args) = cli.command else {
+            panic!("not ctl")
+        };
+        assert!(matches!(
+            args.action,
+            CtlAction::SetVcpus { guest: 0, vcpus: 2 }
+        ));
     }
 
     #[test]

@@ -1,10 +1,17 @@
-//! One host thread per vCPU, an explicit state machine, and a race-free kick.
+//! One host thread per vCPU: its state machine, a race-free kick, and what it does when it
+//! gains or loses a physical CPU.
 //!
-//! **Kick.** To get a vCPU out of `KVM_RUN`, the kicker sets the vCPU's request flag, then sends
-//! it [`kick_signal`]. The signal handler sets `kvm_run.immediate_exit`, so wherever the signal
-//! lands (before `KVM_RUN`, inside it, or while the VMM handles an exit) the next or current
-//! `KVM_RUN` returns `EINTR` and the loop sees the request. No window exists in which a kick is
-//! lost, and a kick costs one signal, not an ioctl.
+//! **Kick.** To get a vCPU out of `KVM_RUN`, the kicker sets a request flag, then sends the
+//! thread [`kick_signal`]. The handler sets `kvm_run.immediate_exit`, so wherever the signal
+//! lands (before `KVM_RUN`, inside it, or while the VMM handles an exit) the current or next
+//! `KVM_RUN` returns `EINTR` and the loop sees the request. No kick is lost, none costs an ioctl.
+//!
+//! **Processors.** The thread runs guest code only while the allocator grants it a physical CPU
+//! ([`Allocator::acquire`](crate::allocator::Allocator::acquire)). When the allocator revokes it:
+//! an oblivious vCPU just waits to resume; a vCPU of a guest that takes upcalls is first run
+//! forward to CPL3 with interrupts on (if it was in the stub's CPL0 code), its context is taken
+//! and handed to the guest in a PREEMPTED record on another running vCPU, and the vCPU parks
+//! until the allocator gives the guest a processor again, as a new activation (NEWPROC).
 
 use std::cell::Cell;
 use std::ptr::null_mut;
@@ -13,48 +20,66 @@ use std::sync::{Arc, Once, OnceLock};
 
 use kvm_bindings::kvm_run;
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
+use protocol::shared::{UpcallKind, VcpuRunState};
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
+use crate::activation::Event;
+use crate::allocator::{Acquired, Release};
+use crate::arch::current::vcpu as arch;
+use crate::guest::Guest;
 use crate::hypercall::{self, HcAction};
-use crate::vm::{Outcome, VmShared};
+use crate::vm::Outcome;
 
-/// The lifecycle of a vCPU thread. Transitions:
-/// `Created → Running ⇄ HandlingExit`, `HandlingExit → Stopped` (the guest stopped this vCPU),
-/// and any state → `Finished` when the thread ends.
+/// The lifecycle of a vCPU thread.
+///
+/// ```text
+/// Created ─► WaitingForCpu ─► Running ⇄ HandlingExit
+///                 ▲               │
+///                 └── Preempting ◄┘ (revoked: context handed over, or simply descheduled)
+/// any ─► Stopped (the guest stopped this vCPU) / Finished (the thread ended)
+/// ```
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VcpuState {
     Created = 0,
+    /// Waiting for the allocator to grant a physical CPU.
+    WaitingForCpu = 1,
     /// In (or about to enter) `KVM_RUN`.
-    Running = 1,
+    Running = 2,
     /// Out of `KVM_RUN`, handling an exit in the VMM.
-    HandlingExit = 2,
+    HandlingExit = 3,
+    /// Giving its processor back.
+    Preempting = 4,
     /// The guest stopped this vCPU (`vcpu_stop`).
-    Stopped = 3,
+    Stopped = 5,
     /// The thread has ended.
-    Finished = 4,
+    Finished = 6,
 }
 
 impl VcpuState {
     fn from_raw(raw: u8) -> VcpuState {
         match raw {
             0 => VcpuState::Created,
-            1 => VcpuState::Running,
-            2 => VcpuState::HandlingExit,
-            3 => VcpuState::Stopped,
+            1 => VcpuState::WaitingForCpu,
+            2 => VcpuState::Running,
+            3 => VcpuState::HandlingExit,
+            4 => VcpuState::Preempting,
+            5 => VcpuState::Stopped,
             _ => VcpuState::Finished,
         }
     }
 }
 
-/// What other threads may do to a vCPU: read its state, ask it to stop, kick it.
+/// What other threads may do to a vCPU: read its state, ask it to stop or to give its
+/// processor back, kick it.
 #[derive(Debug, Default)]
 pub struct VcpuControl {
     state: AtomicU8,
     stop_requested: AtomicBool,
+    revoke_requested: AtomicBool,
     thread: OnceLock<libc::pthread_t>,
-    /// Exits handled, by coarse reason, for `--stats` (hypercall, mmio, kick, other).
-    pub exits: [AtomicUsize; 4],
+    /// Exits handled, by coarse reason (see `EXIT_*`).
+    pub exits: [AtomicUsize; 3],
 }
 
 /// Indices into `VcpuControl::exits`.
@@ -71,17 +96,24 @@ impl VcpuControl {
         self.state.store(state as u8, Ordering::Release);
     }
 
-    /// Ask the vCPU to leave its run loop, and kick it out of `KVM_RUN`.
+    /// Ask the vCPU to leave its run loop for good, and kick it.
     pub fn request_stop(&self) {
         self.stop_requested.store(true, Ordering::Release);
+        self.kick();
+    }
+
+    /// The allocator wants this vCPU's processor back: flag it and kick it.
+    pub fn revoke(&self) {
+        self.revoke_requested.store(true, Ordering::Release);
         self.kick();
     }
 
     /// Force the vCPU out of `KVM_RUN` soon (see the module comment).
     pub fn kick(&self) {
         if let Some(&thread) = self.thread.get() {
-            // SAFETY: `thread` is the pthread of a vCPU thread that registered itself; it is
-            // joined only after every kick (the VM joins vCPU threads last), so the id is live.
+            // SAFETY: `thread` is the pthread of a vCPU thread that registered itself; the
+            // monitor joins vCPU threads only after the last kick can be sent (the guest is
+            // finished and the dispatcher stopped), so the id is live.
             unsafe {
                 libc::pthread_kill(thread, kick_signal());
             }
@@ -120,13 +152,54 @@ pub fn install_kick_handler() -> Result<(), crate::Error> {
     result
 }
 
+/// A per-thread one-shot timer that kicks this thread: used to run a vCPU forward a few
+/// microseconds at a time until it is back at CPL3.
+struct KickTimer(libc::timer_t);
+
+impl KickTimer {
+    fn new() -> Option<KickTimer> {
+        // SAFETY: sigevent is plain data, filled in before use; gettid has no preconditions.
+        let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
+        event.sigev_notify = libc::SIGEV_THREAD_ID;
+        event.sigev_signo = kick_signal();
+        // SAFETY: as above.
+        event.sigev_notify_thread_id = unsafe { libc::gettid() };
+        let mut timer: libc::timer_t = null_mut();
+        // SAFETY: `event` and `timer` are valid for the call; the timer is deleted on drop.
+        let ok = unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer) } == 0;
+        ok.then_some(KickTimer(timer))
+    }
+
+    fn arm(&self, micros: i64) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: micros * 1000,
+            },
+        };
+        // SAFETY: the timer exists (created in `new`); `spec` is valid for the call.
+        unsafe { libc::timer_settime(self.0, 0, &spec, null_mut()) };
+    }
+}
+
+impl Drop for KickTimer {
+    fn drop(&mut self) {
+        // SAFETY: the timer was created by timer_create and is deleted once.
+        unsafe { libc::timer_delete(self.0) };
+    }
+}
+
 /// A KVM exit, copied out of `kvm_run` so the vCPU fd is free again while it is handled.
 #[derive(Debug)]
 pub enum Exit {
     MmioRead { addr: u64, len: usize },
     MmioWrite { addr: u64, len: usize },
     Shutdown,
-    InternalError { suberror: u32 },
+    InternalError,
     FailEntry { reason: u64 },
     Io { port: u16 },
     Other(String),
@@ -143,117 +216,282 @@ fn copy_exit(exit: VcpuExit<'_>) -> Exit {
             len: data.len(),
         },
         VcpuExit::Shutdown => Exit::Shutdown,
-        VcpuExit::InternalError => Exit::InternalError { suberror: 0 },
+        VcpuExit::InternalError => Exit::InternalError,
         VcpuExit::FailEntry(reason, _) => Exit::FailEntry { reason },
         VcpuExit::IoIn(port, _) | VcpuExit::IoOut(port, _) => Exit::Io { port },
         other => Exit::Other(format!("{other:?}")),
     }
 }
 
-/// The body of vCPU thread `index`.
-pub fn run_vcpu(mut fd: VcpuFd, index: u32, vm: Arc<VmShared>) {
-    let control = &vm.vcpus[index as usize];
-    KVM_RUN_PTR.with(|p| p.set(fd.get_kvm_run() as *mut kvm_run));
-    // SAFETY: pthread_self has no preconditions.
-    let _ = control.thread.set(unsafe { libc::pthread_self() });
-    fd.set_sync_valid_reg(SyncReg::Register);
-    control.set_state(VcpuState::Running);
+/// How many times a vCPU caught at CPL0 is run forward before it is descheduled without a
+/// hand-off (the stub's CPL0 paths are ~20 instructions, a few microseconds each).
+const MAX_RUN_FORWARD: u32 = 64;
+/// Time the vCPU runs on between two looks while it is run forward.
+const RUN_FORWARD_US: i64 = 20;
 
-    while !control.stop_requested.load(Ordering::Acquire) {
-        let exit = match fd.run() {
-            Ok(exit) => copy_exit(exit),
-            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                fd.set_kvm_immediate_exit(0);
-                control.exits[EXIT_KICK].fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            Err(e) => {
-                vm.finish(Outcome::fault(index, format!("KVM_RUN failed: {e}")));
-                break;
-            }
-        };
-        control.set_state(VcpuState::HandlingExit);
-        match handle_exit(&mut fd, index, &vm, exit) {
-            HcAction::Continue => control.set_state(VcpuState::Running),
-            HcAction::StopVcpu => {
-                control.set_state(VcpuState::Stopped);
-                vm.vcpu_stopped(index);
-                break;
-            }
-            HcAction::Finish(outcome) => {
-                vm.finish(outcome);
-                break;
-            }
-        }
-    }
-    KVM_RUN_PTR.with(|p| p.set(null_mut()));
-    if control.state() != VcpuState::Stopped {
-        control.set_state(VcpuState::Finished);
-    }
+struct VcpuThread {
+    fd: VcpuFd,
+    index: u32,
+    guest: Arc<Guest>,
+    control: Arc<VcpuControl>,
+    timer: Option<KickTimer>,
 }
 
-fn handle_exit(fd: &mut VcpuFd, index: u32, vm: &VmShared, exit: Exit) -> HcAction {
-    let arch = crate::arch::current::vcpu::dump;
-    match exit {
-        Exit::MmioRead { addr, len } => {
-            vm.vcpus[index as usize].exits[EXIT_HYPERCALL].fetch_add(1, Ordering::Relaxed);
-            let regs = fd.sync_regs().regs;
-            match hypercall::handle_load(fd, index, vm, addr, len, &regs) {
-                Ok(value) => {
-                    let bytes = value.to_le_bytes();
-                    let run = fd.get_kvm_run();
-                    // SAFETY: the last exit was KVM_EXIT_MMIO, so `mmio` is the active union
-                    // field; `len` came from it and is at most 8.
-                    unsafe { run.__bindgen_anon_1.mmio.data[..len].copy_from_slice(&bytes[..len]) };
-                    HcAction::Continue
-                }
-                Err(action) => action,
+/// What one `KVM_RUN` led to.
+enum Step {
+    Continue,
+    Kicked,
+    Yield,
+    Stop,
+    Finish(Outcome),
+}
+
+/// The body of vCPU thread `index` of `guest`.
+pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
+    KVM_RUN_PTR.with(|p| p.set(fd.get_kvm_run() as *mut kvm_run));
+    fd.set_sync_valid_reg(SyncReg::Register);
+    fd.set_sync_valid_reg(SyncReg::SystemRegister);
+    let control = Arc::clone(&guest.vcpus[index as usize]);
+    // SAFETY: pthread_self has no preconditions.
+    let _ = control.thread.set(unsafe { libc::pthread_self() });
+    let mut vcpu = VcpuThread {
+        fd,
+        index,
+        guest,
+        control,
+        timer: KickTimer::new(),
+    };
+    vcpu.run();
+    KVM_RUN_PTR.with(|p| p.set(null_mut()));
+}
+
+impl VcpuThread {
+    fn trace_state(&self, name: &'static str, begin: bool) {
+        if let Some(trace) = &self.guest.trace {
+            if begin {
+                trace.begin(self.guest.id, self.index, name);
+            } else {
+                trace.end(self.guest.id, self.index, name);
             }
         }
-        Exit::MmioWrite { addr, len } => {
-            vm.vcpus[index as usize].exits[EXIT_OTHER].fetch_add(1, Ordering::Relaxed);
-            HcAction::Finish(Outcome::fault(
-                index,
-                format!("{}\n{}", hypercall::describe_store(vm, addr, len), arch(fd)),
-            ))
+    }
+
+    fn release(&self, why: Release) {
+        let procs = &self.guest.procs;
+        procs.revoke(procs.alloc.release(self.guest.id, self.index as usize, why));
+    }
+
+    fn run(&mut self) {
+        loop {
+            self.control.set_state(VcpuState::WaitingForCpu);
+            match self
+                .guest
+                .procs
+                .alloc
+                .acquire(self.guest.id, self.index as usize)
+            {
+                Acquired::Exit => break,
+                Acquired::Resume => {}
+                Acquired::NewActivation => {
+                    if let Err(outcome) = self.start_activation() {
+                        self.guest.finish(outcome);
+                        break;
+                    }
+                }
+            }
+            self.control.set_state(VcpuState::Running);
+            self.trace_state("running", true);
+            let step = self.run_until_revoked();
+            self.trace_state("running", false);
+            match step {
+                Step::Kicked => self.give_back_processor(),
+                Step::Yield => {
+                    self.guest.stats.yields.fetch_add(1, Ordering::Relaxed);
+                    self.complete_pending_io();
+                    self.guest.acts.end_activation(
+                        &self.guest.ram,
+                        &self.guest.plan,
+                        self.index,
+                        VcpuRunState::Stopped,
+                    );
+                    self.release(Release::Yielded);
+                }
+                Step::Stop => {
+                    self.control.set_state(VcpuState::Stopped);
+                    self.release(Release::Stopped);
+                    self.guest.vcpu_stopped();
+                    break;
+                }
+                Step::Finish(outcome) => {
+                    self.guest.finish(outcome);
+                    break;
+                }
+                Step::Continue => unreachable!("run_until_revoked returns only on a change"),
+            }
         }
-        Exit::Shutdown => HcAction::Finish(Outcome::fault(
-            index,
-            format!(
-                "guest triple fault (KVM shutdown) on vCPU {index}\n{}",
-                arch(fd)
-            ),
-        )),
-        Exit::InternalError { .. } => {
-            let run = fd.get_kvm_run();
-            // SAFETY: the last exit was KVM_EXIT_INTERNAL_ERROR, so `internal` is active.
-            let suberror = unsafe { run.__bindgen_anon_1.internal.suberror };
-            HcAction::Finish(Outcome::fault(
-                index,
-                format!(
-                    "KVM internal error (suberror {suberror}) on vCPU {index}: the guest ran an \
-                 instruction KVM could not emulate (at CPL0: no SSE or xgetbv there)\n{}",
-                    arch(fd)
-                ),
-            ))
+        if self.control.state() != VcpuState::Stopped {
+            self.control.set_state(VcpuState::Finished);
         }
-        Exit::FailEntry { reason } => HcAction::Finish(Outcome::fault(
-            index,
-            format!(
-                "KVM could not enter vCPU {index} (hardware reason {reason:#x})\n{}",
-                arch(fd)
-            ),
-        )),
-        Exit::Io { port } => HcAction::Finish(Outcome::fault(
-            index,
-            format!(
-                "port I/O to {port:#x} on vCPU {index}: activm guests have no I/O ports\n{}",
-                arch(fd)
-            ),
-        )),
-        Exit::Other(what) => HcAction::Finish(Outcome::fault(
-            index,
-            format!("unexpected KVM exit {what} on vCPU {index}\n{}", arch(fd)),
-        )),
+    }
+
+    /// Run guest code until the processor is revoked or the vCPU/guest is done.
+    fn run_until_revoked(&mut self) -> Step {
+        loop {
+            if self.control.stop_requested.load(Ordering::Acquire) {
+                return Step::Finish(self.guest.outcome().unwrap_or(Outcome::AllStopped));
+            }
+            if self.control.revoke_requested.swap(false, Ordering::AcqRel)
+                && self
+                    .guest
+                    .procs
+                    .alloc
+                    .revoking(self.guest.id, self.index as usize)
+            {
+                return Step::Kicked;
+            }
+            match self.step() {
+                Step::Continue | Step::Kicked => {}
+                other => return other,
+            }
+        }
+    }
+
+    /// One `KVM_RUN` and the handling of its exit.
+    fn step(&mut self) -> Step {
+        let exit = match self.fd.run() {
+            Ok(exit) => copy_exit(exit),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                self.fd.set_kvm_immediate_exit(0);
+                self.control.exits[EXIT_KICK].fetch_add(1, Ordering::Relaxed);
+                return Step::Kicked;
+            }
+            Err(e) => {
+                return Step::Finish(Outcome::fault(self.index, format!("KVM_RUN failed: {e}")))
+            }
+        };
+        self.control.set_state(VcpuState::HandlingExit);
+        let step = match hypercall::handle_exit(&mut self.fd, self.index, &self.guest, exit) {
+            HcAction::Continue => Step::Continue,
+            HcAction::Yield => Step::Yield,
+            HcAction::StopVcpu => Step::Stop,
+            HcAction::Finish(outcome) => Step::Finish(outcome),
+        };
+        self.control.set_state(VcpuState::Running);
+        step
+    }
+
+    /// Let KVM finish an MMIO load the VMM answered (write the result register, advance the
+    /// instruction pointer) without running guest code, so the registers are final.
+    fn complete_pending_io(&mut self) {
+        self.fd.set_kvm_immediate_exit(1);
+        let _ = self.fd.run();
+        self.fd.set_kvm_immediate_exit(0);
+    }
+
+    /// The allocator took the processor: hand the context to the guest or just wait.
+    fn give_back_processor(&mut self) {
+        self.control.set_state(VcpuState::Preempting);
+        let kicked_at = crate::rdtsc();
+        self.complete_pending_io();
+        if !self.guest.acts.enabled() {
+            self.guest.stats.deschedules.fetch_add(1, Ordering::Relaxed);
+            self.release(Release::Descheduled);
+            return;
+        }
+        // Run forward until the vCPU is at CPL3 with interrupts on.
+        let mut forward = 0;
+        while !arch::at_user_level(&self.fd) {
+            if forward == 0 {
+                self.guest
+                    .stats
+                    .run_forwards
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            forward += 1;
+            if forward > MAX_RUN_FORWARD || self.timer.is_none() {
+                // Could not catch it at user level: deschedule it; it resumes where it was.
+                self.guest.stats.deschedules.fetch_add(1, Ordering::Relaxed);
+                self.release(Release::Descheduled);
+                return;
+            }
+            if let Some(timer) = &self.timer {
+                timer.arm(RUN_FORWARD_US);
+            }
+            match self.step() {
+                Step::Continue | Step::Kicked => {}
+                Step::Finish(outcome) => return self.guest.finish(outcome),
+                Step::Stop | Step::Yield => {
+                    // The guest gave the processor up itself meanwhile: nothing to hand over.
+                    self.complete_pending_io();
+                    self.guest.acts.end_activation(
+                        &self.guest.ram,
+                        &self.guest.plan,
+                        self.index,
+                        VcpuRunState::Stopped,
+                    );
+                    self.release(Release::Yielded);
+                    return;
+                }
+            }
+            self.complete_pending_io();
+        }
+        let context = match arch::capture_user_context(&self.fd) {
+            Ok(context) => context,
+            Err(e) => {
+                return self.guest.finish(Outcome::fault(
+                    self.index,
+                    format!("cannot take the preempted context: {e}"),
+                ))
+            }
+        };
+        let activation = self.guest.acts.current(self.index);
+        self.guest.acts.end_activation(
+            &self.guest.ram,
+            &self.guest.plan,
+            self.index,
+            VcpuRunState::Preempted,
+        );
+        let mut event = Event::new(UpcallKind::Preempted, activation, self.index, 0);
+        event.context = Some(Box::new(context));
+        event.tsc = kicked_at;
+        self.guest.stats.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.guest
+            .stats
+            .preempt_delays
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(crate::rdtsc().saturating_sub(kicked_at));
+        // Give the processor back first, so the record goes to a vCPU that keeps running.
+        self.release(Release::Preempted);
+        self.guest.deliver(event);
+    }
+
+    /// Start a new activation here: NEWPROC (and pending events) in this vCPU's queue, then
+    /// enter the guest's upcall entry on a stack from its pool.
+    fn start_activation(&mut self) -> Result<(), Outcome> {
+        let start = self
+            .guest
+            .acts
+            .start_activation(&self.guest.ram, &self.guest.plan, self.index)
+            .map_err(|e| Outcome::fault(self.index, e))?;
+        // A zero return address above the entry's stack frame.
+        let _ = self.guest.ram.write_u64(start.stack_top - 8, 0);
+        arch::enter_activation(
+            &mut self.fd,
+            start.entry,
+            start.stack_top,
+            self.index,
+            start.activation,
+        );
+        self.guest.stats.upcalls[UpcallKind::NewProc as usize].fetch_add(1, Ordering::Relaxed);
+        if let Some(trace) = &self.guest.trace {
+            trace.instant(
+                self.guest.id,
+                self.index,
+                "upcall NEWPROC",
+                start.activation as u64,
+            );
+        }
+        Ok(())
     }
 }

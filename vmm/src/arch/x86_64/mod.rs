@@ -34,3 +34,15 @@ pub fn setup_vm(kvm: &Kvm, vm: &VmFd) -> Result<ArchVm, Error> {
 pub fn configure_vcpu(fd: &VcpuFd, arch: &ArchVm, index: u32, plan: &Plan) -> Result<(), Error> {
     vcpu::configure(fd, &arch.cpuid, index, plan)
 }
+
+/// Raise the upcall interrupt on `vcpu` (its APIC id is its index) through the in-kernel
+/// irqchip: one VM ioctl, no vCPU exit on the sender's side.
+pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
+    let msi = kvm_bindings::kvm_msi {
+        address_lo: abi::LAPIC_BASE as u32 | (vcpu << 12),
+        address_hi: 0,
+        data: abi::VECTOR_UPCALL as u32,
+        ..Default::default()
+    };
+    vm.signal_msi(msi).map(|_| ())
+}

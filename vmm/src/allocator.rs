@@ -1,0 +1,528 @@
+//! The processor allocator: which vCPUs may run on the physical CPUs of the budget.
+//!
+//! This module is the whole policy (seed 001, section 4.1): a guest that uses activations tells
+//! the allocator how many processors it can use (`sa_setconcurrency`) and gives back idle ones
+//! (`sa_yield`); the allocator **space-shares** the budget among guests by demand (water-filling,
+//! so nobody gets more than it asked for and leftovers go to those who want more) and
+//! **time-slices** only when the total demand exceeds the budget: shares that do not divide
+//! evenly rotate every quantum, and an oblivious guest's vCPUs take turns on its share.
+//!
+//! The allocator only decides; the vCPU threads act. A vCPU thread holds a processor while it
+//! is `Running`; it waits in [`Allocator::acquire`] otherwise. To take a processor away the
+//! allocator marks the vCPU `Revoking` and returns it from [`Allocator::rebalance`] for the
+//! caller to kick; the vCPU thread hands its state over and calls [`Allocator::release`].
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// A guest, by its index in the monitor.
+pub type GuestId = usize;
+
+/// Where a vCPU stands with the allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// Holds a processor since the instant given.
+    Running(Instant),
+    /// Holds a processor but has been asked to give it back.
+    Revoking,
+    /// Wants a processor to continue where it was (oblivious time slicing).
+    Runnable(Instant),
+    /// Has no activation: can be started as a new one (NEWPROC) when the guest wants more.
+    Parked,
+    /// Granted a processor as a new activation, not yet picked up by its thread.
+    GrantedNew,
+    /// Granted a processor to continue where it was, not yet picked up by its thread.
+    GrantedResume,
+    /// Done for good.
+    Stopped,
+}
+
+/// What a vCPU thread got from [`Allocator::acquire`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// Run on from where the vCPU was.
+    Resume,
+    /// Start a new activation at the guest's upcall entry.
+    NewActivation,
+    /// The vCPU is stopped: end the thread.
+    Exit,
+}
+
+/// Why a vCPU gives its processor back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Taken away after a revoke: oblivious vCPUs wait to resume, activation vCPUs park (their
+    /// state was handed to the guest).
+    Preempted,
+    /// The guest gave it back (`sa_yield`): park.
+    Yielded,
+    /// Taken away without a hand-off: wait to resume where it was, whatever the guest's mode.
+    Descheduled,
+    /// The vCPU stopped for good.
+    Stopped,
+}
+
+#[derive(Debug)]
+struct GuestState {
+    vcpus: Vec<Slot>,
+    /// Whether the guest takes upcalls (`sa_enable` done and activations not disabled).
+    activations: bool,
+    /// Processors the guest says it can use.
+    concurrency: usize,
+    /// The share computed by the last rebalance.
+    share: usize,
+    removed: bool,
+}
+
+impl GuestState {
+    fn holding(&self) -> usize {
+        self.vcpus
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s,
+                    Slot::Running(_) | Slot::Revoking | Slot::GrantedNew | Slot::GrantedResume
+                )
+            })
+            .count()
+    }
+
+    /// Processors this guest could use now.
+    fn demand(&self) -> usize {
+        if self.removed {
+            return 0;
+        }
+        let live = self.vcpus.iter().filter(|s| **s != Slot::Stopped).count();
+        if self.activations {
+            self.concurrency.min(live)
+        } else {
+            self.vcpus
+                .iter()
+                .filter(|s| !matches!(s, Slot::Stopped | Slot::Parked))
+                .count()
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    budget: usize,
+    quantum: Duration,
+    guests: Vec<GuestState>,
+    /// Rotates which guests get the processors left over when shares do not divide evenly.
+    rotation: usize,
+}
+
+/// The processor allocator (see the module comment).
+#[derive(Debug)]
+pub struct Allocator {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// A snapshot of one guest, for `activm ctl` and `--stats`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestView {
+    pub vcpus: Vec<Slot>,
+    pub activations: bool,
+    pub concurrency: usize,
+    pub share: usize,
+}
+
+impl Allocator {
+    pub fn new(budget: usize, quantum: Duration) -> Allocator {
+        Allocator {
+            state: Mutex::new(State {
+                budget: budget.max(1),
+                quantum,
+                guests: Vec::new(),
+                rotation: 0,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Register a guest whose vCPUs all want to run; returns its id.
+    pub fn add_guest(&self, nr_vcpus: usize) -> GuestId {
+        let mut state = self.lock();
+        let now = Instant::now();
+        state.guests.push(GuestState {
+            vcpus: vec![Slot::Runnable(now); nr_vcpus],
+            activations: false,
+            concurrency: nr_vcpus,
+            share: 0,
+            removed: false,
+        });
+        state.guests.len() - 1
+    }
+
+    pub fn budget(&self) -> usize {
+        self.lock().budget
+    }
+
+    pub fn quantum(&self) -> Duration {
+        self.lock().quantum
+    }
+
+    /// Change the number of physical CPUs; returns the vCPUs to kick.
+    pub fn set_budget(&self, budget: usize) -> Vec<(GuestId, usize)> {
+        let mut state = self.lock();
+        state.budget = budget.max(1);
+        self.rebalance_locked(&mut state, Instant::now())
+    }
+
+    /// The guest starts or stops taking upcalls; returns the vCPUs to kick.
+    pub fn set_activations(&self, guest: GuestId, on: bool) -> Vec<(GuestId, usize)> {
+        let mut state = self.lock();
+        state.guests[guest].activations = on;
+        self.rebalance_locked(&mut state, Instant::now())
+    }
+
+    /// `sa_setconcurrency`: returns the previous value and the vCPUs to kick.
+    pub fn set_concurrency(&self, guest: GuestId, n: usize) -> (usize, Vec<(GuestId, usize)>) {
+        let mut state = self.lock();
+        let g = &mut state.guests[guest];
+        let previous = std::mem::replace(&mut g.concurrency, n.min(g.vcpus.len()));
+        (previous, self.rebalance_locked(&mut state, Instant::now()))
+    }
+
+    /// The guest is over: every vCPU stops and its processors are free.
+    pub fn remove_guest(&self, guest: GuestId) -> Vec<(GuestId, usize)> {
+        let mut state = self.lock();
+        let g = &mut state.guests[guest];
+        g.removed = true;
+        for slot in &mut g.vcpus {
+            *slot = Slot::Stopped;
+        }
+        let kicks = self.rebalance_locked(&mut state, Instant::now());
+        self.changed.notify_all();
+        kicks
+    }
+
+    /// Block until `vcpu` of `guest` holds a processor (or is stopped).
+    pub fn acquire(&self, guest: GuestId, vcpu: usize) -> Acquired {
+        let mut state = self.lock();
+        loop {
+            let slot = &mut state.guests[guest].vcpus[vcpu];
+            match *slot {
+                Slot::Stopped => return Acquired::Exit,
+                Slot::GrantedResume | Slot::Running(_) => {
+                    *slot = Slot::Running(Instant::now());
+                    return Acquired::Resume;
+                }
+                Slot::GrantedNew => {
+                    *slot = Slot::Running(Instant::now());
+                    return Acquired::NewActivation;
+                }
+                Slot::Revoking | Slot::Runnable(_) | Slot::Parked => {
+                    state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        }
+    }
+
+    /// Whether the allocator wants this vCPU's processor back.
+    pub fn revoking(&self, guest: GuestId, vcpu: usize) -> bool {
+        self.lock().guests[guest].vcpus[vcpu] == Slot::Revoking
+    }
+
+    /// `vcpu` gives its processor back; returns the vCPUs to kick.
+    pub fn release(&self, guest: GuestId, vcpu: usize, why: Release) -> Vec<(GuestId, usize)> {
+        let mut state = self.lock();
+        let activations = state.guests[guest].activations;
+        let slot = &mut state.guests[guest].vcpus[vcpu];
+        if *slot != Slot::Stopped {
+            *slot = match why {
+                Release::Stopped => Slot::Stopped,
+                Release::Yielded => Slot::Parked,
+                Release::Preempted if activations => Slot::Parked,
+                Release::Preempted | Release::Descheduled => Slot::Runnable(Instant::now()),
+            };
+        }
+        self.rebalance_locked(&mut state, Instant::now())
+    }
+
+    /// Recompute the shares and act on them; call every quantum. Returns the vCPUs to kick.
+    pub fn rebalance(&self) -> Vec<(GuestId, usize)> {
+        let mut state = self.lock();
+        state.rotation = state.rotation.wrapping_add(1);
+        self.rebalance_locked(&mut state, Instant::now())
+    }
+
+    pub fn view(&self, guest: GuestId) -> GuestView {
+        let state = self.lock();
+        let g = &state.guests[guest];
+        GuestView {
+            vcpus: g.vcpus.clone(),
+            activations: g.activations,
+            concurrency: g.concurrency,
+            share: g.share,
+        }
+    }
+
+    fn rebalance_locked(&self, state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
+        let shares = water_fill(
+            state.budget,
+            &state
+                .guests
+                .iter()
+                .map(GuestState::demand)
+                .collect::<Vec<_>>(),
+            state.rotation,
+        );
+        let quantum = state.quantum;
+        let mut kicks = Vec::new();
+        // Take processors away first (they come back through `release`).
+        for (id, (g, share)) in state.guests.iter_mut().zip(&shares).enumerate() {
+            g.share = *share;
+            let holding = g.holding();
+            let revoking = g.vcpus.iter().filter(|s| **s == Slot::Revoking).count();
+            let mut excess = holding.saturating_sub(*share).saturating_sub(revoking);
+            // Most recently started first: the longest-running activations are left alone.
+            let mut running: Vec<(usize, Instant)> = g
+                .vcpus
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| {
+                    if let Slot::Running(t) = s {
+                        Some((i, *t))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            running.sort_by_key(|(_, t)| std::cmp::Reverse(*t));
+            for (i, _) in &running {
+                if excess == 0 {
+                    break;
+                }
+                g.vcpus[*i] = Slot::Revoking;
+                kicks.push((id, *i));
+                excess -= 1;
+            }
+            // Oblivious time slicing: a vCPU that ran a whole quantum yields to one that waits.
+            if !g.activations {
+                let mut waiting: Vec<(usize, Instant)> = g
+                    .vcpus
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        if let Slot::Runnable(t) = s {
+                            Some((i, *t))
+                        } else {
+                            None
+                        }
+                    })
+                    .collect();
+                waiting.sort_by_key(|(_, t)| *t);
+                running.sort_by_key(|(_, t)| *t);
+                for ((_, _), (i, since)) in waiting.iter().zip(running.iter()) {
+                    if g.vcpus[*i] == Slot::Running(*since) && now.duration_since(*since) >= quantum
+                    {
+                        g.vcpus[*i] = Slot::Revoking;
+                        kicks.push((id, *i));
+                    }
+                }
+            }
+        }
+        // Grant free processors to the guests furthest below their share.
+        let mut free = state
+            .budget
+            .saturating_sub(state.guests.iter().map(GuestState::holding).sum());
+        let mut granted = false;
+        while free > 0 {
+            let Some(g) = state
+                .guests
+                .iter_mut()
+                .filter(|g| g.holding() < g.share)
+                .max_by_key(|g| g.share - g.holding())
+            else {
+                break;
+            };
+            // Oblivious (and activation vCPUs preempted silently): the longest waiter resumes.
+            let waiter = g
+                .vcpus
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| {
+                    if let Slot::Runnable(t) = s {
+                        Some((i, *t))
+                    } else {
+                        None
+                    }
+                })
+                .min_by_key(|(_, t)| *t)
+                .map(|(i, _)| i);
+            let slot = match waiter {
+                Some(i) => Some((i, Slot::GrantedResume)),
+                None if g.activations => g
+                    .vcpus
+                    .iter()
+                    .position(|s| *s == Slot::Parked)
+                    .map(|i| (i, Slot::GrantedNew)),
+                None => None,
+            };
+            let Some((i, grant)) = slot else {
+                // Nothing of this guest can take a processor; stop asking for it.
+                g.share = g.holding();
+                continue;
+            };
+            g.vcpus[i] = grant;
+            free -= 1;
+            granted = true;
+        }
+        if granted {
+            self.changed.notify_all();
+        }
+        kicks
+    }
+}
+
+/// Split `budget` processors among guests demanding `demands`: nobody gets more than its
+/// demand, the rest is shared as evenly as possible, and when it does not divide evenly the
+/// extra processors go to guests in an order that `rotation` turns.
+pub fn water_fill(budget: usize, demands: &[usize], rotation: usize) -> Vec<usize> {
+    let mut shares = vec![0; demands.len()];
+    let mut left = budget;
+    loop {
+        let hungry: Vec<usize> = (0..demands.len())
+            .filter(|&i| shares[i] < demands[i])
+            .collect();
+        if hungry.is_empty() || left == 0 {
+            return shares;
+        }
+        let each = left / hungry.len();
+        if each == 0 {
+            // Fewer processors than hungry guests: hand them out in rotating order.
+            for k in 0..left {
+                shares[hungry[(rotation + k) % hungry.len()]] += 1;
+            }
+            return shares;
+        }
+        for &i in &hungry {
+            let give = each.min(demands[i] - shares[i]);
+            shares[i] += give;
+            left -= give;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn water_fill_respects_demand_and_budget() {
+        assert_eq!(water_fill(4, &[1, 8], 0), vec![1, 3]);
+        assert_eq!(water_fill(6, &[6, 6], 0), vec![3, 3]);
+        assert_eq!(water_fill(8, &[2, 2], 0), vec![2, 2]);
+        assert_eq!(water_fill(0, &[2, 2], 0), vec![0, 0]);
+        let odd: Vec<Vec<usize>> = (0..2).map(|r| water_fill(3, &[4, 4], r)).collect();
+        assert_eq!(odd[0].iter().sum::<usize>(), 3);
+        assert_ne!(odd[0], odd[1], "the odd processor rotates");
+    }
+
+    #[test]
+    fn everyone_runs_when_demand_fits() {
+        let alloc = Allocator::new(4, Duration::from_millis(10));
+        let g = alloc.add_guest(2);
+        let h = alloc.add_guest(2);
+        assert!(alloc.rebalance().is_empty());
+        for (guest, vcpu) in [(g, 0), (g, 1), (h, 0), (h, 1)] {
+            assert_eq!(alloc.acquire(guest, vcpu), Acquired::Resume);
+        }
+    }
+
+    #[test]
+    fn oblivious_vcpus_take_turns() {
+        let alloc = Allocator::new(1, Duration::ZERO);
+        let g = alloc.add_guest(2);
+        alloc.rebalance();
+        let first = if alloc.view(g).vcpus[0] == Slot::GrantedResume {
+            0
+        } else {
+            1
+        };
+        assert_eq!(alloc.acquire(g, first), Acquired::Resume);
+        // A quantum (zero here) later, the running vCPU is revoked for the waiting one.
+        assert_eq!(alloc.rebalance(), vec![(g, first)]);
+        alloc.release(g, first, Release::Preempted);
+        assert_eq!(alloc.acquire(g, 1 - first), Acquired::Resume);
+    }
+
+    #[test]
+    fn activation_guest_gets_new_activations_up_to_its_share() {
+        let alloc = Allocator::new(2, Duration::from_millis(10));
+        let g = alloc.add_guest(4);
+        alloc.rebalance();
+        let running: Vec<usize> = (0..4)
+            .filter(|&v| alloc.view(g).vcpus[v] == Slot::GrantedResume)
+            .collect();
+        assert_eq!(running.len(), 2);
+        for &v in &running {
+            alloc.acquire(g, v);
+        }
+        alloc.set_activations(g, true);
+        // Its idle vCPUs park; the running ones stay; no time slicing inside the guest.
+        for v in (0..4).filter(|v| !running.contains(v)) {
+            alloc.release(g, v, Release::Yielded);
+        }
+        assert!(alloc.rebalance().is_empty());
+        // One yields: the allocator hands the processor to a parked vCPU as a new activation.
+        alloc.release(g, running[0], Release::Yielded);
+        let view = alloc.view(g);
+        assert_eq!(
+            view.vcpus
+                .iter()
+                .filter(|s| **s == Slot::GrantedNew)
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn second_guest_takes_half_from_an_activation_guest() {
+        let alloc = Allocator::new(2, Duration::from_millis(10));
+        let g = alloc.add_guest(2);
+        alloc.set_activations(g, true);
+        assert_eq!(alloc.acquire(g, 0), Acquired::Resume);
+        assert_eq!(alloc.acquire(g, 1), Acquired::Resume);
+        let h = alloc.add_guest(1);
+        let kicks = alloc.rebalance();
+        assert_eq!(kicks.len(), 1, "one of g's processors is revoked");
+        let (kg, kv) = kicks[0];
+        assert_eq!(kg, g);
+        alloc.release(g, kv, Release::Preempted);
+        assert_eq!(alloc.view(g).vcpus[kv], Slot::Parked);
+        assert_eq!(alloc.acquire(h, 0), Acquired::Resume);
+        // h ends: g gets its processor back as a new activation.
+        alloc.remove_guest(h);
+        assert_eq!(alloc.acquire(g, kv), Acquired::NewActivation);
+    }
+
+    #[test]
+    fn concurrency_limits_an_activation_guest() {
+        let alloc = Allocator::new(4, Duration::from_millis(10));
+        let g = alloc.add_guest(4);
+        alloc.set_activations(g, true);
+        for v in 0..4 {
+            alloc.acquire(g, v);
+        }
+        let (previous, kicks) = alloc.set_concurrency(g, 1);
+        assert_eq!(previous, 4);
+        assert_eq!(kicks.len(), 3);
+    }
+
+    #[test]
+    fn stopped_guest_exits_its_threads() {
+        let alloc = Allocator::new(1, Duration::from_millis(10));
+        let g = alloc.add_guest(2);
+        alloc.remove_guest(g);
+        assert_eq!(alloc.acquire(g, 0), Acquired::Exit);
+        assert_eq!(alloc.acquire(g, 1), Acquired::Exit);
+    }
+}

@@ -1,0 +1,228 @@
+//! The monitor: one or more guests on one budget of physical CPUs.
+//!
+//! It creates the guests, starts one thread per vCPU, runs the dispatcher (a thread that asks
+//! the allocator to rebalance every quantum and kicks the vCPUs it revokes), turns SIGINT and
+//! SIGTERM into SIGNAL upcalls (a second signal stops every guest), and collects the outcomes.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use protocol::shared::UpcallKind;
+
+use crate::activation::Event;
+use crate::allocator::Allocator;
+use crate::error::Error;
+use crate::guest::{Guest, PrefixedConsole, Processors};
+use crate::trace::Trace;
+use crate::vcpu;
+use crate::vm::{boot_timing, Outcome, RunReport, VmConfig};
+
+/// What the monitor does beyond running guests.
+#[derive(Clone, Debug)]
+pub struct MonitorOptions {
+    /// Physical CPUs for all guests together.
+    pub pcpus: usize,
+    /// Time slice of the allocator.
+    pub quantum: Duration,
+    /// Whether guests may use scheduler activations (`--no-activations` clears it).
+    pub activations: bool,
+    /// Stop every guest after this long.
+    pub timeout: Option<Duration>,
+    /// Write a Chrome trace here at the end.
+    pub trace: Option<PathBuf>,
+    /// Turn SIGINT/SIGTERM into SIGNAL upcalls (the CLI does; library callers usually not).
+    pub handle_signals: bool,
+    /// Serve the control socket here.
+    pub ctl_socket: Option<PathBuf>,
+}
+
+impl Default for MonitorOptions {
+    fn default() -> Self {
+        MonitorOptions {
+            pcpus: host_cpus(),
+            quantum: Duration::from_millis(10),
+            activations: true,
+            timeout: None,
+            trace: None,
+            handle_signals: false,
+            ctl_socket: None,
+        }
+    }
+}
+
+/// Online host CPUs.
+pub fn host_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// A guest's name: its file name, made unique among `configs`.
+fn guest_names(configs: &[VmConfig]) -> Vec<String> {
+    let mut names: Vec<String> = configs
+        .iter()
+        .map(|c| {
+            c.image
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "guest".into())
+        })
+        .collect();
+    let duplicated: Vec<bool> = names
+        .iter()
+        .map(|n| names.iter().filter(|m| *m == n).count() > 1)
+        .collect();
+    for (i, name) in names.iter_mut().enumerate() {
+        if duplicated[i] {
+            *name = format!("{name}#{i}");
+        }
+    }
+    names
+}
+
+/// Run `configs` as guests sharing `options.pcpus` processors, each with its console; returns
+/// one report per guest, in order.
+pub fn run_guests(
+    configs: &[VmConfig],
+    consoles: Vec<Box<dyn Write + Send>>,
+    options: &MonitorOptions,
+) -> Result<Vec<RunReport>, Error> {
+    if configs.is_empty() {
+        return Err(Error::Config("no guest to run".into()));
+    }
+    if options.pcpus == 0 {
+        return Err(Error::Config("--pcpus must be at least 1".into()));
+    }
+    vcpu::install_kick_handler()?;
+    let signals = if options.handle_signals {
+        Some(crate::signals::block()?)
+    } else {
+        None
+    };
+    let procs = Arc::new(Processors::new(Allocator::new(
+        options.pcpus,
+        options.quantum,
+    )));
+    let trace = options
+        .trace
+        .as_ref()
+        .map(|_| Arc::new(Trace::new(crate::tsc_khz_estimate())));
+    let names = guest_names(configs);
+    let mut guests = Vec::new();
+    let mut threads = Vec::new();
+    for ((config, console), name) in configs.iter().zip(consoles).zip(names) {
+        let console: Box<dyn Write + Send> = if configs.len() > 1 {
+            Box::new(PrefixedConsole::new(format!("[{name}] "), console))
+        } else {
+            console
+        };
+        let created = Guest::create(
+            config,
+            name,
+            console,
+            &procs,
+            options.activations,
+            trace.clone(),
+        )?;
+        for (index, fd) in created.fds.into_iter().enumerate() {
+            let guest = Arc::clone(&created.guest);
+            let thread = std::thread::Builder::new()
+                .name(format!("g{}-vcpu{index}", guest.id))
+                .spawn(move || vcpu::run_vcpu(fd, index as u32, guest))
+                .map_err(|e| Error::Host(format!("cannot start a vCPU thread: {e}")))?;
+            threads.push(thread);
+        }
+        guests.push(created.guest);
+    }
+    let started = crate::rdtsc();
+
+    let stop_dispatcher = Arc::new(AtomicBool::new(false));
+    let dispatcher = {
+        let procs = Arc::clone(&procs);
+        let stop = Arc::clone(&stop_dispatcher);
+        std::thread::Builder::new()
+            .name("dispatcher".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    procs.revoke(procs.alloc.rebalance());
+                    std::thread::sleep(procs.alloc.quantum().max(Duration::from_micros(100)));
+                }
+            })
+            .map_err(|e| Error::Host(format!("cannot start the dispatcher: {e}")))?
+    };
+    // The first grants, without waiting a quantum.
+    procs.revoke(procs.alloc.rebalance());
+    let signal_thread = signals.map(|set| crate::signals::spawn_forwarder(set, guests.clone()));
+    let ctl = match &options.ctl_socket {
+        Some(path) => Some(crate::ctl::serve(path, guests.clone(), Arc::clone(&procs))?),
+        None => None,
+    };
+
+    wait_all(&procs, &guests, options.timeout);
+    stop_dispatcher.store(true, Ordering::Release);
+    for thread in threads {
+        if thread.join().is_err() {
+            return Err(Error::Host("a vCPU thread panicked".into()));
+        }
+    }
+    let _ = dispatcher.join();
+    drop(signal_thread);
+    drop(ctl);
+    if let (Some(trace), Some(path)) = (&trace, &options.trace) {
+        trace
+            .write_to(path)
+            .map_err(|e| Error::Host(format!("cannot write the trace {}: {e}", path.display())))?;
+    }
+    Ok(guests
+        .iter()
+        .map(|guest| {
+            let outcome = guest.outcome().unwrap_or(Outcome::AllStopped);
+            let timing = guest
+                .config
+                .boot_timing
+                .then(|| boot_timing(guest, started));
+            RunReport::new(outcome, timing, guest)
+        })
+        .collect())
+}
+
+fn wait_all(procs: &Processors, guests: &[Arc<Guest>], timeout: Option<Duration>) {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let (count, cv) = &procs.finished;
+    let mut done = count.lock().unwrap_or_else(|e| e.into_inner());
+    while *done < guests.len() {
+        match deadline {
+            None => done = cv.wait(done).unwrap_or_else(|e| e.into_inner()),
+            Some(deadline) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    drop(done);
+                    for guest in guests {
+                        guest.finish(Outcome::TimedOut(timeout.unwrap_or_default()));
+                    }
+                    done = count.lock().unwrap_or_else(|e| e.into_inner());
+                    continue;
+                }
+                done = cv
+                    .wait_timeout(done, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+    }
+}
+
+/// Deliver a host signal to every guest: as a SIGNAL upcall where the guest takes upcalls,
+/// otherwise by stopping it (it could not shut down cleanly anyway).
+pub fn forward_signal(guests: &[Arc<Guest>], signal: i32, forced: bool) {
+    for guest in guests {
+        if forced || !guest.acts.enabled() {
+            guest.finish(Outcome::Signaled(signal));
+        } else {
+            guest.deliver(Event::new(UpcallKind::Signal, 0, 0, signal as u64));
+        }
+    }
+}

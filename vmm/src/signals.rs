@@ -1,0 +1,59 @@
+//! Host signals: SIGINT and SIGTERM become SIGNAL upcalls; the second one stops every guest.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::error::Error;
+use crate::guest::Guest;
+
+const FORWARDED: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+/// Block SIGINT and SIGTERM in this thread and every thread it starts from now on, so only the
+/// forwarder receives them. Call before starting any thread.
+pub fn block() -> Result<libc::sigset_t, Error> {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it; pthread_sigmask
+    // changes only this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in FORWARDED {
+            libc::sigaddset(&mut set, signal);
+        }
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(Error::Host("cannot block SIGINT/SIGTERM".into()));
+        }
+        Ok(set)
+    }
+}
+
+/// Wait for the blocked signals in a thread of its own and forward them to the guests.
+pub fn spawn_forwarder(set: libc::sigset_t, guests: Vec<Arc<Guest>>) -> Option<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut count = 0;
+            loop {
+                let mut signal: libc::c_int = 0;
+                // SAFETY: `set` is an initialised signal set; `signal` is a valid out pointer.
+                if unsafe { libc::sigwait(&set, &mut signal) } != 0 {
+                    return;
+                }
+                count += 1;
+                eprintln!(
+                    "activm: {} received{}",
+                    if signal == libc::SIGINT {
+                        "SIGINT"
+                    } else {
+                        "SIGTERM"
+                    },
+                    if count == 1 {
+                        "; passing it to the guests (again to force exit)"
+                    } else {
+                        "; stopping every guest"
+                    }
+                );
+                crate::monitor::forward_signal(&guests, signal, count > 1);
+            }
+        })
+        .ok()
+}
