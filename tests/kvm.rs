@@ -278,6 +278,236 @@ fn kvm_tests() -> Vec<Trial> {
     trials
 }
 
+/// Scheduler activations, the allocator and the host-facing services, end to end.
+fn activation_tests() -> Vec<Trial> {
+    vec![
+        Trial::test("activations_preempt_hand_off_newproc_user", || {
+            // One vCPU loses its processor: its context reaches the other vCPU in a PREEMPTED
+            // record, comes back as a new activation (NEWPROC) that resumes it, then gets a
+            // USER upcall. The guest checks every record (selftest/src/sa.rs).
+            selftest(&["--vcpus", "2", "--pcpus", "2", "--stats"], &["sa"])?
+                .expect_code(0)?
+                .stdout_has("sa ok")?
+                .stdout_has("resumed on activation")?
+                .stderr_has("NEWPROC=1 PREEMPTED=1")?
+                .stderr_has("USER=1")?
+                .stderr_has("preemption latency")?;
+            Ok(())
+        }),
+        Trial::test("no_activations_mode_refuses_upcalls", || {
+            selftest(&["--vcpus", "2", "--no-activations"], &["sa"])?
+                .expect_code(3)?
+                .stdout_has("activations unsupported")?;
+            Ok(())
+        }),
+        Trial::test("two_guests_time_slice_one_pcpu", || {
+            // Each demo's vCPU 0 waits for its vCPU 1: with one processor for four vCPUs,
+            // only time slicing lets them finish.
+            let demo = guest("demo")?;
+            let output = Command::new(ACTIVM)
+                .args([
+                    "run",
+                    "--timeout",
+                    GUEST_TIMEOUT_SECS,
+                    "--vcpus",
+                    "2",
+                    "--pcpus",
+                    "1",
+                    "--stats",
+                ])
+                .arg(&demo)
+                .arg(&demo)
+                .output()
+                .map_err(|e| e.to_string())?;
+            Run::from(output)
+                .expect_code(0)?
+                .stdout_has("[demo#0] all 2 vCPUs reported")?
+                .stdout_has("[demo#1] all 2 vCPUs reported")?
+                .stderr_has("descheduled (oblivious)=")?;
+            Ok(())
+        }),
+        Trial::test("hostile_shared_area_stops_only_that_guest", || {
+            let output = Command::new(ACTIVM)
+                .args([
+                    "run",
+                    "--timeout",
+                    GUEST_TIMEOUT_SECS,
+                    "--vcpus",
+                    "2",
+                    "--pcpus",
+                    "4",
+                ])
+                .arg(guest("selftest")?)
+                .arg(guest("demo")?)
+                .args(["--", "sa-hostile"])
+                .output()
+                .map_err(|e| e.to_string())?;
+            Run::from(output)
+                .expect_code(125)?
+                .stdout_has("[demo] all 2 vCPUs reported")?
+                .stderr_has("[selftest] guest fault")?
+                .stderr_has("does not consume its upcalls")?
+                .stderr_has("[demo] exit status 0")?;
+            Ok(())
+        }),
+        Trial::test("sigint_reaches_the_guest_as_an_upcall", || {
+            let run = run_and_signal(
+                &["--timeout", GUEST_TIMEOUT_SECS],
+                &["sa-signal"],
+                Some("waiting"),
+                libc::SIGINT,
+            )?;
+            run.expect_code(0)?
+                .stdout_has("got signal 2, shutting down cleanly")?;
+            Ok(())
+        }),
+        Trial::test("sigterm_stops_an_oblivious_guest", || {
+            let run = run_and_signal(
+                &["--timeout", GUEST_TIMEOUT_SECS],
+                &["spin"],
+                None,
+                libc::SIGTERM,
+            )?;
+            run.expect_code(128 + libc::SIGTERM)?
+                .stderr_has("stopped by signal 15")?;
+            Ok(())
+        }),
+        Trial::test("control_socket_lists_and_changes_budget", control_socket),
+        Trial::test("trace_file_is_chrome_json", || {
+            let path =
+                std::env::temp_dir().join(format!("activm-test-{}-trace.json", std::process::id()));
+            activm_run(
+                &guest("demo")?,
+                &["--vcpus", "2", "--trace", path.to_str().ok_or("path")?],
+                &[],
+            )?
+            .expect_code(0)?;
+            let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+            for needle in [
+                "\"traceEvents\"",
+                "\"name\":\"running\"",
+                "\"ph\":\"B\"",
+                "\"name\":\"console_write\"",
+            ] {
+                if !text.contains(needle) {
+                    return Err(format!("trace lacks {needle}").into());
+                }
+            }
+            Ok(())
+        }),
+    ]
+}
+
+/// Start selftest with `guest_args`, wait until it prints `ready` on stdout (or half a second
+/// when `ready` is `None`), send `signal`, collect the run.
+fn run_and_signal(
+    options: &[&str],
+    guest_args: &[&str],
+    ready: Option<&str>,
+    signal: i32,
+) -> Result<Run, Failed> {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    use std::time::Duration;
+    let mut child = Command::new(ACTIVM)
+        .arg("run")
+        .arg(guest("selftest")?)
+        .args(options)
+        .arg("--")
+        .args(guest_args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+    let mut stderr = child.stderr.take().ok_or("no stderr pipe")?;
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    let out_thread = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            text += &line;
+            text.push('\n');
+            let _ = lines_tx.send(line);
+        }
+        text
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    match ready {
+        Some(marker) => loop {
+            match lines_rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) if line.contains(marker) => break,
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = child.kill();
+                    return Err(format!("the guest never printed {marker:?}").into());
+                }
+            }
+        },
+        None => std::thread::sleep(Duration::from_millis(500)),
+    }
+    // SAFETY: kill(2) on our own child's pid with a valid signal number.
+    unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+    let status = child.wait().map_err(|e| e.to_string())?;
+    Ok(Run {
+        code: status.code().unwrap_or(-1),
+        stdout: out_thread.join().unwrap_or_default(),
+        stderr: err_thread.join().unwrap_or_default(),
+    })
+}
+
+fn control_socket() -> Result<(), Failed> {
+    let socket = std::env::temp_dir().join(format!("activm-test-{}.sock", std::process::id()));
+    let mut child = Command::new(ACTIVM)
+        .arg("run")
+        .arg(guest("selftest")?)
+        .args(["--timeout", GUEST_TIMEOUT_SECS, "--vcpus", "2", "--ctl"])
+        .arg(&socket)
+        .args(["--", "spin"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let ctl = |args: &[&str]| -> Result<Run, Failed> {
+        let output = Command::new(ACTIVM)
+            .arg("ctl")
+            .arg(&socket)
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        Ok(Run::from(output))
+    };
+    let mut listed = None;
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let run = ctl(&["list"])?;
+        if run.code == 0 && run.stdout.contains("\"stopped\"") {
+            listed = Some(run);
+            break;
+        }
+    }
+    let result = (|| -> Result<(), Failed> {
+        let listed = listed.ok_or("activm ctl list never showed the guest with vCPU 1 stopped")?;
+        listed
+            .stdout_has("\"name\": \"selftest\"")?
+            .stdout_has("\"running\"")?;
+        ctl(&["set-pcpus", "1"])?
+            .expect_code(0)?
+            .stdout_has("\"pcpus\": 1")?;
+        ctl(&["list"])?.expect_code(0)?.stdout_has("\"pcpus\": 1")?;
+        ctl(&["set-vcpus", "7", "1"])?
+            .expect_code(1)?
+            .stdout_has("needs \\\"guest\\\"")?;
+        Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
 /// Input errors: no guest code runs, but KVM may be opened.
 fn input_tests() -> Vec<Trial> {
     vec![
@@ -341,6 +571,7 @@ fn kvm_usable() -> Result<(), String> {
 fn main() {
     let args = Arguments::from_args();
     let mut trials = kvm_tests();
+    trials.extend(activation_tests());
     if let Err(why) = kvm_usable() {
         eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
         trials = trials

@@ -230,6 +230,26 @@ impl Activations {
         Ok(Some(target))
     }
 
+    /// Write the pending events into the queue of `target`, which is about to run; returns
+    /// how many went out (the caller raises the upcall interrupt if any did).
+    pub fn flush_pending(
+        &self,
+        ram: &GuestRam,
+        plan: &Plan,
+        target: u32,
+    ) -> Result<usize, QueueError> {
+        let mut state = self.lock();
+        let mut sent = 0;
+        while let Some(event) = state.pending.pop_front() {
+            if let Err(e) = write_record(&mut state, ram, plan, target, event.clone()) {
+                state.pending.push_front(event);
+                return if sent > 0 { Ok(sent) } else { Err(e) };
+            }
+            sent += 1;
+        }
+        Ok(sent)
+    }
+
     /// Start a new activation on `vcpu`: take a stack from the guest's pool, write NEWPROC and
     /// every pending event into the vCPU's own queue.
     pub fn start_activation(

@@ -319,13 +319,43 @@ impl Guest {
             Err(QueueError::Full) => self.finish(Outcome::fault(
                 target.unwrap_or(0),
                 format!(
-                    "the guest does not consume its upcalls: queue full, {} events pending",
+                    "the guest does not consume its upcalls, or corrupted its queue indices: \
+                     no room in vCPU {}'s queue ({} events pending)",
+                    target.unwrap_or(0),
                     self.acts.pending()
                 ),
             )),
             Err(QueueError::Memory(e)) => {
                 self.finish(Outcome::fault(0, format!("upcall queue: {e}")))
             }
+        }
+    }
+}
+
+impl Guest {
+    /// Events that waited for a running vCPU go to `vcpu`, which is about to run.
+    pub fn flush_pending(&self, vcpu: u32) {
+        if self.acts.pending() == 0 {
+            return;
+        }
+        match self.acts.flush_pending(&self.ram, &self.plan, vcpu) {
+            Ok(0) => {}
+            Ok(_) => {
+                if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
+                    self.finish(Outcome::fault(
+                        vcpu,
+                        format!("cannot send the upcall interrupt: {e}"),
+                    ));
+                }
+            }
+            Err(_) => self.finish(Outcome::fault(
+                vcpu,
+                format!(
+                    "the guest does not consume its upcalls, or corrupted its queue indices: \
+                     no room in vCPU {vcpu}'s queue for {} pending events",
+                    self.acts.pending()
+                ),
+            )),
         }
     }
 }

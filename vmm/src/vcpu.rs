@@ -291,7 +291,11 @@ impl VcpuThread {
                 .acquire(self.guest.id, self.index as usize)
             {
                 Acquired::Exit => break,
-                Acquired::Resume => {}
+                Acquired::Resume => {
+                    if self.guest.acts.enabled() {
+                        self.guest.flush_pending(self.index);
+                    }
+                }
                 Acquired::NewActivation => {
                     if let Err(outcome) = self.start_activation() {
                         self.guest.finish(outcome);

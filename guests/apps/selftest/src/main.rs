@@ -5,6 +5,8 @@
 
 extern crate alloc;
 
+mod sa;
+
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -19,7 +21,8 @@ use activm_stub::{
 const USAGE: &str = concat!(
     "usage: selftest MODE [ARGS]\n",
     "modes: exit N | panic | cpl | privileged | null | unknown-hypercall | misaligned-hypercall |\n",
-    "       bad-pointer | store-hypercall | fp | smp | args | spin | heap | irq | irq-stress",
+    "       bad-pointer | store-hypercall | fp | smp | args | spin | heap | irq | irq-stress | sa |\n",
+    "       sa-signal | sa-hostile",
 );
 
 /// vCPUs that have finished their part of `cpl` or `smp`.
@@ -41,6 +44,9 @@ fn main(vcpu: u32) -> ! {
         "cpl" => cpl(vcpu),
         "smp" => smp(vcpu),
         "irq-stress" => irq_stress(vcpu),
+        "sa" => sa::run(vcpu),
+        "sa-signal" => sa::signal(vcpu),
+        "sa-hostile" => sa::hostile(vcpu),
         _ if vcpu != 0 => vcpu_stop(),
         "exit" => {
             let code = argv.next().and_then(|s| s.parse::<i32>().ok());

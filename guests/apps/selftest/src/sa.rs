@@ -1,0 +1,302 @@
+//! `selftest sa`: the VMM's side of scheduler activations end to end, at stub level (no
+//! runtime). Run with `--vcpus 2 --pcpus 2`.
+//!
+//! Both vCPUs run `worker`. vCPU 0 sets the concurrency to 1, so the allocator takes one vCPU's
+//! processor: its context arrives in a PREEMPTED record on the other vCPU, whose upcall handler
+//! keeps it. That worker sets the concurrency back to 2: the parked vCPU starts a new activation
+//! at `upcall_entry` (NEWPROC), which resumes the preempted context, registers and FP state
+//! included. The resumed worker notices its activation changed and reports; the other worker
+//! then interrupts it with `sa_preempt` (a USER upcall) and the guest exits 0 if every record
+//! arrived once, in sequence, with sane contents.
+
+use alloc::vec;
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use activm_stub::protocol::arch::x86_64::{UserContext, VECTOR_UPCALL};
+use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
+use activm_stub::protocol::shared::{
+    SharedHeader, UpcallKind, UpcallRecord, VcpuArea, RECORD_HAS_CONTEXT, STACK_POOL_CAPACITY,
+    UPCALL_QUEUE_CAPACITY,
+};
+use activm_stub::{boot_info, exit, hypercall, pause, println, rdtsc, tsc_khz, vcpu_id, IrqFrame};
+
+static READY: AtomicBool = AtomicBool::new(false);
+static WORKERS: AtomicU32 = AtomicU32::new(0);
+static LOWERED: AtomicBool = AtomicBool::new(false);
+static RAISED: AtomicBool = AtomicBool::new(false);
+static PREEMPTED: AtomicU32 = AtomicU32::new(0);
+static NEWPROC: AtomicU32 = AtomicU32::new(0);
+static USER: AtomicU32 = AtomicU32::new(0);
+static SIGNAL: AtomicU64 = AtomicU64::new(0);
+static RESUMED_ON: AtomicU32 = AtomicU32::new(u32::MAX);
+static LAST_SEQ: AtomicU64 = AtomicU64::new(0);
+static BAD: AtomicU32 = AtomicU32::new(0);
+/// Upcall latency of the PREEMPTED record: event to handler, in TSC ticks.
+static LATENCY: AtomicU64 = AtomicU64::new(0);
+
+/// The preempted context, from the PREEMPTED record until a new activation resumes it.
+static mut SAVED: UserContext = unsafe { core::mem::zeroed() };
+static SAVED_READY: AtomicBool = AtomicBool::new(false);
+
+fn call(nr: Hypercall, a0: u64) -> u64 {
+    // SAFETY: the sa_* calls take plain numbers or the address of a function of this image.
+    unsafe { hypercall::raw(nr as u64, a0, 0, 0, 0) }
+}
+
+fn shared() -> u64 {
+    boot_info().shared_area
+}
+
+fn area(vcpu: u32) -> *mut VcpuArea {
+    (shared() + 4096 + vcpu as u64 * 16384) as *mut VcpuArea
+}
+
+fn header() -> *mut SharedHeader {
+    shared() as *mut SharedHeader
+}
+
+fn check(ok: bool, what: &str) {
+    if !ok {
+        BAD.fetch_add(1, Ordering::Relaxed);
+        println!("sa: check failed: {what}");
+    }
+}
+
+/// Read this vCPU's upcall queue in order.
+fn drain(expected_activation: Option<u32>) {
+    let vcpu = vcpu_id();
+    // SAFETY: the area is this vCPU's part of the shared area; only this vCPU consumes it.
+    let area = unsafe { &*area(vcpu) };
+    let head = area.queue_head.load(Ordering::Acquire);
+    let mut tail = area.queue_tail.load(Ordering::Relaxed);
+    while tail != head {
+        let record: &UpcallRecord = &area.records[tail as usize % UPCALL_QUEUE_CAPACITY];
+        let seq = record.seq;
+        let last = LAST_SEQ.fetch_max(seq, Ordering::AcqRel);
+        check(seq == last + 1, "sequence numbers increase by one");
+        match UpcallKind::from_raw(record.kind) {
+            Some(UpcallKind::Preempted) => {
+                check(record.flags & RECORD_HAS_CONTEXT != 0, "PREEMPTED carries a context");
+                check(record.vcpu != vcpu, "PREEMPTED arrives on another vCPU");
+                let stack_top = boot_info().vcpus[record.vcpu as usize].user_stack_top;
+                let rsp = record.context.gprs.rsp;
+                check(rsp < stack_top && rsp > stack_top - 256 * 1024, "preempted rsp is on its boot stack");
+                check(record.context.rflags & 0x200 != 0, "preempted with interrupts on");
+                LATENCY.store(rdtsc().saturating_sub(record.tsc), Ordering::Relaxed);
+                // SAFETY: only this handler writes SAVED, once, before publishing it.
+                unsafe { core::ptr::addr_of_mut!(SAVED).write(record.context) };
+                SAVED_READY.store(true, Ordering::Release);
+                PREEMPTED.fetch_add(1, Ordering::AcqRel);
+            }
+            Some(UpcallKind::NewProc) => {
+                check(Some(record.activation) == expected_activation, "NEWPROC names the new activation");
+                check(record.vcpu == vcpu, "NEWPROC is for this vCPU");
+                NEWPROC.fetch_add(1, Ordering::AcqRel);
+            }
+            Some(UpcallKind::User) => {
+                check(record.vcpu == vcpu, "USER is for this vCPU");
+                USER.fetch_add(1, Ordering::AcqRel);
+            }
+            Some(UpcallKind::Signal) => SIGNAL.store(record.arg, Ordering::Release),
+            other => check(false, if other.is_none() { "a known record kind" } else { "no unexpected upcall" }),
+        }
+        tail = tail.wrapping_add(1);
+    }
+    area.queue_tail.store(tail, Ordering::Release);
+}
+
+fn on_upcall(_frame: &mut IrqFrame) {
+    drain(None);
+}
+
+/// Where a new activation starts (NEWPROC), on a stack from the pool.
+extern "C" fn upcall_entry(vcpu: u64, activation: u64) -> ! {
+    check(vcpu == vcpu_id() as u64, "new activation on its own vCPU");
+    drain(Some(activation as u32));
+    let deadline = rdtsc() + tsc_khz() * 2000;
+    while !SAVED_READY.load(Ordering::Acquire) {
+        if rdtsc() > deadline {
+            println!("sa: new activation found no preempted context to resume");
+            exit(1);
+        }
+        pause();
+    }
+    // SAFETY: SAVED was published by the PREEMPTED handler and is not written again.
+    unsafe { resume(core::ptr::addr_of!(SAVED)) }
+}
+
+/// Resume a saved user context: FP state, every register, flags, stack and instruction pointer.
+///
+/// # Safety
+/// `context` is a context the VMM took from this guest at CPL3; its stack is not in use.
+unsafe extern "C" fn resume(context: *const UserContext) -> ! {
+    // SAFETY: the caller guarantees the context; the offsets are UserContext's (pinned by the
+    // protocol's layout tests): gprs at 0 in rax, rbx, rcx, rdx, rsi, rdi, rbp, rsp, r8..r15
+    // order, rip at 128, rflags at 136, the FXSAVE image at 192. The 16 bytes written below the
+    // context's rsp are free (no red zone).
+    unsafe {
+        core::arch::asm!(
+            "fxrstor [rdi + 192]",
+            "mov rax, [rdi + 56]",
+            "sub rax, 16",
+            "mov rcx, [rdi + 128]",
+            "mov [rax + 8], rcx",
+            "mov rcx, [rdi + 136]",
+            "mov [rax], rcx",
+            "mov rsp, rax",
+            "mov rax, [rdi + 0]",
+            "mov rbx, [rdi + 8]",
+            "mov rcx, [rdi + 16]",
+            "mov rdx, [rdi + 24]",
+            "mov rsi, [rdi + 32]",
+            "mov rbp, [rdi + 48]",
+            "mov r8, [rdi + 64]",
+            "mov r9, [rdi + 72]",
+            "mov r10, [rdi + 80]",
+            "mov r11, [rdi + 88]",
+            "mov r12, [rdi + 96]",
+            "mov r13, [rdi + 104]",
+            "mov r14, [rdi + 112]",
+            "mov r15, [rdi + 120]",
+            "mov rdi, [rdi + 40]",
+            "popfq",
+            "ret",
+            in("rdi") context,
+            options(noreturn),
+        )
+    }
+}
+
+/// Spins, and drives the test from whichever vCPU keeps running.
+#[inline(never)]
+fn worker(vcpu: u32) -> ! {
+    // SAFETY: this vCPU's area; `activation` is written by the VMM.
+    let my_activation = unsafe { &*area(vcpu) }.activation.load(Ordering::Acquire);
+    WORKERS.fetch_add(1, Ordering::AcqRel);
+    // FP state that must survive the hand-off.
+    let mut x = 1.0f64 + vcpu as f64;
+    let deadline = rdtsc() + tsc_khz() * 20_000;
+    loop {
+        x = core::hint::black_box(x * 1.000_000_1);
+        let now_vcpu = vcpu_id();
+        // SAFETY: as above.
+        let activation = unsafe { &*area(now_vcpu) }.activation.load(Ordering::Acquire);
+        if activation != my_activation && RESUMED_ON.load(Ordering::Acquire) == u32::MAX {
+            check(x > 1.0 + vcpu as f64, "FP state survived");
+            println!("sa: worker of activation {my_activation} resumed on activation {activation} (vCPU {now_vcpu})");
+            RESUMED_ON.store(now_vcpu, Ordering::Release);
+        }
+        if vcpu_id() == 0 && WORKERS.load(Ordering::Acquire) >= 2 && !LOWERED.swap(true, Ordering::AcqRel) {
+            let previous = call(Hypercall::SaSetConcurrency, 1);
+            check(previous == 2, "sa_setconcurrency returns the previous value");
+        }
+        if PREEMPTED.load(Ordering::Acquire) == 1 && !RAISED.swap(true, Ordering::AcqRel) {
+            call(Hypercall::SaSetConcurrency, 2);
+        }
+        let resumed_on = RESUMED_ON.load(Ordering::Acquire);
+        if resumed_on != u32::MAX && resumed_on != vcpu_id() && USER.load(Ordering::Acquire) == 0 {
+            // Interrupt the resumed worker's vCPU with a USER upcall, once.
+            if call(Hypercall::SaPreempt, resumed_on as u64) == 0 {
+                let until = rdtsc() + tsc_khz() * 1000;
+                while USER.load(Ordering::Acquire) == 0 && rdtsc() < until {
+                    pause();
+                }
+                finish();
+            }
+        }
+        if rdtsc() > deadline {
+            println!(
+                "sa: timed out: preempted={} newproc={} user={} resumed_on={}",
+                PREEMPTED.load(Ordering::Relaxed),
+                NEWPROC.load(Ordering::Relaxed),
+                USER.load(Ordering::Relaxed),
+                RESUMED_ON.load(Ordering::Relaxed) as i64
+            );
+            exit(1);
+        }
+    }
+}
+
+fn finish() -> ! {
+    let latency_us = LATENCY.load(Ordering::Relaxed) * 1000 / tsc_khz().max(1);
+    let (p, n, u) = (PREEMPTED.load(Ordering::Relaxed), NEWPROC.load(Ordering::Relaxed), USER.load(Ordering::Relaxed));
+    println!("sa: preempted={p} newproc={n} user={u} last_seq={} bad={}", LAST_SEQ.load(Ordering::Relaxed), BAD.load(Ordering::Relaxed));
+    println!("sa: PREEMPTED upcall latency {latency_us} us (kick to handler)");
+    let ok = p == 1 && n == 1 && u == 1 && BAD.load(Ordering::Relaxed) == 0;
+    println!("{}", if ok { "sa ok" } else { "sa FAILED" });
+    exit(if ok { 0 } else { 1 })
+}
+
+/// Register the upcall entry, fill the stack pool, enable upcalls.
+fn enable() {
+    activm_stub::register_irq_handler(VECTOR_UPCALL, on_upcall);
+    // Upcall stacks: 8 of 16 KiB, from the heap.
+    // SAFETY: the header is the shared area's first page; the guest produces the pool.
+    let header = unsafe { &mut *header() };
+    for i in 0..8usize {
+        let stack = vec![0u8; 16384].leak();
+        let top = (stack.as_ptr() as u64 + stack.len() as u64) & !15;
+        header.stacks[i % STACK_POOL_CAPACITY] = top;
+    }
+    header.stack_prod.0.store(8, Ordering::Release);
+    if call(Hypercall::SaRegister, upcall_entry as *const () as u64) == HC_UNSUPPORTED
+        || call(Hypercall::SaEnable, 0) == HC_UNSUPPORTED
+    {
+        println!("sa: activations unsupported (--no-activations?)");
+        exit(3);
+    }
+}
+
+/// `selftest sa-signal`: wait for the SIGNAL upcall of a host SIGINT/SIGTERM, then exit 0.
+pub fn signal(vcpu: u32) -> ! {
+    if vcpu != 0 {
+        activm_stub::vcpu_stop();
+    }
+    enable();
+    println!("sa-signal: waiting");
+    loop {
+        let signal = SIGNAL.load(Ordering::Acquire);
+        if signal != 0 {
+            println!("sa-signal: got signal {signal}, shutting down cleanly");
+            exit(0);
+        }
+        pause();
+    }
+}
+
+/// `selftest sa-hostile`: enable upcalls, then scribble over the queue indices and the stack
+/// pool and give up a processor, so the VMM has to deliver into a corrupt shared area.
+pub fn hostile(vcpu: u32) -> ! {
+    if vcpu == 0 {
+        enable();
+        for v in 0..boot_info().nr_vcpus {
+            // SAFETY: the guest owns its shared area; corrupting it is the point of this mode.
+            unsafe { &*area(v) }.queue_tail.store(0xdead_beef, Ordering::Release);
+        }
+        // SAFETY: as above.
+        let header = unsafe { &mut *header() };
+        header.stack_prod.0.store(0x7fff_ffff, Ordering::Release);
+        header.stacks.fill(0x1234_5671);
+        READY.store(true, Ordering::Release);
+        call(Hypercall::SaSetConcurrency, 1);
+    } else {
+        while !READY.load(Ordering::Acquire) {
+            pause();
+        }
+    }
+    loop {
+        pause();
+    }
+}
+
+pub fn run(vcpu: u32) -> ! {
+    if vcpu == 0 {
+        enable();
+        READY.store(true, Ordering::Release);
+    } else {
+        while !READY.load(Ordering::Acquire) {
+            pause();
+        }
+    }
+    worker(vcpu)
+}
