@@ -99,3 +99,148 @@ pub fn boot_to_first_exit(mem_size: usize) -> u64 {
         other => panic!("floor guest: unexpected exit {other:?}"),
     }
 }
+
+/// The raw cost of a kick: a bare VM spins at CPL3; another thread sends the vCPU thread a
+/// signal whose handler sets `immediate_exit`, and the time until `KVM_RUN` returns `EINTR` is
+/// one sample (microseconds). The same mechanism activm's preemption starts with.
+pub fn kick_latency(samples: usize) -> Vec<f64> {
+    use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    static RUN: AtomicPtr<kvm_bindings::kvm_run> = AtomicPtr::new(std::ptr::null_mut());
+    extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        let run = RUN.load(Ordering::Acquire);
+        if !run.is_null() {
+            // SAFETY: `run` is the live kvm_run mapping of the vCPU this thread runs.
+            unsafe { std::ptr::write_volatile(&mut (*run).immediate_exit, 1) };
+        }
+    }
+    let signal = libc::SIGRTMIN() + 1;
+    // SAFETY: installs a plain async-signal-safe handler for a real-time signal nobody else uses
+    // in this benchmark process.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_kick as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO;
+        libc::sigaction(signal, &action, std::ptr::null_mut());
+    }
+
+    const MEM: usize = 4 << 20;
+    let kvm = Kvm::new().expect("open /dev/kvm");
+    let vm = kvm.create_vm().expect("KVM_CREATE_VM");
+    // SAFETY: an anonymous private mapping, checked below, never unmapped while the VM lives.
+    let mem = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            MEM,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(mem, libc::MAP_FAILED);
+    let mem = mem as *mut u8;
+    let write_u64 = |gpa: u64, value: u64| {
+        // SAFETY: every address written is below MEM.
+        unsafe { (mem.add(gpa as usize) as *mut u64).write_unaligned(value) }
+    };
+    write_u64(PML4, PDPT | 7);
+    write_u64(PDPT, PD | 7);
+    write_u64(PD + 8, CODE | 0x87);
+    // `pause; jmp .-2` at CPL3.
+    let spin = [0xf3u8, 0x90, 0xeb, 0xfc];
+    // SAFETY: CODE + 4 bytes lie inside the mapping.
+    unsafe { std::ptr::copy_nonoverlapping(spin.as_ptr(), mem.add(CODE as usize), spin.len()) };
+    let region = kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: MEM as u64,
+        userspace_addr: mem as u64,
+    };
+    // SAFETY: the mapping outlives the VM (it is leaked).
+    unsafe { vm.set_user_memory_region(region) }.expect("set memory region");
+    let mut vcpu = vm.create_vcpu(0).expect("KVM_CREATE_VCPU");
+    let mut sregs = vcpu.get_sregs().expect("get sregs");
+    sregs.cs = kvm_segment {
+        selector: 0x23,
+        type_: 0xb,
+        present: 1,
+        dpl: 3,
+        s: 1,
+        l: 1,
+        g: 1,
+        limit: 0xffff_ffff,
+        ..Default::default()
+    };
+    let data = kvm_segment {
+        selector: 0x1b,
+        type_: 3,
+        present: 1,
+        dpl: 3,
+        s: 1,
+        db: 1,
+        g: 1,
+        limit: 0xffff_ffff,
+        ..Default::default()
+    };
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.ss = data;
+    sregs.cr0 = 0x8000_0011 | (1 << 5);
+    sregs.cr3 = PML4;
+    sregs.cr4 = 1 << 5;
+    sregs.efer = 0x500;
+    vcpu.set_sregs(&sregs).expect("set sregs");
+    let mut regs = vcpu.get_regs().expect("get regs");
+    regs.rip = CODE;
+    regs.rsp = CODE + 0x10_0000;
+    regs.rflags = 0x202;
+    vcpu.set_regs(&regs).expect("set regs");
+    RUN.store(vcpu.get_kvm_run() as *mut _, Ordering::Release);
+
+    let thread_id = Arc::new(AtomicU64::new(0));
+    let sent_at = Arc::new(AtomicU64::new(0));
+    let kicker = {
+        let thread_id = Arc::clone(&thread_id);
+        let sent_at = Arc::clone(&sent_at);
+        std::thread::spawn(move || {
+            while thread_id.load(Ordering::Acquire) == 0 {
+                std::hint::spin_loop();
+            }
+            for _ in 0..samples {
+                std::thread::sleep(std::time::Duration::from_micros(300));
+                sent_at.store(activm::rdtsc(), Ordering::Release);
+                // SAFETY: the id is the live benchmark thread running the vCPU.
+                unsafe {
+                    libc::pthread_kill(thread_id.load(Ordering::Acquire) as libc::pthread_t, signal)
+                };
+                while sent_at.load(Ordering::Acquire) != 0 {
+                    std::hint::spin_loop();
+                }
+            }
+        })
+    };
+    // SAFETY: pthread_self has no preconditions.
+    thread_id.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
+    let khz = activm::tsc_khz_estimate() as f64;
+    let mut out = Vec::with_capacity(samples);
+    while out.len() < samples {
+        match vcpu.run() {
+            Err(e) if e.errno() == libc::EINTR => {
+                let now = activm::rdtsc();
+                vcpu.set_kvm_immediate_exit(0);
+                let sent = sent_at.swap(0, Ordering::AcqRel);
+                if sent != 0 {
+                    out.push(now.saturating_sub(sent) as f64 * 1000.0 / khz);
+                }
+            }
+            Err(e) => panic!("KVM_RUN: {e}"),
+            Ok(exit) => panic!("raw kick guest: unexpected exit {exit:?}"),
+        }
+    }
+    RUN.store(std::ptr::null_mut(), Ordering::Release);
+    kicker.join().expect("kicker");
+    out
+}

@@ -22,7 +22,7 @@ const USAGE: &str = concat!(
     "usage: selftest MODE [ARGS]\n",
     "modes: exit N | panic | cpl | privileged | null | unknown-hypercall | misaligned-hypercall |\n",
     "       bad-pointer | store-hypercall | fp | smp | args | spin | heap | irq | irq-stress | sa |\n",
-    "       sa-signal | sa-hostile",
+    "       sa-signal | sa-hostile | ipi-latency",
 );
 
 /// vCPUs that have finished their part of `cpl` or `smp`.
@@ -47,6 +47,7 @@ fn main(vcpu: u32) -> ! {
         "sa" => sa::run(vcpu),
         "sa-signal" => sa::signal(vcpu),
         "sa-hostile" => sa::hostile(vcpu),
+        "ipi-latency" => ipi_latency(vcpu),
         _ if vcpu != 0 => vcpu_stop(),
         "exit" => {
             let code = argv.next().and_then(|s| s.parse::<i32>().ok());
@@ -388,5 +389,65 @@ fn irq_stress(vcpu: u32) -> ! {
     lapic::stop_timer();
     let (ticks, ipis) = (TICKS.load(Ordering::Relaxed), IPIS.load(Ordering::Relaxed));
     println!("irq-stress ok: {ticks} timer ticks, {ipis} IPIs, {rounds} rounds");
+    exit(0)
+}
+
+/// `ipi-latency`: the raw cost of interrupting a running vCPU, for the overcommit benchmark's
+/// baseline: vCPU 0 sends 200 IPIs from CPL3 to vCPU 1, which spins at CPL3; each sample is
+/// send to handler entry (TSC). Prints median and p99 in microseconds.
+static IPI_AT: AtomicU64 = AtomicU64::new(0);
+static IPI_COUNT: AtomicU64 = AtomicU64::new(0);
+static IPI_READY: AtomicBool = AtomicBool::new(false);
+
+fn on_latency_ipi(_frame: &mut IrqFrame) {
+    IPI_AT.store(rdtsc(), Ordering::Release);
+    IPI_COUNT.fetch_add(1, Ordering::AcqRel);
+}
+
+fn ipi_latency(vcpu: u32) -> ! {
+    match vcpu {
+        0 => {}
+        1 => {
+            activm_stub::register_irq_handler(VECTOR_RESCHEDULE, on_latency_ipi);
+            IPI_READY.store(true, Ordering::Release);
+            loop {
+                pause();
+            }
+        }
+        _ => vcpu_stop(),
+    }
+    if nr_vcpus() < 2 {
+        println!("ipi-latency needs 2 vCPUs");
+        exit(2);
+    }
+    while !IPI_READY.load(Ordering::Acquire) {
+        pause();
+    }
+    let mut samples = Vec::with_capacity(200);
+    for i in 0..200u64 {
+        let sent = rdtsc();
+        lapic::send_ipi(1, VECTOR_RESCHEDULE);
+        let deadline = sent + tsc_khz() * 1000;
+        while IPI_COUNT.load(Ordering::Acquire) <= i {
+            if rdtsc() > deadline {
+                println!("ipi-latency: IPI {i} not handled within 1 s");
+                exit(1);
+            }
+            pause();
+        }
+        samples.push(IPI_AT.load(Ordering::Acquire).saturating_sub(sent));
+        // Let the handler return before the next one.
+        let until = rdtsc() + tsc_khz() / 10;
+        while rdtsc() < until {
+            pause();
+        }
+    }
+    samples.sort_unstable();
+    let us = |t: u64| t as f64 / tsc_khz() as f64 * 1000.0;
+    println!(
+        "ipi-latency: n=200 median={:.1} us p99={:.1} us",
+        us(samples[100]),
+        us(samples[197])
+    );
     exit(0)
 }

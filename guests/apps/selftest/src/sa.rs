@@ -221,7 +221,7 @@ fn finish() -> ! {
     let latency_us = LATENCY.load(Ordering::Relaxed) * 1000 / tsc_khz().max(1);
     let (p, n, u) = (PREEMPTED.load(Ordering::Relaxed), NEWPROC.load(Ordering::Relaxed), USER.load(Ordering::Relaxed));
     println!("sa: preempted={p} newproc={n} user={u} last_seq={} bad={}", LAST_SEQ.load(Ordering::Relaxed), BAD.load(Ordering::Relaxed));
-    println!("sa: PREEMPTED upcall latency {latency_us} us (kick to handler)");
+    println!("sa: PREEMPTED upcall latency_us={latency_us} (kick to handler)");
     let ok = p == 1 && n == 1 && u == 1 && BAD.load(Ordering::Relaxed) == 0;
     println!("{}", if ok { "sa ok" } else { "sa FAILED" });
     exit(if ok { 0 } else { 1 })
