@@ -1,12 +1,36 @@
-//! The guest heap: a `linked_list_allocator` over `[BootInfo.heap_start, heap_end)`,
-//! initialised by vCPU 0 while the others wait.
+//! The guest heap: a `linked_list_allocator::Heap` over `[BootInfo.heap_start, heap_end)` behind
+//! a [`SpinLock`] (which holds off preemption while held, so a thread is never switched out
+//! inside the allocator), initialised by vCPU 0 while the others wait.
 
+use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, Ordering};
 
-use linked_list_allocator::LockedHeap;
+use linked_list_allocator::Heap;
+
+use crate::sync::SpinLock;
+
+struct GuestHeap(SpinLock<Heap>);
+
+// SAFETY: every access to the heap goes through the lock; `Heap` hands out disjoint blocks.
+unsafe impl GlobalAlloc for GuestHeap {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.0
+            .lock()
+            .allocate_first_fit(layout)
+            .map_or(core::ptr::null_mut(), NonNull::as_ptr)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if let Some(ptr) = NonNull::new(ptr) {
+            // SAFETY: the caller passes a block this allocator returned with this layout.
+            unsafe { self.0.lock().deallocate(ptr, layout) };
+        }
+    }
+}
 
 #[global_allocator]
-static ALLOCATOR: LockedHeap = LockedHeap::empty();
+static ALLOCATOR: GuestHeap = GuestHeap(SpinLock::new(Heap::empty()));
 
 static READY: AtomicBool = AtomicBool::new(false);
 
@@ -19,6 +43,7 @@ pub(crate) unsafe fn init(start: u64, end: u64) {
         // SAFETY: the caller guarantees the range is unused RAM.
         unsafe {
             ALLOCATOR
+                .0
                 .lock()
                 .init(start as *mut u8, (end - start) as usize)
         };
@@ -35,10 +60,10 @@ pub(crate) fn wait_ready() {
 
 /// Bytes currently allocated.
 pub fn used() -> usize {
-    ALLOCATOR.lock().used()
+    ALLOCATOR.0.lock().used()
 }
 
 /// Bytes currently free.
 pub fn free() -> usize {
-    ALLOCATOR.lock().free()
+    ALLOCATOR.0.lock().free()
 }

@@ -4,7 +4,8 @@
 //!   stubs, all hand-written assembly without SSE (the CPL0 emulator of our KVM has none). They
 //!   drop to CPL3 at once and deliver interrupts to CPL3 signal-style.
 //! * The CPL3 side: boot checks, per-vCPU block (`%gs`), heap, console, hypercalls, interrupt
-//!   handler registration, panic handler.
+//!   and CPU-exception handler registration, preemption holds and a spinlock for the layer
+//!   above, panic handler.
 //!
 //! The layer above (an app, later the runtime) supplies the per-vCPU entry with [`vcpu_entry!`].
 #![no_std]
@@ -15,16 +16,24 @@ pub mod heap;
 pub mod hypercall;
 pub mod irq;
 mod panic;
+pub mod preempt;
 mod start;
+pub mod sync;
 
 pub use protocol;
 
 pub use arch::current::percpu::vcpu_id;
+#[cfg(target_arch = "x86_64")]
+pub use arch::x86_64::{
+    arm_exception_stack, set_exception_handler, trap_eoi_window, ExceptionFrame, ExceptionHandler,
+    ExceptionInfo,
+};
 pub use arch::current::{current_cpl, rdtsc};
 #[cfg(target_arch = "x86_64")]
 pub use arch::x86_64::irqchip as lapic;
 pub use hypercall::{exit, halt, vcpu_stop};
 pub use irq::{register_irq_handler, unregister_irq_handler, IrqFrame, IrqHandler};
+pub use panic::set_panic_context;
 pub use start::{args, boot_info, nr_vcpus, tsc_khz, Args};
 
 /// Spin-wait hint (`pause` on x86_64). Waiting at CPL3 costs nothing extra; never spin at CPL0.

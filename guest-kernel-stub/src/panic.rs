@@ -1,11 +1,23 @@
-//! The panic handler: "panicked on vCPU N at file:line: message", sent with the `panic`
-//! hypercall (which stops the guest).
+//! The panic handler: "[context ]panicked on vCPU N at file:line: message", sent with the `panic`
+//! hypercall (which stops the guest). The layer above may add context (the thread runtime names
+//! the panicking thread) with [`set_panic_context`].
 
 use core::fmt::Write;
 use core::panic::PanicInfo;
+use core::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::arch::current::percpu;
 use crate::console::FixedBuf;
+
+/// Writes context (e.g. "thread 'worker' ") at the start of a panic message.
+pub type PanicContext = fn(&mut dyn Write);
+
+static CONTEXT: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Installs a function that writes a prefix into every panic message.
+pub fn set_panic_context(context: PanicContext) {
+    CONTEXT.store(context as *mut (), Ordering::Release);
+}
 
 #[panic_handler]
 fn panic(info: &PanicInfo<'_>) -> ! {
@@ -13,6 +25,12 @@ fn panic(info: &PanicInfo<'_>) -> ! {
         crate::hypercall::panic(b"panicked while panicking");
     }
     let mut msg = FixedBuf::<1024>::new();
+    let context = CONTEXT.load(Ordering::Acquire);
+    if !context.is_null() {
+        // SAFETY: only `set_panic_context` stores non-null values, all `PanicContext`s.
+        let context = unsafe { core::mem::transmute::<*mut (), PanicContext>(context) };
+        context(&mut msg);
+    }
     let _ = write!(msg, "panicked on vCPU {} at ", percpu::vcpu_id());
     let _ = match info.location() {
         Some(loc) => write!(msg, "{}:{}", loc.file(), loc.line()),

@@ -1,0 +1,81 @@
+//! Preemption holds: the guest's equivalent of "interrupts off" for CPL3 code, which cannot mask
+//! interrupts (and whose interrupt handlers may switch threads).
+//!
+//! Code that must not be preempted on this vCPU (a held spinlock, a short per-vCPU update)
+//! brackets itself with [`hold`] and [`release`]. Both are single `%gs`-relative instructions on
+//! this vCPU's counter, so a thread that migrates between vCPUs never changes another vCPU's
+//! count. The layer above's interrupt handlers look at [`held`]: while it is non-zero they only
+//! record what they wanted to do in this vCPU's pending word ([`defer`]) and return; the
+//! [`release`] that brings the count back to zero sees the pending word and calls the hook the
+//! layer above installed with [`set_release_hook`] (the thread runtime's safepoint). This is the
+//! held-count half of the critical-section recovery of seed 000, section 6.
+
+use core::sync::atomic::{AtomicPtr, Ordering};
+
+use crate::arch::current::percpu::{gs_or, gs_read, HOLD_OFFSET, PENDING_OFFSET};
+
+static RELEASE_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Installs the function [`release`] calls when the hold count drops to zero with pending work.
+pub fn set_release_hook(hook: fn()) {
+    RELEASE_HOOK.store(hook as *mut (), Ordering::Release);
+}
+
+/// Enters a region that must not be preempted on this vCPU.
+#[inline(always)]
+pub fn hold() {
+    // SAFETY: one instruction on this vCPU's hold counter.
+    unsafe {
+        core::arch::asm!(
+            "inc qword ptr gs:[{off}]",
+            off = const HOLD_OFFSET,
+            options(nostack),
+        );
+    }
+}
+
+/// Leaves a region entered with [`hold`]; runs the release hook if that was the last hold and
+/// an interrupt handler deferred work meanwhile.
+#[inline(always)]
+pub fn release() {
+    let zero: u8;
+    // SAFETY: one instruction on this vCPU's hold counter.
+    unsafe {
+        core::arch::asm!(
+            "dec qword ptr gs:[{off}]",
+            "setz {z}",
+            off = const HOLD_OFFSET,
+            z = out(reg_byte) zero,
+            options(nostack),
+        );
+    }
+    // SAFETY: reads this vCPU's pending word.
+    if zero != 0 && unsafe { gs_read(PENDING_OFFSET) } != 0 {
+        release_slow();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn release_slow() {
+    let hook = RELEASE_HOOK.load(Ordering::Acquire);
+    if !hook.is_null() {
+        // SAFETY: only `set_release_hook` stores non-null values, all `fn()`.
+        let hook = unsafe { core::mem::transmute::<*mut (), fn()>(hook) };
+        hook();
+    }
+}
+
+/// This vCPU's hold count (non-zero: the interrupted code must not be preempted).
+#[inline(always)]
+pub fn held() -> u64 {
+    // SAFETY: reads this vCPU's hold counter.
+    unsafe { gs_read(HOLD_OFFSET) }
+}
+
+/// Records deferred work for the layer above in this vCPU's pending word.
+#[inline(always)]
+pub fn defer(bits: u64) {
+    // SAFETY: one locked instruction on this vCPU's pending word.
+    unsafe { gs_or(PENDING_OFFSET, bits) }
+}
