@@ -253,6 +253,16 @@ impl Allocator {
         self.rebalance_locked(&mut state, Instant::now())
     }
 
+    /// Whether every decision has been carried out: no processor is being revoked and no grant
+    /// is waiting to be picked up.
+    pub fn settled(&self) -> bool {
+        self.lock().guests.iter().all(|g| {
+            g.vcpus
+                .iter()
+                .all(|s| !matches!(s, Slot::Revoking | Slot::GrantedNew | Slot::GrantedResume))
+        })
+    }
+
     pub fn view(&self, guest: GuestId) -> GuestView {
         let state = self.lock();
         let g = &state.guests[guest];

@@ -104,6 +104,18 @@ fn slot_name(slot: &Slot) -> &'static str {
     }
 }
 
+/// Wait (up to a second) until the allocator's decisions are carried out: revoked vCPUs have
+/// handed over and granted ones are running. Returns the microseconds it took, or null.
+fn wait_settled(procs: &Processors, started: std::time::Instant) -> Value {
+    while started.elapsed() < std::time::Duration::from_secs(1) {
+        if procs.alloc.settled() {
+            return json!(started.elapsed().as_secs_f64() * 1e6);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(20));
+    }
+    Value::Null
+}
+
 /// Answer one request.
 pub fn handle(request: &Value, guests: &[Arc<Guest>], procs: &Processors) -> Value {
     let number = |key: &str| request.get(key).and_then(Value::as_u64);
@@ -130,7 +142,8 @@ pub fn handle(request: &Value, guests: &[Arc<Guest>], procs: &Processors) -> Val
             Some(n) if (1..=1024).contains(&n) => {
                 let started = std::time::Instant::now();
                 procs.revoke(procs.alloc.set_budget(n as usize));
-                json!({"ok": true, "pcpus": n, "decided_us": started.elapsed().as_secs_f64() * 1e6})
+                let applied_us = wait_settled(procs, started);
+                json!({"ok": true, "pcpus": n, "applied_us": applied_us})
             }
             _ => {
                 json!({"ok": false, "error": "set-pcpus needs \"pcpus\": a number from 1 to 1024"})
@@ -140,9 +153,11 @@ pub fn handle(request: &Value, guests: &[Arc<Guest>], procs: &Processors) -> Val
             let guest = number("guest").and_then(|g| guests.iter().find(|x| x.id as u64 == g));
             match (guest, number("vcpus")) {
                 (Some(guest), Some(n)) if n >= 1 && n <= guest.config.vcpus as u64 => {
+                    let started = std::time::Instant::now();
                     let (previous, kicks) = procs.alloc.set_concurrency(guest.id, n as usize);
                     procs.revoke(kicks);
-                    json!({"ok": true, "guest": guest.id, "vcpus": n, "previous": previous})
+                    let applied_us = wait_settled(procs, started);
+                    json!({"ok": true, "guest": guest.id, "vcpus": n, "previous": previous, "applied_us": applied_us})
                 }
                 (None, _) => {
                     json!({"ok": false, "error": "set-vcpus needs \"guest\": the id of a guest (see list)"})

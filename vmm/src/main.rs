@@ -65,6 +65,10 @@ struct RunArgs {
     /// Serve the control socket (JSON lines over a Unix socket) at this path.
     #[arg(long, value_name = "SOCKET")]
     ctl: Option<PathBuf>,
+    /// Chaos testing: change the budget of physical CPUs (1 to --pcpus) to a random value every
+    /// 100 us - 2 ms, from this seed, so processors are revoked and granted all the time.
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
     /// Usable size of each guard-paged thread stack the VMM maps for the guest runtime.
     #[arg(long, default_value = "124K", value_name = "SIZE", value_parser = parse_size)]
     thread_stack: u64,
@@ -167,6 +171,7 @@ fn run(args: RunArgs, start_tsc: u64) -> ExitCode {
         trace: args.trace.clone(),
         handle_signals: true,
         ctl_socket: args.ctl.clone(),
+        chaos_seed: args.chaos,
     };
     let consoles: Vec<Box<dyn std::io::Write + Send>> = configs
         .iter()

@@ -37,6 +37,9 @@ pub struct MonitorOptions {
     pub handle_signals: bool,
     /// Serve the control socket here.
     pub ctl_socket: Option<PathBuf>,
+    /// Chaos testing: with this seed, change the budget of physical CPUs to a random value
+    /// every 100 us - 2 ms, so processors are revoked and granted all the time.
+    pub chaos_seed: Option<u64>,
 }
 
 impl Default for MonitorOptions {
@@ -49,6 +52,7 @@ impl Default for MonitorOptions {
             trace: None,
             handle_signals: false,
             ctl_socket: None,
+            chaos_seed: None,
         }
     }
 }
@@ -143,12 +147,37 @@ pub fn run_guests(
     let dispatcher = {
         let procs = Arc::clone(&procs);
         let stop = Arc::clone(&stop_dispatcher);
+        let chaos = options.chaos_seed;
+        let max_budget = configs
+            .iter()
+            .map(|c| c.vcpus as usize)
+            .sum::<usize>()
+            .max(1);
+        let budget = options.pcpus;
         std::thread::Builder::new()
             .name("dispatcher".into())
-            .spawn(move || {
-                while !stop.load(Ordering::Acquire) {
-                    procs.revoke(procs.alloc.rebalance());
-                    std::thread::sleep(procs.alloc.quantum().max(Duration::from_micros(100)));
+            .spawn(move || match chaos {
+                None => {
+                    while !stop.load(Ordering::Acquire) {
+                        procs.revoke(procs.alloc.rebalance());
+                        std::thread::sleep(procs.alloc.quantum().max(Duration::from_micros(100)));
+                    }
+                }
+                Some(seed) => {
+                    let mut rng = seed | 1;
+                    let mut next = || {
+                        // xorshift64
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
+                    };
+                    while !stop.load(Ordering::Acquire) {
+                        let pcpus = 1 + (next() as usize % max_budget.min(budget.max(1)));
+                        procs.revoke(procs.alloc.set_budget(pcpus));
+                        procs.revoke(procs.alloc.rebalance());
+                        std::thread::sleep(Duration::from_micros(100 + next() % 1900));
+                    }
                 }
             })
             .map_err(|e| Error::Host(format!("cannot start the dispatcher: {e}")))?

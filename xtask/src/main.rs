@@ -73,8 +73,15 @@ fn demo(args: &[String]) -> Result<(), String> {
     run(host_cargo().args(["build", "--release", "--quiet", "-p", "activm-vmm"]))?;
     let activm = repo_root().join("target/release/activm");
     let demo = elf_path("demo", true);
-    println!("xtask: {} run {} --vcpus {vcpus}", activm.display(), demo.display());
-    run(Command::new(activm).arg("run").arg(demo).args(["--vcpus", &vcpus]))
+    println!(
+        "xtask: {} run {} --vcpus {vcpus}",
+        activm.display(),
+        demo.display()
+    );
+    run(Command::new(activm)
+        .arg("run")
+        .arg(demo)
+        .args(["--vcpus", &vcpus]))
 }
 
 fn test() -> Result<(), String> {
@@ -141,14 +148,19 @@ fn elf_path(app: &str, release: bool) -> PathBuf {
 
 /// The guest apps: the directories under guests/apps.
 fn apps() -> Result<Vec<String>, String> {
-    let dir = guests_dir().join("apps");
-    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut apps: Vec<String> = entries
-        .filter_map(Result::ok)
-        .filter(|e| e.path().join("Cargo.toml").is_file())
-        .filter_map(|e| e.file_name().into_string().ok())
+    // The guest workspace's members under apps/ (a folder there that is not a member yet, such
+    // as an app waiting for a crate it needs, is not built and not checked).
+    let manifest = guests_dir().join("Cargo.toml");
+    let text =
+        std::fs::read_to_string(&manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let mut apps: Vec<String> = text
+        .split('"')
+        .filter_map(|item| item.strip_prefix("apps/"))
+        .filter(|name| !name.is_empty() && !name.contains('/'))
+        .map(str::to_string)
         .collect();
     apps.sort();
+    apps.dedup();
     Ok(apps)
 }
 
