@@ -35,6 +35,7 @@ static BAD: AtomicU32 = AtomicU32::new(0);
 static LATENCY: AtomicU64 = AtomicU64::new(0);
 
 /// The preempted context, from the PREEMPTED record until a new activation resumes it.
+// SAFETY: UserContext is integers only, so all-zero bytes are a valid value.
 static mut SAVED: UserContext = unsafe { core::mem::zeroed() };
 static SAVED_READY: AtomicBool = AtomicBool::new(false);
 
