@@ -373,6 +373,30 @@ fn activation_tests() -> Vec<Trial> {
             Ok(())
         }),
         Trial::test("control_socket_lists_and_changes_budget", control_socket),
+        Trial::test(
+            "control_socket_removes_and_adds_vcpus",
+            control_socket_add_remove,
+        ),
+        Trial::test("defer_preemption_hint_is_honoured", || {
+            selftest(&["--vcpus", "2", "--pcpus", "2", "--stats"], &["sa-defer"])?
+                .expect_code(0)?
+                .stdout_has("sa-defer ok")?
+                .stderr_has("PREEMPTED=0")?
+                .stderr_has("deferred=1")?;
+            Ok(())
+        }),
+        Trial::test(
+            "chaos_budget_changes_keep_an_oblivious_guest_correct",
+            || {
+                selftest(
+                    &["--vcpus", "4", "--pcpus", "2", "--chaos", "7", "--stats"],
+                    &["smp"],
+                )?
+                .expect_code(0)?
+                .stdout_has("smp total=4000000 expected=4000000")?;
+                Ok(())
+            },
+        ),
         Trial::test("trace_file_is_chrome_json", || {
             let path =
                 std::env::temp_dir().join(format!("activm-test-{}-trace.json", std::process::id()));
@@ -457,6 +481,67 @@ fn run_and_signal(
         stdout: out_thread.join().unwrap_or_default(),
         stderr: err_thread.join().unwrap_or_default(),
     })
+}
+
+/// A running activation guest loses a vCPU (PREEMPTED) and gets it back (NEWPROC) through
+/// `activm ctl set-vcpus`, which reports how long each change took to be carried out.
+fn control_socket_add_remove() -> Result<(), Failed> {
+    let socket = std::env::temp_dir().join(format!("activm-test-{}-ar.sock", std::process::id()));
+    let child = Command::new(ACTIVM)
+        .arg("run")
+        .arg(guest("selftest")?)
+        .args([
+            "--timeout",
+            GUEST_TIMEOUT_SECS,
+            "--vcpus",
+            "2",
+            "--pcpus",
+            "2",
+            "--stats",
+            "--ctl",
+        ])
+        .arg(&socket)
+        .args(["--", "sa-spin", "3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let ctl = |args: &[&str]| -> Result<Run, Failed> {
+        let output = Command::new(ACTIVM)
+            .arg("ctl")
+            .arg(&socket)
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        Ok(Run::from(output))
+    };
+    let wait_for = |needle: &str| -> Result<(), Failed> {
+        for _ in 0..200 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            if ctl(&["list"])?.stdout.contains(needle) {
+                return Ok(());
+            }
+        }
+        Err(format!("activm ctl list never showed {needle}").into())
+    };
+    let result = (|| -> Result<(), Failed> {
+        wait_for("\"activations\": true")?;
+        ctl(&["set-vcpus", "0", "1"])?
+            .expect_code(0)?
+            .stdout_has("\"applied_us\"")?;
+        wait_for("\"parked\"")?;
+        ctl(&["set-vcpus", "0", "2"])?
+            .expect_code(0)?
+            .stdout_has("\"previous\": 1")?;
+        wait_for("\"running\",\n        \"running\"")?;
+        Ok(())
+    })();
+    let output = child.wait_with_output().map_err(|e| e.to_string())?;
+    result?;
+    Run::from(output)
+        .expect_code(0)?
+        .stderr_has("NEWPROC=1 PREEMPTED=1")?;
+    Ok(())
 }
 
 fn control_socket() -> Result<(), Failed> {

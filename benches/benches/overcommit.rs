@@ -169,6 +169,52 @@ fn main() {
         let _ = activm::run(&config, Box::new(console.clone()));
         console.text()
     };
+    // vCPU add/remove through the control socket: remove = PREEMPTED hand-off, add = NEWPROC.
+    let socket = std::env::temp_dir().join(format!("activm-bench-{}.sock", std::process::id()));
+    let (mut removes, mut adds) = (Vec::new(), Vec::new());
+    {
+        let seconds = if quick { "1" } else { "3" };
+        let config = VmConfig {
+            vcpus: 2,
+            args: vec!["sa-spin".into(), seconds.into()],
+            ..VmConfig::new(&selftest)
+        };
+        let options = MonitorOptions {
+            pcpus: 2,
+            timeout: Some(Duration::from_secs(60)),
+            ctl_socket: Some(socket.clone()),
+            ..MonitorOptions::default()
+        };
+        let console = Captured::default();
+        let guest_console = console.clone();
+        let runner = std::thread::spawn(move || {
+            activm::run_guests(&[config], vec![Box::new(guest_console)], &options)
+        });
+        let ready = (0..500).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            console.text().contains("sa-spin: ready")
+        });
+        let set = |n: u64| {
+            let answer = activm::ctl::request(
+                &socket,
+                &serde_json::json!({"op": "set-vcpus", "guest": 0, "vcpus": n}),
+            );
+            answer
+                .ok()
+                .and_then(|a| a.get("applied_us").and_then(serde_json::Value::as_f64))
+        };
+        if ready {
+            for _ in 0..if quick { 5 } else { 60 } {
+                removes.extend(set(1));
+                std::thread::sleep(Duration::from_millis(5));
+                adds.extend(set(2));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        // The guest exits by itself after a few seconds.
+        let _ = runner.join();
+    }
+
     println!("\nupcall latency (us)                                   median      p99     n");
     let row = |name: &str, samples: &mut Vec<f64>| {
         if samples.is_empty() {
@@ -190,6 +236,11 @@ fn main() {
         &mut capture,
     );
     row("raw kick (bare VM at CPL3, signal -> EINTR)", &mut kick);
+    row(
+        "vCPU remove (ctl set-vcpus, until handed over)",
+        &mut removes,
+    );
+    row("vCPU add (ctl set-vcpus, until running)", &mut adds);
     match (field(&ipi, "median"), field(&ipi, "p99")) {
         (Some(m), Some(p)) => println!(
             "  {:<50} {m:>7.1} {p:>8.1} {:>5}",

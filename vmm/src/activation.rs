@@ -162,6 +162,24 @@ impl Activations {
         Ok(())
     }
 
+    /// Whether the guest asks to defer a preemption of `vcpu` (`VcpuArea::defer_preemption`).
+    pub fn defer_requested(&self, ram: &GuestRam, plan: &Plan, vcpu: u32) -> bool {
+        ram.read_bytes(
+            area_field(plan, vcpu, offset_of!(VcpuArea, defer_preemption)),
+            4,
+        )
+        .map(|b| b != [0, 0, 0, 0])
+        .unwrap_or(false)
+    }
+
+    /// Tell the guest the VMM wants `vcpu`'s processor back (`VcpuArea::preempt_pending`).
+    pub fn set_preempt_pending(&self, ram: &GuestRam, plan: &Plan, vcpu: u32, pending: bool) {
+        let _ = ram.write_u32(
+            area_field(plan, vcpu, offset_of!(VcpuArea, preempt_pending)),
+            pending as u32,
+        );
+    }
+
     /// The vCPU lost its activation (preempted or yielded); records it in the shared area and
     /// takes back what its queue still holds.
     pub fn end_activation(&self, ram: &GuestRam, plan: &Plan, vcpu: u32, why: VcpuRunState) {

@@ -72,6 +72,8 @@ pub struct GuestStats {
     /// vCPUs that had to run forward from CPL0 before their context could be taken.
     pub run_forwards: AtomicU64,
     pub yields: AtomicU64,
+    /// Preemptions deferred because the guest set `defer_preemption`.
+    pub deferrals: AtomicU64,
     /// Kick-to-context-captured delays of preemptions, in TSC ticks.
     pub preempt_delays: Mutex<Vec<u64>>,
 }

@@ -40,11 +40,12 @@ pub fn render(guest: &Guest) -> String {
     }
     let _ = write!(
         out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={}",
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} deferred={}",
         n(&s.preemptions),
         n(&s.deschedules),
         n(&s.run_forwards),
-        n(&s.yields)
+        n(&s.yields),
+        n(&s.deferrals)
     );
     let mut delays = s
         .preempt_delays

@@ -228,6 +228,8 @@ fn copy_exit(exit: VcpuExit<'_>) -> Exit {
 const MAX_RUN_FORWARD: u32 = 64;
 /// Time the vCPU runs on between two looks while it is run forward.
 const RUN_FORWARD_US: i64 = 20;
+/// How long a preemption is deferred when the guest sets `defer_preemption` (once per revoke).
+const DEFER_GRACE_US: i64 = 100;
 
 struct VcpuThread {
     fd: VcpuFd,
@@ -402,6 +404,42 @@ impl VcpuThread {
             self.release(Release::Descheduled);
             return;
         }
+        // The guest asked for a short reprieve (it holds a lock): grant it once, bounded, and
+        // tell it to yield when it can (`preempt_pending`).
+        let (ram, plan) = (&self.guest.ram, &self.guest.plan);
+        if self.guest.acts.defer_requested(ram, plan, self.index) && self.timer.is_some() {
+            self.guest
+                .acts
+                .set_preempt_pending(ram, plan, self.index, true);
+            self.guest.stats.deferrals.fetch_add(1, Ordering::Relaxed);
+            if let Some(timer) = &self.timer {
+                timer.arm(DEFER_GRACE_US);
+            }
+            loop {
+                match self.step() {
+                    Step::Continue => {}
+                    Step::Kicked => break,
+                    Step::Finish(outcome) => return self.guest.finish(outcome),
+                    Step::Stop | Step::Yield => {
+                        // It gave the processor up itself: nothing to hand over.
+                        self.guest.acts.set_preempt_pending(
+                            &self.guest.ram,
+                            &self.guest.plan,
+                            self.index,
+                            false,
+                        );
+                        return self.yielded_while_preempting();
+                    }
+                }
+            }
+            self.complete_pending_io();
+            self.guest.acts.set_preempt_pending(
+                &self.guest.ram,
+                &self.guest.plan,
+                self.index,
+                false,
+            );
+        }
         // Run forward until the vCPU is at CPL3 with interrupts on.
         let mut forward = 0;
         while !arch::at_user_level(&self.fd) {
@@ -468,6 +506,19 @@ impl VcpuThread {
         // Give the processor back first, so the record goes to a vCPU that keeps running.
         self.release(Release::Preempted);
         self.guest.deliver(event);
+    }
+
+    /// The guest gave the processor up itself while the VMM was taking it: nothing to hand over.
+    fn yielded_while_preempting(&mut self) {
+        self.guest.stats.yields.fetch_add(1, Ordering::Relaxed);
+        self.complete_pending_io();
+        self.guest.acts.end_activation(
+            &self.guest.ram,
+            &self.guest.plan,
+            self.index,
+            VcpuRunState::Stopped,
+        );
+        self.release(Release::Yielded);
     }
 
     /// Start a new activation here: NEWPROC (and pending events) in this vCPU's queue, then

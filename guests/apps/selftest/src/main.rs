@@ -22,7 +22,7 @@ const USAGE: &str = concat!(
     "usage: selftest MODE [ARGS]\n",
     "modes: exit N | panic | cpl | privileged | null | unknown-hypercall | misaligned-hypercall |\n",
     "       bad-pointer | store-hypercall | fp | smp | args | spin | heap | irq | irq-stress | sa |\n",
-    "       sa-signal | sa-hostile | ipi-latency",
+    "       sa-signal | sa-hostile | sa-spin | sa-defer | ipi-latency",
 );
 
 /// vCPUs that have finished their part of `cpl` or `smp`.
@@ -47,6 +47,8 @@ fn main(vcpu: u32) -> ! {
         "sa" => sa::run(vcpu),
         "sa-signal" => sa::signal(vcpu),
         "sa-hostile" => sa::hostile(vcpu),
+        "sa-spin" => sa::spin(vcpu, argv.next().and_then(|s| s.parse().ok())),
+        "sa-defer" => sa::defer(vcpu),
         "ipi-latency" => ipi_latency(vcpu),
         _ if vcpu != 0 => vcpu_stop(),
         "exit" => {

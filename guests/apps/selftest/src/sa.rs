@@ -290,6 +290,89 @@ pub fn hostile(vcpu: u32) -> ! {
     }
 }
 
+/// Where new activations of `sa-spin` go: drain the queue, then spin with the others.
+extern "C" fn spin_entry(_vcpu: u64, activation: u64) -> ! {
+    drain(Some(activation as u32));
+    spin_forever()
+}
+
+/// TSC at which `sa-spin` ends (0: never).
+static SPIN_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+fn spin_forever() -> ! {
+    loop {
+        let until = SPIN_UNTIL.load(Ordering::Acquire);
+        if until != 0 && rdtsc() > until {
+            println!("sa-spin: done");
+            exit(0);
+        }
+        pause();
+    }
+}
+
+/// `selftest sa-spin [SECONDS]`: every vCPU takes upcalls and spins (then exits 0 after
+/// SECONDS, if given); preempted contexts are dropped and new activations just spin. For
+/// `activm ctl` add/remove tests and measurements.
+pub fn spin(vcpu: u32, seconds: Option<u64>) -> ! {
+    if vcpu == 0 {
+        if let Some(seconds) = seconds {
+            SPIN_UNTIL.store(rdtsc() + seconds * 1000 * tsc_khz(), Ordering::Release);
+        }
+        enable();
+        call(Hypercall::SaRegister, spin_entry as *const () as u64);
+        println!("sa-spin: ready");
+        READY.store(true, Ordering::Release);
+    } else {
+        while !READY.load(Ordering::Acquire) {
+            pause();
+        }
+    }
+    spin_forever()
+}
+
+/// `selftest sa-defer`: every vCPU asks the VMM to defer preemptions; vCPU 0 lowers the
+/// concurrency, the VMM raises `preempt_pending` on the victim instead of preempting it at once,
+/// and the victim gives its processor back with `sa_yield`: no PREEMPTED record may arrive.
+pub fn defer(vcpu: u32) -> ! {
+    // SAFETY: this vCPU's own area; the guest writes `defer_preemption`.
+    let me = unsafe { &*area(vcpu) };
+    me.defer_preemption.0.store(1, Ordering::Release);
+    if vcpu == 0 {
+        enable();
+        READY.store(true, Ordering::Release);
+    } else {
+        while !READY.load(Ordering::Acquire) {
+            pause();
+        }
+    }
+    WORKERS.fetch_add(1, Ordering::AcqRel);
+    let deadline = rdtsc() + tsc_khz() * 10_000;
+    loop {
+        if me.preempt_pending.0.load(Ordering::Acquire) != 0 {
+            // Asked to give the processor back: do it at this safe point.
+            call(Hypercall::SaYield, 0);
+        }
+        if vcpu_id() == 0 && WORKERS.load(Ordering::Acquire) >= 2 && !LOWERED.swap(true, Ordering::AcqRel) {
+            call(Hypercall::SaSetConcurrency, 1);
+        }
+        if LOWERED.load(Ordering::Acquire) {
+            let other = 1 - vcpu_id().min(1);
+            // SAFETY: the other vCPU's area, written by the VMM.
+            let state = unsafe { &*area(other) }.state.0.load(Ordering::Acquire);
+            if state == 0 {
+                let ok = PREEMPTED.load(Ordering::Acquire) == 0 && BAD.load(Ordering::Relaxed) == 0;
+                println!("sa-defer: vCPU {other} yielded after preempt_pending; PREEMPTED records: {}", PREEMPTED.load(Ordering::Relaxed));
+                println!("{}", if ok { "sa-defer ok" } else { "sa-defer FAILED" });
+                exit(if ok { 0 } else { 1 });
+            }
+        }
+        if rdtsc() > deadline {
+            println!("sa-defer: timed out");
+            exit(1);
+        }
+    }
+}
+
 pub fn run(vcpu: u32) -> ! {
     if vcpu == 0 {
         enable();
