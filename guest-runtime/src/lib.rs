@@ -1,6 +1,55 @@
-//! activm-rt (being written).
+//! **activm-rt**: the guest thread runtime of activm. M:N user threads on the VMM's vCPUs, which
+//! are scheduler activations; everything runs at CPL3, and no common thread operation ever
+//! exits to the VMM (see `docs/runtime.md` for the design).
+//!
+//! The API is shaped like std so code ports easily:
+//! * [`thread`]: `spawn`, `Builder` (name, stack size), `JoinHandle::join`, `yield_now`,
+//!   `sleep`, `current`, `park`/`unpark`; [`thread_local!`] and `LocalKey`;
+//! * [`sync`]: `Mutex`, `Condvar`, `RwLock`, `Barrier`, `Semaphore`, `mpsc::{channel,
+//!   sync_channel}`, `Arc`;
+//! * [`main!`]: the app's entry, `activm_rt::main!(main);` with `fn main(args: &[&str]) -> i32`.
+//!   vCPU 0 runs `main` as the first thread, every vCPU runs the scheduler, and the guest exits
+//!   with `main`'s value when it returns.
+//!
+//! Also [`upcall`] (scheduler activations, the upcall handler, a simulated VMM for tests),
+//! [`config`] (time slice and such), [`stats`], and [`rt`] (low-level access for tests and
+//! benchmarks).
 #![no_std]
+
+extern crate alloc;
+
+pub mod arch;
+pub mod config;
+mod fault;
+pub(crate) mod percpu;
+pub mod rt;
+pub(crate) mod sched;
+pub mod stack;
+#[doc(hidden)]
+pub mod start;
+pub mod stats;
+pub mod sync;
+pub(crate) mod tcb;
+pub mod thread;
+pub(crate) mod timer;
+mod tls;
+pub mod upcall;
+
+pub use activm_stub::{print, println};
+
+#[doc(hidden)]
 pub use activm_stub as __stub;
-pub fn placeholder() -> ! {
-    activm_stub::exit(0)
+
+/// Defines the guest's entry: `activm_rt::main!(main);` where `fn main(args: &[&str]) -> i32`.
+/// `args` are the guest arguments (after `--` on the `activm run` line) minus the runtime's own
+/// `--rt-*` ones ([`config`]).
+#[macro_export]
+macro_rules! main {
+    ($main:path) => {
+        fn __activm_rt_vcpu_entry(vcpu: u32) -> ! {
+            let main: fn(&[&str]) -> i32 = $main;
+            $crate::start::vcpu_entry(vcpu, main)
+        }
+        $crate::__stub::vcpu_entry!(__activm_rt_vcpu_entry);
+    };
 }

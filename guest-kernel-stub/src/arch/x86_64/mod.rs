@@ -7,11 +7,11 @@ pub mod irqchip;
 pub mod percpu;
 pub mod traps;
 
+pub use traps::trap_eoi_window;
 pub use traps::{
     arm_exception_stack, set_exception_handler, ExceptionFrame, ExceptionHandler, ExceptionInfo,
     IrqFrame,
 };
-pub use traps::trap_eoi_window;
 
 /// Reads the time-stamp counter (works at CPL3; guest and host TSC agree).
 #[inline(always)]

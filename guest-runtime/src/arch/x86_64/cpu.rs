@@ -1,0 +1,131 @@
+//! This vCPU's words in the stub's `%gs` block, the TSC, the local APIC timer and IPIs.
+//!
+//! The runtime keeps its per-vCPU scheduling state in the words the stub reserves for it
+//! (`activm_stub::arch::x86_64::percpu::RT_OFFSET`), so one instruction reads or changes *this*
+//! vCPU's copy even in code that may be preempted and continued on another vCPU.
+
+use activm_stub::arch::x86_64::percpu::{self, RT_OFFSET};
+use activm_stub::protocol::arch::x86_64::VECTOR_TIMER;
+
+/// A runtime word of the per-vCPU block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Word {
+    /// `*const Pcpu`: the runtime's per-vCPU structure (run queue, caches).
+    Pcpu = 0,
+    /// `*const Tcb` of the thread running on this vCPU; 0 while the scheduler runs.
+    Current = 1,
+    /// 1 while this vCPU runs scheduler code (its activation stack), or is between
+    /// `switch_out` and `switch_in`: interrupt handlers must not switch threads.
+    InSched = 2,
+    /// Top of this activation's stack, where the scheduler starts afresh.
+    SchedTop = 3,
+    /// TSC deadline the one-shot timer is armed for; 0 = not armed.
+    Armed = 4,
+    /// Id of the activation now running on this vCPU.
+    Activation = 5,
+    /// 1 while the scheduler idles with nothing in flight (a preempted context taken here can
+    /// be dropped).
+    SchedIdle = 6,
+    /// `*const VcpuArea`: this vCPU's part of the activation shared area.
+    Area = 7,
+}
+
+/// `%gs` offset of `word` (for assembly).
+pub const fn offset(word: Word) -> usize {
+    RT_OFFSET + 8 * word as usize
+}
+
+/// Reads `word` of this vCPU in one instruction.
+#[inline(always)]
+pub fn get(word: Word) -> u64 {
+    // SAFETY: the offset is that of a runtime word of the stub's per-vCPU block.
+    unsafe { percpu::gs_read(offset(word)) }
+}
+
+/// Writes `word` of this vCPU in one instruction.
+#[inline(always)]
+pub fn set(word: Word, value: u64) {
+    // SAFETY: the offset is that of a runtime word of the stub's per-vCPU block.
+    unsafe { percpu::gs_write(offset(word), value) }
+}
+
+/// Reads `word` of vCPU `vcpu` (which must not be running, or the value is a snapshot).
+pub fn get_of(vcpu: u32, word: Word) -> u64 {
+    percpu::cpu_local(vcpu as usize)
+        .rt_word(word as usize)
+        .load(core::sync::atomic::Ordering::Acquire)
+}
+
+/// Writes `word` of vCPU `vcpu` (which must not be running).
+pub fn set_of(vcpu: u32, word: Word, value: u64) {
+    percpu::cpu_local(vcpu as usize)
+        .rt_word(word as usize)
+        .store(value, core::sync::atomic::Ordering::Release)
+}
+
+/// The stub's pending-work word of this vCPU: swaps in 0, returns what was pending.
+#[inline(always)]
+pub fn take_pending() -> u64 {
+    // SAFETY: the stub's pending word; one atomic instruction.
+    unsafe { percpu::gs_swap(percpu::PENDING_OFFSET, 0) }
+}
+
+/// The stub's pending-work word of this vCPU.
+#[inline(always)]
+pub fn pending() -> u64 {
+    // SAFETY: the stub's pending word.
+    unsafe { percpu::gs_read(percpu::PENDING_OFFSET) }
+}
+
+/// Sets this vCPU's preemption-hold count (used when a lock holder's count moves with it).
+#[inline(always)]
+pub fn set_hold(count: u64) {
+    // SAFETY: the stub's hold counter of this vCPU.
+    unsafe { percpu::gs_write(percpu::HOLD_OFFSET, count) }
+}
+
+/// The hold count of vCPU `vcpu` (not running: a snapshot of its last activation).
+pub fn hold_of(vcpu: u32) -> u64 {
+    percpu::cpu_local(vcpu as usize)
+        .hold()
+        .load(core::sync::atomic::Ordering::Acquire)
+}
+
+/// Resets vCPU `vcpu`'s hold count and pending word (its activation is gone).
+pub fn reset_hold_of(vcpu: u32) {
+    let block = percpu::cpu_local(vcpu as usize);
+    block.hold().store(0, core::sync::atomic::Ordering::Release);
+    block
+        .pending()
+        .store(0, core::sync::atomic::Ordering::Release);
+}
+
+/// The time-stamp counter.
+#[inline(always)]
+pub fn rdtsc() -> u64 {
+    activm_stub::rdtsc()
+}
+
+/// Programs this vCPU's APIC timer for one-shot interrupts on the runtime's timer vector.
+pub fn init_timer() {
+    activm_stub::lapic::setup_oneshot_timer(VECTOR_TIMER);
+}
+
+/// Arms this vCPU's one-shot timer to fire `ns` nanoseconds from now (KVM's APIC timer ticks
+/// at 1 GHz). One APIC write: ~6.5 us on our hosts, so callers arm once per time slice.
+#[inline]
+pub fn arm_timer_ns(ns: u64) {
+    let count = ns.clamp(1, u64::from(u32::MAX)) as u32;
+    activm_stub::lapic::set_timer_count(count);
+}
+
+/// Sends `vector` to the vCPU with APIC id `apic_id` (two APIC writes, ~13 us).
+pub fn send_ipi(apic_id: u32, vector: u8) {
+    activm_stub::lapic::send_ipi(apic_id, vector);
+}
+
+/// Sends `vector` to this vCPU.
+pub fn send_self_ipi(vector: u8) {
+    activm_stub::lapic::send_self_ipi(vector);
+}

@@ -1,0 +1,241 @@
+//! Restartable sequences: the per-vCPU operations, written so that being interrupted (and
+//! perhaps moved to another vCPU) anywhere before their single committing instruction is undone
+//! by restarting them (Anderson's PC-range recovery, seed 000 section 6 / seed 002).
+//!
+//! Each sequence reads `%gs` afresh at its start, does its work in registers or in slots nobody
+//! else reads yet, and publishes with one instruction (a store or a `lock cmpxchg`). Its
+//! `[start, end)` range and abort address are registered in a table (`__rt_rseq_table`). An
+//! interrupt handler whose interrupted `rip` lies in a range, or the upcall handler resuming a
+//! context (from a PREEMPTED record) whose `rip` does, sets `rip` to the abort address (here
+//! always the start) before doing anything else: the common case costs nothing.
+//!
+//! The sequences: [`rq_push`] and [`rq_pop`] (this vCPU's run queue), `__rt_switch_in` (making a
+//! thread current, see `context`), [`take_record`] (this vCPU's upcall queue), [`idle_halt`]
+//! (check for deferred work, then the `halt` hypercall: an interrupt between the two rewinds to
+//! the check, so no wake-up is lost) and [`probe_increment`] (a deliberately long sequence for
+//! the tests).
+
+use core::mem::{offset_of, size_of};
+
+use activm_stub::arch::x86_64::percpu::PENDING_OFFSET;
+use activm_stub::protocol::arch::x86_64::HYPERCALL_BASE;
+use activm_stub::protocol::hypercall::Hypercall;
+use activm_stub::protocol::shared::{UpcallRecord, VcpuArea, UPCALL_QUEUE_CAPACITY};
+
+use super::cpu::{offset, Word};
+use crate::percpu::{Pcpu, RQ_CAP};
+use crate::tcb::Tcb;
+
+const _: () = assert!(RQ_CAP.is_power_of_two());
+const _: () = assert!(size_of::<UpcallRecord>().is_multiple_of(8));
+const _: () = assert!(UPCALL_QUEUE_CAPACITY.is_power_of_two());
+
+core::arch::global_asm!(
+    ".pushsection .text.activm_rt.rseq, \"ax\"",
+    // fn __rt_rq_push(t: *const Tcb) -> bool
+    ".globl __rt_rq_push",
+    "__rt_rq_push:",
+    "__rt_rseq_push_start:",
+    "    mov %gs:{pcpu}, %rcx",
+    "    mov {tail}(%rcx), %edx",
+    "    mov {head}(%rcx), %eax",
+    "    mov %edx, %r8d",
+    "    sub %eax, %r8d",
+    "    cmp ${cap}, %r8d",
+    "    jae 1f",
+    "    mov %edx, %r8d",
+    "    and ${mask}, %r8d",
+    "    mov %rdi, {ring}(%rcx, %r8, 8)",
+    "    inc %edx",
+    "    mov %edx, {tail}(%rcx)",
+    "__rt_rseq_push_end:",
+    "    mov $1, %eax",
+    "    ret",
+    "1:",
+    "    xor %eax, %eax",
+    "    ret",
+    "",
+    // fn __rt_rq_pop() -> *const Tcb (null if empty)
+    ".globl __rt_rq_pop",
+    "__rt_rq_pop:",
+    "__rt_rseq_pop_start:",
+    "    mov %gs:{pcpu}, %rcx",
+    "    mov {head}(%rcx), %eax",
+    "    mov {tail}(%rcx), %edx",
+    "    cmp %eax, %edx",
+    "    je 1f",
+    "    mov %eax, %r8d",
+    "    and ${mask}, %r8d",
+    "    mov {ring}(%rcx, %r8, 8), %rsi",
+    "    lea 1(%rax), %r9d",
+    "    lock cmpxchg %r9d, {head}(%rcx)",
+    "__rt_rseq_pop_end:",
+    "    jne __rt_rseq_pop_start",
+    "    mov %rsi, %rax",
+    "    ret",
+    "1:",
+    "    xor %eax, %eax",
+    "    ret",
+    "",
+    // fn __rt_take_record(dst: *mut UpcallRecord) -> bool: copy the record at this vCPU's queue
+    // tail, then publish tail + 1.
+    ".globl __rt_take_record",
+    "__rt_take_record:",
+    "    mov %rdi, %r8",
+    "__rt_rseq_take_start:",
+    "    mov %gs:{area}, %r9",
+    "    mov {qhead}(%r9), %eax",
+    "    mov {qtail}(%r9), %edx",
+    "    cmp %eax, %edx",
+    "    je 1f",
+    "    mov %edx, %esi",
+    "    and ${qmask}, %esi",
+    "    imul ${rec_size}, %rsi, %rsi",
+    "    lea {records}(%r9, %rsi), %rsi",
+    "    mov %r8, %rdi",
+    "    mov ${rec_words}, %ecx",
+    "    rep movsq",
+    "    inc %edx",
+    "    mov %edx, {qtail}(%r9)",
+    "__rt_rseq_take_end:",
+    "    mov $1, %eax",
+    "    ret",
+    "1:",
+    "    xor %eax, %eax",
+    "    ret",
+    "",
+    // fn __rt_idle_halt(): halt unless this vCPU has deferred work.
+    ".globl __rt_idle_halt",
+    "__rt_idle_halt:",
+    "__rt_rseq_halt_start:",
+    "    cmpq $0, %gs:{pending}",
+    "    jne 1f",
+    "    movabs ${halt}, %rax",
+    "    mov (%rax), %rax",
+    "__rt_rseq_halt_end:",
+    "1:",
+    "    ret",
+    "",
+    // fn __rt_probe_increment(spins: u64): this vCPU's probe counter += 1, with a long body.
+    ".globl __rt_probe_increment",
+    "__rt_probe_increment:",
+    "__rt_rseq_probe_start:",
+    "    mov %gs:{pcpu}, %rcx",
+    "    mov {probe}(%rcx), %rax",
+    "    mov %rdi, %rdx",
+    "2:",
+    "    pause",
+    "    dec %rdx",
+    "    jnz 2b",
+    "    inc %rax",
+    "    mov %rax, {probe}(%rcx)",
+    "__rt_rseq_probe_end:",
+    "    ret",
+    ".popsection",
+    "",
+    ".pushsection .rodata.activm_rt.rseq, \"a\"",
+    ".balign 8",
+    ".globl __rt_rseq_table",
+    "__rt_rseq_table:",
+    "    .quad __rt_rseq_push_start, __rt_rseq_push_end, __rt_rseq_push_start",
+    "    .quad __rt_rseq_pop_start, __rt_rseq_pop_end, __rt_rseq_pop_start",
+    "    .quad __rt_rseq_take_start, __rt_rseq_take_end, __rt_rseq_take_start",
+    "    .quad __rt_rseq_halt_start, __rt_rseq_halt_end, __rt_rseq_halt_start",
+    "    .quad __rt_rseq_probe_start, __rt_rseq_probe_end, __rt_rseq_probe_start",
+    "    .quad __rt_rseq_switch_in_start, __rt_rseq_switch_in_end, __rt_rseq_switch_in_start",
+    ".globl __rt_rseq_table_end",
+    "__rt_rseq_table_end:",
+    ".popsection",
+    pcpu = const offset(Word::Pcpu),
+    area = const offset(Word::Area),
+    pending = const PENDING_OFFSET,
+    tail = const offset_of!(Pcpu, tail),
+    head = const offset_of!(Pcpu, head),
+    ring = const offset_of!(Pcpu, ring),
+    probe = const offset_of!(Pcpu, probe),
+    cap = const RQ_CAP,
+    mask = const RQ_CAP - 1,
+    qhead = const offset_of!(VcpuArea, queue_head),
+    qtail = const offset_of!(VcpuArea, queue_tail),
+    records = const offset_of!(VcpuArea, records),
+    qmask = const UPCALL_QUEUE_CAPACITY - 1,
+    rec_size = const size_of::<UpcallRecord>(),
+    rec_words = const size_of::<UpcallRecord>() / 8,
+    halt = const Hypercall::Halt.address(HYPERCALL_BASE),
+    options(att_syntax),
+);
+
+extern "C" {
+    fn __rt_rq_push(t: *const u8) -> bool;
+    fn __rt_rq_pop() -> *const u8;
+    fn __rt_take_record(dst: *mut UpcallRecord) -> bool;
+    fn __rt_idle_halt();
+    fn __rt_probe_increment(spins: u64);
+    static __rt_rseq_table: [RseqEntry; 0];
+    static __rt_rseq_table_end: [RseqEntry; 0];
+}
+
+/// One registered sequence.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct RseqEntry {
+    start: u64,
+    end: u64,
+    abort: u64,
+}
+
+fn table() -> &'static [RseqEntry] {
+    let start = core::ptr::addr_of!(__rt_rseq_table) as *const RseqEntry;
+    let end = core::ptr::addr_of!(__rt_rseq_table_end) as *const RseqEntry;
+    // SAFETY: the assembly above emits the entries contiguously between the two labels.
+    unsafe { core::slice::from_raw_parts(start, end.offset_from(start) as usize) }
+}
+
+/// If `rip` is inside a restartable sequence (not yet committed), the address to continue at
+/// instead.
+#[inline]
+pub fn fixup(rip: u64) -> Option<u64> {
+    table()
+        .iter()
+        .find(|e| e.start <= rip && rip < e.end)
+        .map(|e| e.abort)
+}
+
+/// Pushes `t` on this vCPU's run queue; false if the ring is full.
+///
+/// # Safety
+/// `t` is a live TCB that is runnable and in no queue; the runtime's per-vCPU word is set.
+#[inline(always)]
+pub unsafe fn rq_push(t: *const Tcb) -> bool {
+    // SAFETY: the caller guarantees `t`; the sequence only touches this vCPU's ring.
+    unsafe { __rt_rq_push(t as *const u8) }
+}
+
+/// Pops the oldest thread of this vCPU's run queue (null if empty).
+#[inline(always)]
+pub fn rq_pop() -> *const Tcb {
+    // SAFETY: the sequence only touches this vCPU's ring, set up before any thread runs.
+    unsafe { __rt_rq_pop() as *const Tcb }
+}
+
+/// Takes the next record of this vCPU's upcall queue into `dst`; false if it is empty.
+#[inline]
+pub fn take_record(dst: &mut UpcallRecord) -> bool {
+    // SAFETY: `dst` is a whole record; the sequence reads this vCPU's queue in the shared area.
+    unsafe { __rt_take_record(dst) }
+}
+
+/// Sleeps in the VMM (`halt`) until an interrupt, unless work is already pending.
+#[inline]
+pub fn idle_halt() {
+    // SAFETY: the halt hypercall takes no arguments and clobbers only rax, as declared by the
+    // assembly's C ABI.
+    unsafe { __rt_idle_halt() }
+}
+
+/// Adds one to this vCPU's probe counter with a body of `spins` pauses (for tests).
+#[inline(never)]
+pub fn probe_increment(spins: u64) {
+    // SAFETY: only this vCPU's probe counter is written.
+    unsafe { __rt_probe_increment(spins.max(1)) }
+}

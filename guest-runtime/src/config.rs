@@ -1,0 +1,100 @@
+//! Runtime settings. Defaults suit most programs; a guest can change them on the `activm run`
+//! command line with arguments the runtime consumes before `main` sees the rest:
+//!
+//! | argument | meaning | default |
+//! |---|---|---|
+//! | `--rt-slice-us=N` | preemption time slice | 10000 |
+//! | `--rt-idle-spin-us=N` | how long an idle vCPU spins before it halts | 50 |
+//! | `--rt-sa=on\|off` | use scheduler activations when the VMM offers them | on |
+//! | `--rt-halt=on\|off` | halt idle vCPUs (off: keep spinning) | on |
+//! | `--rt-stats=on` | print the runtime's counters when `main` returns | off |
+//!
+//! or from code, with the setters below.
+
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::time::Duration;
+
+use crate::timer::ns_to_ticks;
+
+static SLICE_NS: AtomicU64 = AtomicU64::new(10_000_000);
+static IDLE_SPIN_NS: AtomicU64 = AtomicU64::new(50_000);
+static USE_SA: AtomicBool = AtomicBool::new(true);
+static USE_HALT: AtomicBool = AtomicBool::new(true);
+/// Random preemption (tests): min and max period in ns, 0 = off.
+static RANDOM_MIN_NS: AtomicU64 = AtomicU64::new(0);
+static RANDOM_MAX_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the time slice (default 10 ms).
+pub fn set_time_slice(slice: Duration) {
+    SLICE_NS.store((slice.as_nanos() as u64).max(50_000), Ordering::Relaxed);
+}
+
+pub fn time_slice() -> Duration {
+    Duration::from_nanos(SLICE_NS.load(Ordering::Relaxed))
+}
+
+pub(crate) fn slice_ticks() -> u64 {
+    ns_to_ticks(SLICE_NS.load(Ordering::Relaxed))
+}
+
+/// Sets how long an idle vCPU spins before halting (default 50 us).
+pub fn set_idle_spin(spin: Duration) {
+    IDLE_SPIN_NS.store(spin.as_nanos() as u64, Ordering::Relaxed);
+}
+
+pub(crate) fn idle_spin_ticks() -> u64 {
+    ns_to_ticks(IDLE_SPIN_NS.load(Ordering::Relaxed))
+}
+
+pub(crate) fn use_sa() -> bool {
+    USE_SA.load(Ordering::Relaxed)
+}
+
+pub(crate) fn use_halt() -> bool {
+    USE_HALT.load(Ordering::Relaxed)
+}
+
+/// Test mode: every vCPU's timer fires after a random period in `[min, max)` and preempts the
+/// running thread whenever another is runnable (`None` turns it off).
+pub fn set_random_preemption(range: Option<(Duration, Duration)>) {
+    let (min, max) = range.map_or((0, 0), |(a, b)| {
+        (
+            a.as_nanos() as u64,
+            (b.as_nanos() as u64).max(a.as_nanos() as u64 + 1),
+        )
+    });
+    RANDOM_MIN_NS.store(min, Ordering::Relaxed);
+    RANDOM_MAX_NS.store(max, Ordering::Relaxed);
+}
+
+/// The random preemption range in ns, if on.
+pub(crate) fn random_preemption() -> Option<(u64, u64)> {
+    let max = RANDOM_MAX_NS.load(Ordering::Relaxed);
+    (max != 0).then(|| (RANDOM_MIN_NS.load(Ordering::Relaxed), max))
+}
+
+fn parse_on_off(value: &str) -> Option<bool> {
+    match value {
+        "on" | "1" | "yes" | "true" => Some(true),
+        "off" | "0" | "no" | "false" => Some(false),
+        _ => None,
+    }
+}
+
+/// Applies one `--rt-*` argument; false if `arg` is not one.
+pub(crate) fn apply_arg(arg: &str) -> bool {
+    let Some(rest) = arg.strip_prefix("--rt-") else {
+        return false;
+    };
+    let (key, value) = rest.split_once('=').unwrap_or((rest, ""));
+    let num = value.parse::<u64>().ok();
+    match (key, num, parse_on_off(value)) {
+        ("slice-us", Some(us), _) => set_time_slice(Duration::from_micros(us)),
+        ("idle-spin-us", Some(us), _) => set_idle_spin(Duration::from_micros(us)),
+        ("sa", _, Some(on)) => USE_SA.store(on, Ordering::Relaxed),
+        ("halt", _, Some(on)) => USE_HALT.store(on, Ordering::Relaxed),
+        ("stats", _, Some(on)) => crate::stats::set_print_at_exit(on),
+        _ => activm_stub::println!("activm-rt: ignoring unknown runtime argument {arg:?}"),
+    }
+    true
+}

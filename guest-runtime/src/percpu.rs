@@ -1,0 +1,176 @@
+//! The runtime's per-vCPU structure ([`Pcpu`], Go's "P"): the run queue ring (owner pushes and
+//! pops with restartable sequences, thieves take half with a CAS on `head`), a stack cache, a
+//! TCB cache, and statistics. Its address is in the vCPU's `%gs` word `Word::Pcpu`.
+//!
+//! Discipline: code that can be preempted (thread code) or continued on another vCPU (scheduler
+//! code handed over by the VMM) never keeps a `&Pcpu` across an instruction where that can
+//! happen; it goes through [`this`] each time, or uses the restartable sequences, which read
+//! `%gs` themselves.
+
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use crate::arch::cpu::{self, Word};
+use crate::tcb::Tcb;
+
+/// Entries of a vCPU's run queue ring (Go uses 256 too).
+pub const RQ_CAP: usize = 256;
+
+/// A cache line of its own.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct Line<T>(pub T);
+
+impl<T> core::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// Stacks kept per vCPU before they go back to the global pool.
+pub const STACK_CACHE: usize = 16;
+/// TCBs kept per vCPU before they go back to the global pool.
+pub const TCB_CACHE: usize = 32;
+
+/// Counters, per vCPU (summed by [`crate::stats`]).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub switches: AtomicU64,
+    pub preemptions: AtomicU64,
+    pub timer_irqs: AtomicU64,
+    pub deferred_held: AtomicU64,
+    pub deferred_sched: AtomicU64,
+    pub rseq_rewinds: AtomicU64,
+    pub steals: AtomicU64,
+    pub halts: AtomicU64,
+    pub ipis_sent: AtomicU64,
+    pub upcalls: AtomicU64,
+    pub records: AtomicU64,
+    pub continuations: AtomicU64,
+    pub adoptions: AtomicU64,
+    pub dropped_idle_contexts: AtomicU64,
+    pub resumed_contexts: AtomicU64,
+    pub activations: AtomicU64,
+}
+
+/// One vCPU's runtime state.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Pcpu {
+    /// Run queue producer index (written by the owner only).
+    pub tail: AtomicU32,
+    _pad0: [u8; 60],
+    /// Run queue consumer index (owner and thieves, by CAS).
+    pub head: AtomicU32,
+    _pad1: [u8; 60],
+    pub ring: [AtomicPtr<Tcb>; RQ_CAP],
+    /// The counter `rseq::probe_increment` adds to (tests).
+    pub probe: Line<AtomicU64>,
+    pub vcpu: u32,
+    pub apic_id: u32,
+    /// Scheduler ticks, to look at the global queue now and then (Go: every 61).
+    pub tick: AtomicU64,
+    /// xorshift state for victim selection and test randomness.
+    pub rng: AtomicU64,
+    /// Stack cache (slot indices), used in scheduler context only.
+    pub stacks: [AtomicU32; STACK_CACHE],
+    pub nr_stacks: AtomicU32,
+    /// TCB cache, used under a preemption hold.
+    pub tcbs: [AtomicPtr<Tcb>; TCB_CACHE],
+    pub nr_tcbs: AtomicU32,
+    pub counters: Counters,
+}
+
+impl Pcpu {
+    pub fn new(vcpu: u32, apic_id: u32) -> Pcpu {
+        Pcpu {
+            tail: AtomicU32::new(0),
+            _pad0: [0; 60],
+            head: AtomicU32::new(0),
+            _pad1: [0; 60],
+            ring: [const { AtomicPtr::new(core::ptr::null_mut()) }; RQ_CAP],
+            probe: Line(AtomicU64::new(0)),
+            vcpu,
+            apic_id,
+            tick: AtomicU64::new(0),
+            rng: AtomicU64::new(
+                0x9E37_79B9_7F4A_7C15 ^ ((u64::from(vcpu) + 1) * 0xBF58_476D_1CE4_E5B9),
+            ),
+            stacks: [const { AtomicU32::new(0) }; STACK_CACHE],
+            nr_stacks: AtomicU32::new(0),
+            tcbs: [const { AtomicPtr::new(core::ptr::null_mut()) }; TCB_CACHE],
+            nr_tcbs: AtomicU32::new(0),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Threads in the ring (a snapshot; exact only for the owner with no thief around).
+    pub fn len(&self) -> u32 {
+        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Acquire);
+        tail.wrapping_sub(head).min(RQ_CAP as u32)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes half of this ring's threads (at least one) into `out`, for another vCPU (Go's
+    /// `runqgrab`); returns how many.
+    pub fn steal_half(&self, out: &mut [*const Tcb; RQ_CAP / 2]) -> usize {
+        loop {
+            let head = self.head.load(Ordering::Acquire);
+            let tail = self.tail.load(Ordering::Acquire);
+            let available = tail.wrapping_sub(head);
+            if available == 0 {
+                return 0;
+            }
+            if available as usize > RQ_CAP {
+                // Read head and tail at different times; try again.
+                core::hint::spin_loop();
+                continue;
+            }
+            let n = (available - available / 2) as usize;
+            let n = n.min(RQ_CAP / 2);
+            for (i, slot) in out.iter_mut().enumerate().take(n) {
+                let at = head.wrapping_add(i as u32) as usize & (RQ_CAP - 1);
+                *slot = self.ring[at].load(Ordering::Relaxed);
+            }
+            if self
+                .head
+                .compare_exchange(
+                    head,
+                    head.wrapping_add(n as u32),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                return n;
+            }
+        }
+    }
+
+    /// A pseudo-random number (xorshift64*), for victim choice and tests.
+    pub fn random(&self) -> u64 {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.store(x, Ordering::Relaxed);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// This vCPU's `Pcpu`. See the module documentation for when the reference may be kept.
+#[inline(always)]
+pub fn this() -> &'static Pcpu {
+    // SAFETY: `Word::Pcpu` is set, before the scheduler or any thread runs on this vCPU, to a
+    // `Pcpu` leaked for the guest's lifetime.
+    unsafe { &*(cpu::get(Word::Pcpu) as *const Pcpu) }
+}
+
+/// vCPU `vcpu`'s `Pcpu`.
+pub fn of(vcpu: u32) -> &'static Pcpu {
+    crate::start::pcpus()[vcpu as usize]
+}

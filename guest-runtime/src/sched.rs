@@ -1,0 +1,492 @@
+//! The scheduler: per-vCPU run queues with work stealing (Go's `runtime/proc.go`: a fixed ring
+//! per P, the owner pushes and pops, thieves take half) plus a global overflow queue; idle vCPUs
+//! spin briefly, then mark themselves idle and `halt`; a reschedule IPI wakes one only when it
+//! is really halted.
+//!
+//! **Contexts.** A vCPU runs either a thread (`Word::InSched` = 0, `Word::Current` = its TCB) or
+//! the scheduler, on its activation's own stack (`Word::SchedTop`), entered by `switch_out`
+//! ([`sched_entry`]) or by a new activation. The scheduler is never preempted on its vCPU:
+//! interrupt handlers only record pending work (`preempt::defer`), which the loop checks.
+//!
+//! **Switch actions.** A thread leaves with an action the scheduler carries out once the thread
+//! is completely saved (so nobody can resume a half-saved thread): requeue it (yield,
+//! preemption), park it (CAS `WAITING` → `PARKED`, or requeue if a waker came first), or retire
+//! it (exit: free the stack, tell the joiner, drop its reference).
+
+use core::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
+
+use activm_stub::protocol::arch::x86_64::VECTOR_RESCHEDULE;
+use activm_stub::sync::SpinLock;
+use activm_stub::{preempt, IrqFrame};
+
+use crate::arch::context;
+use crate::arch::cpu::{self, Word};
+use crate::arch::rseq;
+use crate::percpu::{self, RQ_CAP};
+use crate::tcb::{self, Tcb};
+use crate::{config, stack, start, timer, upcall};
+
+/// Switch actions (`switch_out`'s second argument).
+pub const ACT_YIELD: usize = 1;
+pub const ACT_PREEMPTED: usize = 2;
+pub const ACT_PARK: usize = 3;
+pub const ACT_EXIT: usize = 4;
+
+/// Bits of the stub's pending word: work an interrupt handler deferred.
+pub const PEND_TIMER: u64 = 1 << 0;
+pub const PEND_UPCALL: u64 = 1 << 1;
+pub const PEND_RESCHED: u64 = 1 << 2;
+/// A lock holder continued by the upcall handler: switch back at the last release.
+pub const PEND_CONT: u64 = 1 << 3;
+
+/// vCPUs spinning in the scheduler looking for work (bit per vCPU).
+pub static SPINNING: AtomicU64 = AtomicU64::new(0);
+/// vCPUs halted, or about to halt (bit per vCPU).
+pub static HALTED: AtomicU64 = AtomicU64::new(0);
+
+/// The global run queue: an intrusive FIFO through `Tcb::link`.
+struct GlobalQueue {
+    head: *const Tcb,
+    tail: *const Tcb,
+}
+
+// SAFETY: the raw pointers are TCBs (never freed), accessed under the lock.
+unsafe impl Send for GlobalQueue {}
+
+static GLOBAL: SpinLock<GlobalQueue> = SpinLock::new(GlobalQueue {
+    head: core::ptr::null(),
+    tail: core::ptr::null(),
+});
+static GLOBAL_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// The thread running this code (null in scheduler context).
+#[inline(always)]
+pub fn current_raw() -> *const Tcb {
+    cpu::get(Word::Current) as *const Tcb
+}
+
+/// The thread running this code. Panics in scheduler context.
+#[inline(always)]
+pub fn current() -> &'static Tcb {
+    let raw = current_raw();
+    assert!(!raw.is_null(), "not called from a thread");
+    // SAFETY: `Word::Current` holds the running thread's TCB while a thread runs.
+    unsafe { tcb::from_raw(raw) }
+}
+
+fn global_push_list(first: *const Tcb, last: *const Tcb, n: usize) {
+    let mut g = GLOBAL.lock();
+    // SAFETY: `last` is a TCB being queued; its link is ours until it is popped.
+    unsafe { tcb::from_raw(last) }.link.set(core::ptr::null());
+    if g.tail.is_null() {
+        g.head = first;
+    } else {
+        // SAFETY: the tail is a queued TCB; its link belongs to the queue (we hold the lock).
+        unsafe { tcb::from_raw(g.tail) }.link.set(first);
+    }
+    g.tail = last;
+    GLOBAL_LEN.fetch_add(n, Ordering::Release);
+}
+
+/// Puts `t` on the global run queue.
+pub fn global_push(t: &Tcb) {
+    global_push_list(t, t, 1);
+}
+
+/// Takes up to `max` threads from the global queue: the first is returned, the rest are pushed
+/// on this vCPU's ring.
+fn global_pop(max: usize) -> *const Tcb {
+    if GLOBAL_LEN.load(Ordering::Acquire) == 0 {
+        return core::ptr::null();
+    }
+    let mut batch: [*const Tcb; 32] = [core::ptr::null(); 32];
+    let mut n = 0;
+    {
+        let mut g = GLOBAL.lock();
+        while n < max.min(batch.len()) && !g.head.is_null() {
+            let t = g.head;
+            // SAFETY: queued TCB; its link belongs to the queue.
+            g.head = unsafe { tcb::from_raw(t) }.link.get();
+            if g.head.is_null() {
+                g.tail = core::ptr::null();
+            }
+            batch[n] = t;
+            n += 1;
+        }
+        GLOBAL_LEN.fetch_sub(n, Ordering::Release);
+    }
+    for &t in batch.iter().take(n).skip(1) {
+        // SAFETY: runnable TCBs just taken off the global queue.
+        if !unsafe { rseq::rq_push(t) } {
+            // SAFETY: as above.
+            global_push(unsafe { tcb::from_raw(t) });
+        }
+    }
+    batch[0]
+}
+
+/// Makes `t` runnable on this vCPU (its ring, or the global queue if the ring is full).
+/// `wake_others`: new work appeared (spawn, wake-up), so an idle vCPU may be woken for it.
+pub fn make_runnable(t: &Tcb, wake_others: bool) {
+    // SAFETY: `t` is runnable and in no queue (its owner gives it up here).
+    if !unsafe { rseq::rq_push(t) } {
+        overflow_to_global(t);
+    }
+    if cpu::get(Word::InSched) == 0 {
+        timer::ensure_slice_timer();
+    }
+    if wake_others {
+        wake_idle_vcpu();
+    }
+}
+
+/// The ring is full: move half of it and `t` to the global queue (Go's `runqputslow`).
+#[cold]
+fn overflow_to_global(t: &Tcb) {
+    let mut batch = [core::ptr::null::<Tcb>(); RQ_CAP / 2];
+    preempt::hold();
+    let n = percpu::this().steal_half(&mut batch);
+    preempt::release();
+    for i in 0..n {
+        // SAFETY: runnable TCBs taken off our ring.
+        let b = unsafe { tcb::from_raw(batch[i]) };
+        b.link.set(if i + 1 < n {
+            batch[i + 1]
+        } else {
+            core::ptr::null()
+        });
+    }
+    if n > 0 {
+        global_push_list(batch[0], batch[n - 1], n);
+    }
+    global_push(t);
+}
+
+/// Whether another thread is waiting for this vCPU (its ring or the global queue).
+pub fn runnable_elsewhere() -> bool {
+    !percpu::this().is_empty() || GLOBAL_LEN.load(Ordering::Relaxed) != 0
+}
+
+/// If vCPUs are halted and none is spinning, wakes one with a reschedule IPI (Go's `wakep`).
+pub fn wake_idle_vcpu() {
+    fence(Ordering::SeqCst);
+    if SPINNING.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    let me = 1u64 << activm_stub::vcpu_id();
+    let halted = HALTED.load(Ordering::Relaxed) & !me;
+    if halted == 0 {
+        return;
+    }
+    let v = halted.trailing_zeros();
+    let bit = 1u64 << v;
+    if HALTED.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+        preempt::hold();
+        cpu::send_ipi(percpu::of(v).apic_id, VECTOR_RESCHEDULE);
+        percpu::this()
+            .counters
+            .ipis_sent
+            .fetch_add(1, Ordering::Relaxed);
+        preempt::release();
+    }
+}
+
+/// `switch_out` wrapper: the current thread `me` leaves with `action`.
+#[inline(always)]
+fn switch_out(me: &Tcb, action: usize) {
+    debug_assert_eq!(preempt::held(), 0);
+    // SAFETY: `me` is the running thread (callers pass `current()`), this vCPU runs a thread and
+    // nothing is held.
+    unsafe { context::switch_out(me as *const Tcb as *mut u8, action, 0) }
+}
+
+/// Yields the processor to another runnable thread (if any; otherwise returns at once).
+pub fn yield_current() {
+    if !runnable_elsewhere() {
+        return;
+    }
+    switch_out(current(), ACT_YIELD);
+}
+
+/// Puts the current thread at the back of the run queue (a preemption).
+pub fn preempt_current() {
+    let me = current();
+    percpu::this()
+        .counters
+        .preemptions
+        .fetch_add(1, Ordering::Relaxed);
+    switch_out(me, ACT_PREEMPTED);
+}
+
+/// Parks `me` (the current thread, after `prepare_wait`) until `wake`.
+pub fn park_current(me: &Tcb) {
+    switch_out(me, ACT_PARK);
+}
+
+/// The current thread `me` is done: never returns.
+pub fn exit_current(me: &Tcb) -> ! {
+    switch_out(me, ACT_EXIT);
+    unreachable!("an exited thread was resumed");
+}
+
+/// Where `switch_out` lands, on this activation's stack, with `prev` fully saved.
+pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, _arg: usize) -> ! {
+    cpu::set(Word::Current, 0);
+    // SAFETY: `switch_out` passes the TCB of the thread that just left.
+    let prev = unsafe { tcb::from_raw(prev) };
+    match action {
+        ACT_YIELD | ACT_PREEMPTED => make_runnable(prev, false),
+        ACT_PARK => {
+            if prev
+                .wake
+                .compare_exchange(
+                    tcb::WAITING,
+                    tcb::PARKED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_err()
+            {
+                // Woken before it was parked.
+                make_runnable(prev, false);
+            }
+        }
+        ACT_EXIT => crate::thread::retire(prev),
+        _ => unreachable!("unknown switch action {action}"),
+    }
+    sched_loop()
+}
+
+/// The scheduler loop, on this activation's stack. Never returns: it switches to a thread.
+pub fn sched_loop() -> ! {
+    loop {
+        cpu::set(Word::SchedIdle, 0);
+        let pending = cpu::take_pending();
+        upcall::drain();
+        if pending & PEND_TIMER != 0 || timer::sleepers_due() {
+            timer::wake_due();
+        }
+        let t = find_runnable();
+        if !t.is_null() {
+            // SAFETY: a runnable TCB taken off a queue: ours now.
+            run_now(unsafe { tcb::from_raw(t) });
+        }
+        idle();
+    }
+}
+
+/// Finds a thread to run: sometimes the global queue first (fairness), then this vCPU's ring,
+/// the global queue, and other vCPUs' rings (steal half).
+fn find_runnable() -> *const Tcb {
+    let p = percpu::this();
+    let tick = p.tick.fetch_add(1, Ordering::Relaxed);
+    if tick % 61 == 60 {
+        let t = global_pop(1);
+        if !t.is_null() {
+            return t;
+        }
+    }
+    let t = rseq::rq_pop();
+    if !t.is_null() {
+        return t;
+    }
+    let n = start::nr_vcpus() as usize;
+    let t = global_pop(GLOBAL_LEN.load(Ordering::Relaxed) / n + 1);
+    if !t.is_null() {
+        return t;
+    }
+    steal()
+}
+
+fn steal() -> *const Tcb {
+    let n = start::nr_vcpus();
+    if n == 1 {
+        return core::ptr::null();
+    }
+    let me = activm_stub::vcpu_id();
+    let first = (percpu::this().random() % u64::from(n)) as u32;
+    let mut batch = [core::ptr::null::<Tcb>(); RQ_CAP / 2];
+    for i in 0..n {
+        let v = (first + i) % n;
+        if v == me {
+            continue;
+        }
+        let got = percpu::of(v).steal_half(&mut batch);
+        if got == 0 {
+            continue;
+        }
+        percpu::this()
+            .counters
+            .steals
+            .fetch_add(1, Ordering::Relaxed);
+        for &t in batch.iter().take(got).skip(1) {
+            // SAFETY: runnable TCBs we just took.
+            if !unsafe { rseq::rq_push(t) } {
+                // SAFETY: as above.
+                global_push(unsafe { tcb::from_raw(t) });
+            }
+        }
+        return batch[0];
+    }
+    core::ptr::null()
+}
+
+/// Scheduler context: switches to `t` (binding a stack first if it never ran).
+pub fn run_now(t: &Tcb) -> ! {
+    if t.stack.get().is_none() {
+        let Some(s) = stack::alloc(t.stack_size.get()) else {
+            panic!(
+                "no memory for a {}-byte stack for thread {}",
+                t.stack_size.get(),
+                crate::thread::describe(t)
+            );
+        };
+        t.stack.set(Some(s));
+        // SAFETY: a fresh stack nobody uses; its top is 16-byte aligned.
+        let sp = unsafe { context::build_start_frame(s.hi & !15, t as *const Tcb as *const u8) };
+        // SAFETY: the thread does not run; its saved stack pointer is ours to set.
+        unsafe { *t.sp.get() = sp };
+    }
+    let now = cpu::rdtsc();
+    t.slice_start.store(now, Ordering::Relaxed);
+    percpu::this()
+        .counters
+        .switches
+        .fetch_add(1, Ordering::Relaxed);
+    timer::on_switch_in(now);
+    // SAFETY: scheduler context; `t` is ours (popped), fully saved, with a valid frame.
+    unsafe { context::switch_in(t as *const Tcb as *const u8) }
+}
+
+/// Whether anything could give this vCPU work (looks only; takes nothing).
+fn work_visible() -> bool {
+    if cpu::pending() != 0 || upcall::queue_nonempty() || timer::sleepers_due() {
+        return true;
+    }
+    if !percpu::this().is_empty() || GLOBAL_LEN.load(Ordering::Acquire) != 0 {
+        return true;
+    }
+    let me = activm_stub::vcpu_id();
+    (0..start::nr_vcpus()).any(|v| v != me && !percpu::of(v).is_empty())
+}
+
+/// Nothing to run: spin a while looking, then halt until an interrupt. Nothing is in flight
+/// here (`Word::SchedIdle` = 1): a context the VMM takes in this function is simply dropped.
+fn idle() {
+    let me = activm_stub::vcpu_id();
+    let bit = 1u64 << me;
+    cpu::set(Word::SchedIdle, 1);
+    SPINNING.fetch_or(bit, Ordering::AcqRel);
+    let spin_until = cpu::rdtsc() + config::idle_spin_ticks();
+    loop {
+        if work_visible() {
+            SPINNING.fetch_and(!bit, Ordering::AcqRel);
+            cpu::set(Word::SchedIdle, 0);
+            return;
+        }
+        if cpu::rdtsc() > spin_until {
+            break;
+        }
+        for _ in 0..16 {
+            core::hint::spin_loop();
+        }
+    }
+    HALTED.fetch_or(bit, Ordering::SeqCst);
+    SPINNING.fetch_and(!bit, Ordering::AcqRel);
+    upcall::set_idle(me, true);
+    if !work_visible() {
+        timer::arm_for_sleepers();
+        percpu::this()
+            .counters
+            .halts
+            .fetch_add(1, Ordering::Relaxed);
+        if config::use_halt() {
+            rseq::idle_halt();
+        } else {
+            let until = cpu::rdtsc() + config::idle_spin_ticks();
+            while !work_visible() && cpu::rdtsc() < until {
+                core::hint::spin_loop();
+            }
+        }
+    }
+    upcall::set_idle(me, false);
+    HALTED.fetch_and(!bit, Ordering::AcqRel);
+    cpu::set(Word::SchedIdle, 0);
+}
+
+/// Forgets vCPU `vcpu`'s idle bits (its activation is gone).
+pub fn clear_idle_bits(vcpu: u32) {
+    let bit = 1u64 << vcpu;
+    SPINNING.fetch_and(!bit, Ordering::AcqRel);
+    HALTED.fetch_and(!bit, Ordering::AcqRel);
+    upcall::set_idle(vcpu, false);
+}
+
+/// Common start of the runtime's interrupt handlers: rewinds a restartable sequence the
+/// interrupt landed in, then says whether the interrupted code is a thread that may be switched
+/// away right now (not the scheduler, no preemption hold, not before the trampoline's EOI).
+pub fn irq_prologue(frame: &mut IrqFrame) -> bool {
+    if let Some(abort) = rseq::fixup(frame.rip) {
+        frame.rip = abort;
+        percpu::this()
+            .counters
+            .rseq_rewinds
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    if preempt::held() != 0 {
+        percpu::this()
+            .counters
+            .deferred_held
+            .fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    if cpu::get(Word::InSched) != 0 || current_raw().is_null() {
+        percpu::this()
+            .counters
+            .deferred_sched
+            .fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    if upcall::in_unsafe_window(frame.rip) {
+        return false;
+    }
+    true
+}
+
+/// The reschedule IPI: it only has to wake a halted vCPU (whose scheduler then looks for work).
+pub fn on_resched(frame: &mut IrqFrame) {
+    if !irq_prologue(frame) {
+        preempt::defer(PEND_RESCHED);
+    }
+}
+
+/// Called when the last preemption hold is released with work pending, and after `switch_in`
+/// (thread context): carries out what interrupt handlers deferred.
+pub fn safepoint() {
+    if preempt::held() != 0 || cpu::get(Word::InSched) != 0 {
+        return;
+    }
+    let pending = cpu::take_pending();
+    if pending == 0 {
+        return;
+    }
+    if pending & (PEND_UPCALL | PEND_CONT) != 0 {
+        if pending & PEND_CONT != 0 {
+            percpu::this()
+                .counters
+                .continuations
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        // Let the scheduler drain the upcall queue (or take back a continued lock holder).
+        preempt_current();
+        return;
+    }
+    if pending & PEND_TIMER != 0 {
+        timer::tick_in_thread();
+    }
+}
+
+/// `switch_in` calls this (C ABI) when work was pending at its commit.
+pub extern "C" fn safepoint_from_switch() {
+    safepoint();
+}

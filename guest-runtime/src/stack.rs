@@ -1,0 +1,167 @@
+//! Thread stacks (NPTL-style cache, seed 004).
+//!
+//! The VMM maps `BootInfo::nr_stack_slots` slots of `stack_slot_size` bytes from
+//! `stack_region`, the lowest 4 KiB page of each left unmapped: a guard page, so running off
+//! the stack faults (`crate::fault` turns that into "thread 'x' overflowed its stack"). A thread
+//! whose requested stack fits a slot gets one; free slots are cached per vCPU
+//! ([`crate::percpu::STACK_CACHE`]), then in a global list; never-used slots are handed out in
+//! order. A thread that asks for more than a slot, or finds no slot left, gets a stack from the
+//! heap **without a guard page**: an overflow there corrupts memory instead of faulting.
+//!
+//! Stacks are bound lazily, when a thread first runs, and given back when it exits, so 10,000
+//! spawned-but-not-yet-run threads need no stacks at all.
+//!
+//! Allocation and release happen in scheduler context only (this vCPU is not preemptible there).
+
+use alloc::vec::Vec;
+use core::alloc::Layout;
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use activm_stub::sync::SpinLock;
+
+use crate::percpu::{self, STACK_CACHE};
+
+/// Size of the guard page under every slot.
+pub const GUARD: usize = 4096;
+
+/// A thread stack: usable `[lo, hi)`; `slot` is the slot index, or `u32::MAX` for a heap stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stack {
+    pub lo: usize,
+    pub hi: usize,
+    pub slot: u32,
+}
+
+impl Stack {
+    pub fn is_heap(&self) -> bool {
+        self.slot == u32::MAX
+    }
+
+    /// The guard page under this stack, if it has one.
+    pub fn guard(&self) -> Option<(usize, usize)> {
+        (!self.is_heap()).then(|| (self.lo - GUARD, self.lo))
+    }
+}
+
+static REGION_BASE: AtomicU64 = AtomicU64::new(0);
+static SLOT_SIZE: AtomicU64 = AtomicU64::new(0);
+static NR_SLOTS: AtomicU32 = AtomicU32::new(0);
+/// Slots never handed out yet start here.
+static NEXT_FRESH: AtomicU32 = AtomicU32::new(0);
+static FREE: SpinLock<Vec<u32>> = SpinLock::new(Vec::new());
+/// Heap stacks currently allocated (statistics, tests).
+pub static HEAP_STACKS: AtomicU32 = AtomicU32::new(0);
+/// Slots currently in use.
+pub static SLOTS_IN_USE: AtomicU32 = AtomicU32::new(0);
+
+/// Takes the VMM's thread-stack region from the boot information.
+pub fn init() {
+    let info = activm_stub::boot_info();
+    REGION_BASE.store(info.stack_region, Ordering::Relaxed);
+    SLOT_SIZE.store(info.stack_slot_size, Ordering::Relaxed);
+    NR_SLOTS.store(info.nr_stack_slots, Ordering::Relaxed);
+}
+
+/// Usable bytes of a slot (0 if the VMM gave no region).
+pub fn slot_usable() -> usize {
+    (SLOT_SIZE.load(Ordering::Relaxed) as usize).saturating_sub(GUARD)
+}
+
+fn slot_stack(slot: u32) -> Stack {
+    let base = REGION_BASE.load(Ordering::Relaxed) as usize;
+    let size = SLOT_SIZE.load(Ordering::Relaxed) as usize;
+    let lo = base + slot as usize * size + GUARD;
+    Stack {
+        lo,
+        hi: base + (slot as usize + 1) * size,
+        slot,
+    }
+}
+
+/// The slot stack whose guard page contains `addr`, if any.
+pub fn guard_owner(addr: u64) -> Option<Stack> {
+    let base = REGION_BASE.load(Ordering::Relaxed);
+    let size = SLOT_SIZE.load(Ordering::Relaxed);
+    let slots = u64::from(NR_SLOTS.load(Ordering::Relaxed));
+    if size == 0 || addr < base || addr >= base + size * slots {
+        return None;
+    }
+    let slot = (addr - base) / size;
+    ((addr - base) % size < GUARD as u64).then(|| slot_stack(slot as u32))
+}
+
+/// A stack of at least `size` bytes (0: a slot). Scheduler context.
+pub fn alloc(size: usize) -> Option<Stack> {
+    let usable = slot_usable();
+    if size <= usable && usable > 0 {
+        if let Some(slot) = take_slot() {
+            SLOTS_IN_USE.fetch_add(1, Ordering::Relaxed);
+            return Some(slot_stack(slot));
+        }
+    }
+    let size = if size == 0 {
+        usable.max(64 * 1024)
+    } else {
+        size
+    };
+    let size = (size + 4095) & !4095;
+    let layout = Layout::from_size_align(size, 16).ok()?;
+    // SAFETY: the layout has a non-zero size.
+    let lo = unsafe { alloc::alloc::alloc(layout) };
+    if lo.is_null() {
+        return None;
+    }
+    HEAP_STACKS.fetch_add(1, Ordering::Relaxed);
+    Some(Stack {
+        lo: lo as usize,
+        hi: lo as usize + size,
+        slot: u32::MAX,
+    })
+}
+
+fn take_slot() -> Option<u32> {
+    let p = percpu::this();
+    let n = p.nr_stacks.load(Ordering::Relaxed);
+    if n > 0 {
+        p.nr_stacks.store(n - 1, Ordering::Relaxed);
+        return Some(p.stacks[n as usize - 1].load(Ordering::Relaxed));
+    }
+    if let Some(slot) = FREE.lock().pop() {
+        return Some(slot);
+    }
+    let slots = NR_SLOTS.load(Ordering::Relaxed);
+    let mut next = NEXT_FRESH.load(Ordering::Relaxed);
+    while next < slots {
+        match NEXT_FRESH.compare_exchange_weak(next, next + 1, Ordering::AcqRel, Ordering::Relaxed)
+        {
+            Ok(_) => return Some(next),
+            Err(now) => next = now,
+        }
+    }
+    None
+}
+
+/// Gives a stack back. Scheduler context (the stack is not in use).
+pub fn free(stack: Stack) {
+    if stack.is_heap() {
+        let size = stack.hi - stack.lo;
+        HEAP_STACKS.fetch_sub(1, Ordering::Relaxed);
+        // SAFETY: allocated by `alloc` with this size and alignment 16.
+        unsafe {
+            alloc::alloc::dealloc(
+                stack.lo as *mut u8,
+                Layout::from_size_align_unchecked(size, 16),
+            )
+        };
+        return;
+    }
+    SLOTS_IN_USE.fetch_sub(1, Ordering::Relaxed);
+    let p = percpu::this();
+    let n = p.nr_stacks.load(Ordering::Relaxed);
+    if (n as usize) < STACK_CACHE {
+        p.stacks[n as usize].store(stack.slot, Ordering::Relaxed);
+        p.nr_stacks.store(n + 1, Ordering::Relaxed);
+    } else {
+        FREE.lock().push(stack.slot);
+    }
+}

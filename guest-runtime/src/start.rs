@@ -1,0 +1,165 @@
+//! Start-up. Every vCPU enters [`vcpu_entry`] (the stub's `__activm_vcpu_entry`, defined by
+//! [`crate::main!`]). vCPU 0 sets up the runtime (per-vCPU structures, stacks, interrupt and
+//! exception handlers, arguments) and creates the main thread; every vCPU then gives up its
+//! boot frames and runs its scheduler on its boot stack, its first activation stack. Once every
+//! vCPU is there, vCPU 0 turns on scheduler activations if the VMM offers them.
+
+use alloc::boxed::Box;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt::Write as _;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use activm_stub::protocol::arch::x86_64::{VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL};
+use activm_stub::{preempt, register_irq_handler};
+
+use crate::arch::context;
+use crate::arch::cpu::{self, Word};
+use crate::percpu::Pcpu;
+use crate::tcb::{self, Tcb};
+use crate::{config, fault, sched, stack, timer, upcall};
+
+/// The app's `main`.
+pub type MainFn = fn(&[&str]) -> i32;
+
+static READY: AtomicBool = AtomicBool::new(false);
+static UP: AtomicU32 = AtomicU32::new(0);
+static NR_VCPUS: AtomicU32 = AtomicU32::new(1);
+static TSC_KHZ: AtomicU64 = AtomicU64::new(1_000_000);
+static PCPUS: AtomicPtr<&'static Pcpu> = AtomicPtr::new(core::ptr::null_mut());
+static MAIN: AtomicPtr<Tcb> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Alternate stack for CPU exceptions, per vCPU.
+const EXCEPTION_STACK: usize = 16 * 1024;
+
+/// Number of vCPUs.
+#[inline]
+pub fn nr_vcpus() -> u32 {
+    NR_VCPUS.load(Ordering::Relaxed)
+}
+
+/// TSC frequency.
+#[inline]
+pub fn tsc_khz() -> u64 {
+    TSC_KHZ.load(Ordering::Relaxed)
+}
+
+/// Every vCPU's `Pcpu`, by index.
+pub fn pcpus() -> &'static [&'static Pcpu] {
+    let p = PCPUS.load(Ordering::Acquire);
+    // SAFETY: vCPU 0 leaks this slice of `nr_vcpus` entries before setting READY.
+    unsafe { core::slice::from_raw_parts(p, nr_vcpus() as usize) }
+}
+
+/// The stub calls this on every vCPU (through `main!`).
+pub fn vcpu_entry(vcpu: u32, main: MainFn) -> ! {
+    // Until this vCPU runs its scheduler, interrupts must not treat it as running a thread.
+    cpu::set(Word::InSched, 1);
+    cpu::set(Word::Current, 0);
+    if vcpu == 0 {
+        init(main);
+    } else {
+        while !READY.load(Ordering::Acquire) {
+            core::hint::spin_loop();
+        }
+    }
+    init_vcpu(vcpu);
+    UP.fetch_add(1, Ordering::AcqRel);
+    if vcpu == 0 {
+        while UP.load(Ordering::Acquire) < nr_vcpus() {
+            core::hint::spin_loop();
+        }
+        upcall::enable();
+    }
+    // SAFETY: nothing of the boot frames is needed any more; this vCPU is in the scheduler.
+    unsafe { context::abandon_to_scheduler(enter_scheduler) }
+}
+
+extern "C" fn enter_scheduler() -> ! {
+    sched::sched_loop()
+}
+
+fn init(main: MainFn) {
+    let info = activm_stub::boot_info();
+    NR_VCPUS.store(info.nr_vcpus.max(1), Ordering::Relaxed);
+    TSC_KHZ.store(info.tsc_khz.max(1), Ordering::Relaxed);
+    let pcpus: Vec<&'static Pcpu> = (0..info.nr_vcpus)
+        .map(|v| &*Box::leak(Box::new(Pcpu::new(v, info.vcpus[v as usize].irq_id))))
+        .collect();
+    PCPUS.store(pcpus.leak().as_mut_ptr(), Ordering::Release);
+    cpu::set(Word::Pcpu, self::pcpus()[0] as *const Pcpu as u64);
+    stack::init();
+    upcall::init();
+
+    // Arguments: the runtime's own (`--rt-*`) are consumed here.
+    let args: Vec<&'static str> = activm_stub::args()
+        .filter(|a| !config::apply_arg(a))
+        .collect();
+    let args: &'static [&'static str] = args.leak();
+
+    register_irq_handler(VECTOR_TIMER, timer::on_timer);
+    register_irq_handler(VECTOR_RESCHEDULE, sched::on_resched);
+    register_irq_handler(VECTOR_UPCALL, upcall::on_upcall);
+    register_irq_handler(upcall::VECTOR_SIM, upcall::sim::on_sim);
+    activm_stub::set_exception_handler(fault::on_exception);
+    activm_stub::set_panic_context(panic_context);
+    preempt::set_release_hook(sched::safepoint);
+
+    let t = tcb::alloc(1);
+    t.flags.fetch_or(tcb::FLAG_MAIN, Ordering::Relaxed);
+    // SAFETY: the TCB is not visible to anyone else yet.
+    unsafe { *t.name.get() = Some("main".into()) };
+    // SAFETY: the TCB is fresh and not visible to anyone else yet.
+    unsafe { crate::thread::init_packet(t, move || main(args)) };
+    MAIN.store(t as *const Tcb as *mut Tcb, Ordering::Release);
+    READY.store(true, Ordering::Release);
+}
+
+fn init_vcpu(vcpu: u32) {
+    let pcpu: &'static Pcpu = pcpus()[vcpu as usize];
+    cpu::set(Word::Pcpu, pcpu as *const Pcpu as u64);
+    cpu::set(Word::Armed, 0);
+    cpu::set(Word::SchedIdle, 0);
+    cpu::set(
+        Word::SchedTop,
+        activm_stub::boot_info().vcpus[vcpu as usize].user_stack_top & !15,
+    );
+    upcall::init_vcpu(vcpu);
+    let exc = alloc::vec![0u8; EXCEPTION_STACK].leak();
+    activm_stub::arm_exception_stack((exc.as_ptr() as u64 + EXCEPTION_STACK as u64) & !15);
+    cpu::init_timer();
+    if vcpu == 0 {
+        let main = MAIN.load(Ordering::Acquire);
+        // SAFETY: the main thread's TCB, runnable and in no queue.
+        sched::make_runnable(unsafe { tcb::from_raw(main) }, false);
+    }
+}
+
+/// The main thread's closure returned: the guest exits with its value.
+pub fn main_returned(t: &Tcb) -> ! {
+    // SAFETY: the main thread's packet holds its i32 result now (see `init_main_packet`).
+    let code = unsafe { *(t.packet_ptr() as *const i32) };
+    if crate::stats::print_at_exit() {
+        crate::stats::print();
+    }
+    activm_stub::exit(code)
+}
+
+/// Writes "thread 'name' " (or "scheduler ") at the start of a panic message.
+fn panic_context(w: &mut dyn core::fmt::Write) {
+    let cur = sched::current_raw();
+    if cpu::get(Word::InSched) != 0 || cur.is_null() {
+        let _ = w.write_str("runtime scheduler ");
+        return;
+    }
+    // SAFETY: the running thread's TCB.
+    let t = unsafe { tcb::from_raw(cur) };
+    let _ = write!(w, "thread {} ", crate::thread::describe(t));
+}
+
+/// A name for messages (`String` so it can outlive the thread).
+pub fn thread_name_of(t: &Tcb) -> String {
+    let mut s = String::new();
+    let _ = write!(s, "{}", crate::thread::describe(t));
+    s
+}

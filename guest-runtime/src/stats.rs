@@ -1,0 +1,83 @@
+//! Runtime counters, summed over vCPUs (for tests and tuning).
+
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use activm_stub::println;
+
+use crate::percpu::Counters;
+use crate::start;
+
+static PRINT_AT_EXIT: AtomicBool = AtomicBool::new(false);
+
+/// Prints the counters when `main` returns.
+pub fn set_print_at_exit(on: bool) {
+    PRINT_AT_EXIT.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn print_at_exit() -> bool {
+    PRINT_AT_EXIT.load(Ordering::Relaxed)
+}
+
+/// A snapshot of the counters, summed over all vCPUs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub switches: u64,
+    pub preemptions: u64,
+    pub timer_irqs: u64,
+    /// Interrupts that found a preemption hold (a spinlock held) and deferred.
+    pub deferred_held: u64,
+    /// Interrupts that found the scheduler running and deferred.
+    pub deferred_sched: u64,
+    /// Contexts (interrupted, or from records) rewound out of a restartable sequence.
+    pub rseq_rewinds: u64,
+    pub steals: u64,
+    pub halts: u64,
+    pub ipis_sent: u64,
+    pub upcalls: u64,
+    pub records: u64,
+    /// Lock holders continued until their release.
+    pub continuations: u64,
+    pub adoptions: u64,
+    pub dropped_idle_contexts: u64,
+    pub resumed_contexts: u64,
+    pub activations: u64,
+    /// Upcall records whose sequence number did not increase within their queue.
+    pub seq_errors: u64,
+    pub heap_stacks: u64,
+    pub slots_in_use: u64,
+}
+
+/// Sums the counters of every vCPU.
+pub fn snapshot() -> Stats {
+    let mut s = Stats::default();
+    for p in start::pcpus() {
+        let c: &Counters = &p.counters;
+        let get = |a: &core::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        s.switches += get(&c.switches);
+        s.preemptions += get(&c.preemptions);
+        s.timer_irqs += get(&c.timer_irqs);
+        s.deferred_held += get(&c.deferred_held);
+        s.deferred_sched += get(&c.deferred_sched);
+        s.rseq_rewinds += get(&c.rseq_rewinds);
+        s.steals += get(&c.steals);
+        s.halts += get(&c.halts);
+        s.ipis_sent += get(&c.ipis_sent);
+        s.upcalls += get(&c.upcalls);
+        s.records += get(&c.records);
+        s.continuations += get(&c.continuations);
+        s.adoptions += get(&c.adoptions);
+        s.dropped_idle_contexts += get(&c.dropped_idle_contexts);
+        s.resumed_contexts += get(&c.resumed_contexts);
+        s.activations += get(&c.activations);
+    }
+    s.seq_errors = crate::upcall::SEQ_ERRORS.load(Ordering::Relaxed);
+    s.heap_stacks = u64::from(crate::stack::HEAP_STACKS.load(Ordering::Relaxed));
+    s.slots_in_use = u64::from(crate::stack::SLOTS_IN_USE.load(Ordering::Relaxed));
+    s
+}
+
+/// Prints the counters on the console.
+pub fn print() {
+    let s = snapshot();
+    println!("activm-rt stats: {s:?}");
+}

@@ -1,0 +1,298 @@
+//! Thread control blocks.
+//!
+//! A [`Tcb`] is reference counted: the running thread holds one reference, its `JoinHandle`
+//! one, every `Thread` handle one. When the count drops to zero the TCB goes back to a pool (per
+//! vCPU, then global): TCBs are never freed, so a stale pointer can only ever point at a TCB.
+//!
+//! **Ownership of the non-atomic fields.** `sp` and `stack` belong to whoever runs the thread or
+//! holds it while it does not run (a run queue, the scheduler that pops it); the packet belongs
+//! to the thread until it exits, then to the joiner; `link` and `tag` belong to the queue the
+//! thread waits in (under that queue's lock). No two parties ever touch them at once.
+//!
+//! **Waiting** ([`Tcb::prepare_wait`], [`wait`], [`Tcb::wake`]) is one-shot and uses one word:
+//! the waiter sets `WAITING` before it makes itself findable, then switches out with the PARK
+//! action; the scheduler, once the thread is fully saved, moves `WAITING` to `PARKED` by CAS
+//! (failing means a waker came first: the thread is queued again at once). A waker swaps in
+//! `WOKEN` and, only if it saw `PARKED`, makes the thread runnable. After its swap a waker never
+//! touches the TCB again, so the waiter may run, exit and be recycled at once.
+
+use alloc::boxed::Box;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::alloc::Layout;
+use core::cell::{Cell, UnsafeCell};
+use core::mem::MaybeUninit;
+use core::ptr;
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use activm_stub::preempt;
+use activm_stub::sync::SpinLock;
+
+use crate::percpu::{self, TCB_CACHE};
+use crate::stack::Stack;
+
+/// `Tcb::wake` states.
+pub const WAITING: u32 = 0;
+pub const WOKEN: u32 = 1;
+pub const PARKED: u32 = 2;
+
+/// `Tcb::token` states (the std-style `park`/`unpark` token).
+pub const TOKEN_EMPTY: u32 = 0;
+pub const TOKEN_NOTIFIED: u32 = 1;
+pub const TOKEN_PARKED: u32 = 2;
+
+/// `Tcb::join`: the thread runs; it finished; otherwise the address of the waiting joiner.
+pub const JOIN_RUNNING: usize = 0;
+pub const JOIN_FINISHED: usize = 1;
+
+/// `Tcb::flags`.
+pub const FLAG_MAIN: u32 = 1 << 0;
+/// Blocked in the VMM (a BLOCKED record named its activation).
+pub const FLAG_BLOCKED_IN_VMM: u32 = 1 << 1;
+
+/// Bytes of closure/result stored in the TCB itself (bigger ones go to the heap).
+pub const INLINE_PACKET: usize = 128;
+
+/// What a thread runs: called once on the thread with its TCB.
+pub type RunFn = unsafe fn(&Tcb);
+/// Drops a result nobody joined.
+pub type DropFn = unsafe fn(*mut u8);
+
+/// Thread-local values of one thread: `(value, destructor)` by key index.
+pub type TlsSlots = Vec<Option<(*mut u8, unsafe fn(*mut u8))>>;
+
+/// A thread control block. The first field is the saved stack pointer (the assembly uses it).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Tcb {
+    /// Saved stack pointer, at offset 0.
+    pub sp: UnsafeCell<usize>,
+    pub id: Cell<u64>,
+    pub refs: AtomicU32,
+    pub wake: AtomicU32,
+    pub token: AtomicU32,
+    pub flags: AtomicU32,
+    pub join: AtomicUsize,
+    /// TSC when it was last switched in (time slices).
+    pub slice_start: AtomicU64,
+    /// Intrusive link for the queue the thread is in (global run queue, a wait queue).
+    pub link: Cell<*const Tcb>,
+    /// What the thread waits for, for queues that care (readers/writers, channel slots).
+    pub tag: Cell<usize>,
+    pub name: UnsafeCell<Option<Arc<str>>>,
+    /// Its stack; `None` until it first runs (stacks are bound lazily).
+    pub stack: Cell<Option<Stack>>,
+    /// Requested stack size (0: the default slot size).
+    pub stack_size: Cell<usize>,
+    pub run: Cell<Option<RunFn>>,
+    pub drop_result: Cell<Option<DropFn>>,
+    /// The packet (closure, then result) if it did not fit inline.
+    pub packet_heap: Cell<*mut u8>,
+    pub packet_layout: Cell<Option<Layout>>,
+    pub packet: UnsafeCell<MaybeUninit<[u128; INLINE_PACKET / 16]>>,
+    pub tls: UnsafeCell<TlsSlots>,
+    /// The activation this thread was running on when it blocked in the VMM.
+    pub blocked_activation: AtomicU32,
+}
+
+// SAFETY: the atomic fields are shared; every other field follows the ownership rules of the
+// module documentation, so no two threads access one at the same time.
+unsafe impl Sync for Tcb {}
+// SAFETY: as above.
+unsafe impl Send for Tcb {}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Tcb {
+    fn new() -> Tcb {
+        Tcb {
+            sp: UnsafeCell::new(0),
+            id: Cell::new(0),
+            refs: AtomicU32::new(0),
+            wake: AtomicU32::new(WOKEN),
+            token: AtomicU32::new(TOKEN_EMPTY),
+            flags: AtomicU32::new(0),
+            join: AtomicUsize::new(JOIN_RUNNING),
+            slice_start: AtomicU64::new(0),
+            link: Cell::new(ptr::null()),
+            tag: Cell::new(0),
+            name: UnsafeCell::new(None),
+            stack: Cell::new(None),
+            stack_size: Cell::new(0),
+            run: Cell::new(None),
+            drop_result: Cell::new(None),
+            packet_heap: Cell::new(ptr::null_mut()),
+            packet_layout: Cell::new(None),
+            packet: UnsafeCell::new(MaybeUninit::uninit()),
+            tls: UnsafeCell::new(Vec::new()),
+            blocked_activation: AtomicU32::new(0),
+        }
+    }
+
+    /// The thread's name.
+    pub fn name(&self) -> Option<&str> {
+        // SAFETY: the name is written only while the TCB is set up (before anyone else sees
+        // it) and cleared when it is recycled (nobody holds a reference then).
+        unsafe { (*self.name.get()).as_deref() }
+    }
+
+    pub fn name_arc(&self) -> Option<Arc<str>> {
+        // SAFETY: as in `name`.
+        unsafe { (*self.name.get()).clone() }
+    }
+
+    /// Where the packet lives: inline, or on the heap.
+    pub fn packet_ptr(&self) -> *mut u8 {
+        let heap = self.packet_heap.get();
+        if heap.is_null() {
+            self.packet.get() as *mut u8
+        } else {
+            heap
+        }
+    }
+
+    /// Sets up the packet storage for `layout`; returns where to write.
+    pub fn alloc_packet(&self, layout: Layout) -> *mut u8 {
+        if layout.size() <= INLINE_PACKET && layout.align() <= 16 {
+            self.packet.get() as *mut u8
+        } else {
+            // SAFETY: the layout is non-zero-sized (checked: it did not fit inline, so its size
+            // is above 128 or its alignment above 16; a zero size with a big alignment is
+            // rounded up to one byte).
+            let layout = Layout::from_size_align(layout.size().max(1), layout.align())
+                .expect("packet layout");
+            // SAFETY: `layout` has a non-zero size.
+            let p = unsafe { alloc::alloc::alloc(layout) };
+            if p.is_null() {
+                alloc::alloc::handle_alloc_error(layout);
+            }
+            self.packet_heap.set(p);
+            self.packet_layout.set(Some(layout));
+            p
+        }
+    }
+
+    fn free_packet(&self) {
+        let heap = self.packet_heap.replace(ptr::null_mut());
+        if let Some(layout) = self.packet_layout.take() {
+            // SAFETY: allocated by `alloc_packet` with this layout.
+            unsafe { alloc::alloc::dealloc(heap, layout) };
+        }
+    }
+
+    /// Before making itself findable by a waker: the next [`wait`] sleeps until [`Tcb::wake`].
+    #[inline]
+    pub fn prepare_wait(&self) {
+        self.wake.store(WAITING, Ordering::Relaxed);
+    }
+
+    /// Wakes the thread if it waits (see the module documentation). The TCB must be live at the
+    /// call (the caller holds the queue it waited in, or a reference).
+    #[inline]
+    pub fn wake(&self) {
+        if self.wake.swap(WOKEN, Ordering::AcqRel) == PARKED {
+            crate::sched::make_runnable(self, true);
+        }
+    }
+
+    pub fn flag(&self, flag: u32) -> bool {
+        self.flags.load(Ordering::Relaxed) & flag != 0
+    }
+
+    pub fn add_ref(&self) {
+        self.refs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Sleeps until [`Tcb::wake`] (after [`Tcb::prepare_wait`]); `me` is the current thread.
+pub fn wait(me: &Tcb) {
+    while me.wake.load(Ordering::Acquire) != WOKEN {
+        crate::sched::park_current(me);
+    }
+}
+
+/// Global pool of free TCBs.
+static POOL: SpinLock<Vec<usize>> = SpinLock::new(Vec::new());
+
+/// A fresh TCB with one reference per holder in `refs` and a new id.
+pub fn alloc(refs: u32) -> &'static Tcb {
+    let t = take_cached().unwrap_or_else(|| Box::leak(Box::new(Tcb::new())));
+    t.id.set(NEXT_ID.fetch_add(1, Ordering::Relaxed));
+    t.refs.store(refs, Ordering::Relaxed);
+    t.wake.store(WOKEN, Ordering::Relaxed);
+    t.token.store(TOKEN_EMPTY, Ordering::Relaxed);
+    t.flags.store(0, Ordering::Relaxed);
+    t.join.store(JOIN_RUNNING, Ordering::Relaxed);
+    t.blocked_activation.store(0, Ordering::Relaxed);
+    t
+}
+
+fn take_cached() -> Option<&'static Tcb> {
+    preempt::hold();
+    let p = percpu::this();
+    let n = p.nr_tcbs.load(Ordering::Relaxed);
+    let local = if n > 0 {
+        p.nr_tcbs.store(n - 1, Ordering::Relaxed);
+        Some(p.tcbs[n as usize - 1].load(Ordering::Relaxed))
+    } else {
+        None
+    };
+    preempt::release();
+    let raw = match local {
+        Some(raw) => raw as usize,
+        None => POOL.lock().pop()?,
+    };
+    // SAFETY: the pools hold only leaked, free TCBs.
+    Some(unsafe { &*(raw as *const Tcb) })
+}
+
+/// Drops one reference; the last one recycles the TCB.
+pub fn release(t: &Tcb) {
+    if t.refs.fetch_sub(1, Ordering::AcqRel) != 1 {
+        return;
+    }
+    recycle(t);
+}
+
+fn recycle(t: &Tcb) {
+    if t.join.load(Ordering::Acquire) == JOIN_FINISHED {
+        if let Some(drop_result) = t.drop_result.take() {
+            // SAFETY: the thread finished and nobody took the result (join takes it and clears
+            // `drop_result`).
+            unsafe { drop_result(t.packet_ptr()) };
+        }
+    }
+    t.free_packet();
+    t.run.set(None);
+    t.drop_result.set(None);
+    // SAFETY: no reference to the TCB is left; nobody reads the name or the TLS slots.
+    unsafe {
+        *t.name.get() = None;
+        (*t.tls.get()).clear();
+    }
+    debug_assert!(t.stack.get().is_none());
+    preempt::hold();
+    let p = percpu::this();
+    let n = p.nr_tcbs.load(Ordering::Relaxed);
+    let cached = if (n as usize) < TCB_CACHE {
+        p.tcbs[n as usize].store(t as *const Tcb as *mut Tcb, Ordering::Relaxed);
+        p.nr_tcbs.store(n + 1, Ordering::Relaxed);
+        true
+    } else {
+        false
+    };
+    preempt::release();
+    if !cached {
+        POOL.lock().push(t as *const Tcb as usize);
+    }
+}
+
+/// The TCB at `raw` (a pointer a queue or a handle kept).
+///
+/// # Safety
+/// `raw` came from a `&Tcb` of this module (TCBs are never freed).
+#[inline(always)]
+pub unsafe fn from_raw(raw: *const Tcb) -> &'static Tcb {
+    // SAFETY: the caller guarantees `raw` points at a leaked TCB.
+    unsafe { &*raw }
+}

@@ -1,0 +1,241 @@
+//! Time: preemptive round-robin slices and sleeping threads, on each vCPU's local APIC one-shot
+//! timer, programmed from CPL3 through the user-mapped xAPIC.
+//!
+//! An APIC access costs an exit into KVM (~6.5 us here), so the timer is armed only when it has
+//! a purpose (another thread waits for this vCPU, or a sleeper is due) and at most once per
+//! slice: `Word::Armed` remembers the deadline it is armed for, and voluntary switches never
+//! touch the APIC. When it fires, the handler preempts the running thread if its slice is over
+//! and something else waits, otherwise re-arms for what is left.
+//!
+//! Sleepers wait in one global heap. The timer is armed `SLEEP_EARLY` before the earliest
+//! deadline (it fires ~40 us late on our hosts) and the woken thread spins (yielding) to the
+//! exact deadline.
+
+use alloc::collections::BinaryHeap;
+use core::cmp::Ordering as CmpOrdering;
+use core::sync::atomic::{AtomicU64, Ordering};
+use core::time::Duration;
+
+use activm_stub::sync::SpinLock;
+use activm_stub::{preempt, IrqFrame};
+
+use crate::arch::cpu::{self, Word};
+use crate::percpu;
+use crate::sched::{self, PEND_TIMER};
+use crate::tcb::{self, Tcb};
+use crate::{config, start};
+
+/// Sleeps shorter than this spin (yielding) instead of parking.
+const SPIN_SLEEP_NS: u64 = 60_000;
+/// How early the timer is armed for a sleeper.
+const SLEEP_EARLY_NS: u64 = 50_000;
+/// The shortest timer period worth programming.
+const MIN_ARM_NS: u64 = 5_000;
+
+#[derive(Debug)]
+struct Sleeper {
+    deadline: u64,
+    t: *const Tcb,
+}
+
+// SAFETY: TCBs are never freed; a sleeping thread's TCB stays valid until it is woken.
+unsafe impl Send for Sleeper {}
+
+impl PartialEq for Sleeper {
+    fn eq(&self, other: &Self) -> bool {
+        self.deadline == other.deadline
+    }
+}
+impl Eq for Sleeper {}
+impl PartialOrd for Sleeper {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Sleeper {
+    // Earliest deadline first in the max-heap.
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        other.deadline.cmp(&self.deadline)
+    }
+}
+
+static SLEEPERS: SpinLock<BinaryHeap<Sleeper>> = SpinLock::new(BinaryHeap::new());
+/// The earliest sleeper deadline (TSC), or `u64::MAX`.
+static EARLIEST: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// TSC ticks in `ns` nanoseconds.
+pub fn ns_to_ticks(ns: u64) -> u64 {
+    (u128::from(ns) * u128::from(start::tsc_khz()) / 1_000_000) as u64
+}
+
+/// Nanoseconds in `ticks` TSC ticks.
+pub fn ticks_to_ns(ticks: u64) -> u64 {
+    (u128::from(ticks) * 1_000_000 / u128::from(start::tsc_khz().max(1))) as u64
+}
+
+/// Arms this vCPU's timer for TSC `deadline` unless it is armed for an earlier one. Call with
+/// this vCPU pinned (scheduler context or a preemption hold).
+fn ensure_armed_by(deadline: u64) {
+    let armed = cpu::get(Word::Armed);
+    if armed != 0 && armed <= deadline {
+        return;
+    }
+    let now = cpu::rdtsc();
+    let ns = ticks_to_ns(deadline.saturating_sub(now)).max(MIN_ARM_NS);
+    cpu::set(Word::Armed, deadline.max(now + 1));
+    cpu::arm_timer_ns(ns);
+}
+
+/// The deadline the timer should fire at for the thread switched in at `slice_start`.
+fn wanted_deadline(slice_start: u64) -> Option<u64> {
+    let now = cpu::rdtsc();
+    let mut deadline = u64::MAX;
+    if let Some((min, max)) = config::random_preemption() {
+        let span = max.saturating_sub(min).max(1);
+        let ns = min + percpu::this().random() % span;
+        deadline = now + ns_to_ticks(ns);
+    } else if sched::runnable_elsewhere() {
+        deadline = slice_start + config::slice_ticks();
+    }
+    let earliest = EARLIEST.load(Ordering::Acquire);
+    if earliest != u64::MAX {
+        deadline = deadline.min(earliest.saturating_sub(ns_to_ticks(SLEEP_EARLY_NS)));
+    }
+    (deadline != u64::MAX).then_some(deadline)
+}
+
+/// Scheduler, about to switch in a thread at `now`.
+pub fn on_switch_in(now: u64) {
+    if let Some(deadline) = wanted_deadline(now) {
+        ensure_armed_by(deadline);
+    }
+}
+
+/// Thread context, after making a thread runnable here: the running thread's slice must end.
+pub fn ensure_slice_timer() {
+    if cpu::get(Word::Armed) != 0 {
+        return;
+    }
+    preempt::hold();
+    let cur = sched::current_raw();
+    if !cur.is_null() && cpu::get(Word::Armed) == 0 {
+        // SAFETY: the running thread's TCB.
+        let start = unsafe { tcb::from_raw(cur) }
+            .slice_start
+            .load(Ordering::Relaxed);
+        ensure_armed_by(start + config::slice_ticks());
+    }
+    preempt::release();
+}
+
+/// Scheduler, before halting: wake up for the earliest sleeper.
+pub fn arm_for_sleepers() {
+    let earliest = EARLIEST.load(Ordering::Acquire);
+    if earliest != u64::MAX {
+        ensure_armed_by(earliest.saturating_sub(ns_to_ticks(SLEEP_EARLY_NS)));
+    }
+}
+
+/// Whether a sleeper is due (within the early margin).
+#[inline]
+pub fn sleepers_due() -> bool {
+    let earliest = EARLIEST.load(Ordering::Relaxed);
+    earliest != u64::MAX && earliest <= cpu::rdtsc() + ns_to_ticks(SLEEP_EARLY_NS)
+}
+
+/// Wakes every due sleeper (they become runnable on this vCPU).
+pub fn wake_due() {
+    loop {
+        let mut due: [*const Tcb; 16] = [core::ptr::null(); 16];
+        let mut n = 0;
+        {
+            let limit = cpu::rdtsc() + ns_to_ticks(SLEEP_EARLY_NS);
+            let mut heap = SLEEPERS.lock();
+            while n < due.len() {
+                match heap.peek() {
+                    Some(s) if s.deadline <= limit => {
+                        due[n] = heap.pop().map_or(core::ptr::null(), |s| s.t);
+                        n += 1;
+                    }
+                    _ => break,
+                }
+            }
+            EARLIEST.store(
+                heap.peek().map_or(u64::MAX, |s| s.deadline),
+                Ordering::Release,
+            );
+        }
+        for &t in due.iter().take(n) {
+            // SAFETY: a sleeping thread's TCB (it cannot exit before it is woken).
+            unsafe { tcb::from_raw(t) }.wake();
+        }
+        if n < due.len() {
+            return;
+        }
+    }
+}
+
+/// The timer interrupt.
+pub fn on_timer(frame: &mut IrqFrame) {
+    cpu::set(Word::Armed, 0);
+    percpu::this()
+        .counters
+        .timer_irqs
+        .fetch_add(1, Ordering::Relaxed);
+    crate::upcall::sim_on_interrupt(frame);
+    if !sched::irq_prologue(frame) {
+        preempt::defer(PEND_TIMER);
+        return;
+    }
+    tick_in_thread();
+}
+
+/// A timer tick for the running thread (clean thread context): wake sleepers, then preempt the
+/// thread if its slice is over and another waits, or re-arm.
+pub fn tick_in_thread() {
+    preempt::hold();
+    if sleepers_due() {
+        wake_due();
+    }
+    let cur = sched::current();
+    let start = cur.slice_start.load(Ordering::Relaxed);
+    let now = cpu::rdtsc();
+    let expired =
+        config::random_preemption().is_some() || now.saturating_sub(start) >= config::slice_ticks();
+    let preempt = expired && sched::runnable_elsewhere();
+    if preempt {
+        // The next thread gets a fresh timer when it is switched in.
+    } else if let Some(deadline) = wanted_deadline(start) {
+        ensure_armed_by(deadline.max(now + ns_to_ticks(MIN_ARM_NS)));
+    }
+    preempt::release();
+    if preempt {
+        sched::preempt_current();
+    }
+}
+
+/// `thread::sleep`: parks the current thread until `d` has passed.
+pub fn sleep(d: Duration) {
+    let ns = d.as_nanos().min(u128::from(u64::MAX / 4)) as u64;
+    let deadline = cpu::rdtsc() + ns_to_ticks(ns);
+    if ns >= SPIN_SLEEP_NS {
+        let me = sched::current();
+        me.prepare_wait();
+        {
+            let mut heap = SLEEPERS.lock();
+            heap.push(Sleeper { deadline, t: me });
+            EARLIEST.fetch_min(deadline, Ordering::AcqRel);
+        }
+        preempt::hold();
+        ensure_armed_by(deadline.saturating_sub(ns_to_ticks(SLEEP_EARLY_NS)));
+        preempt::release();
+        tcb::wait(me);
+    }
+    while cpu::rdtsc() < deadline {
+        if sched::runnable_elsewhere() {
+            sched::yield_current();
+        } else {
+            core::hint::spin_loop();
+        }
+    }
+}

@@ -1,0 +1,1009 @@
+//! Scheduler activations: turning them on, new activations, and the upcall handler.
+//!
+//! **Records.** The VMM puts records in a vCPU's queue (`protocol::shared`) and raises
+//! `VECTOR_UPCALL`. The handler ([`on_upcall`]) only preempts the interrupted thread (or, if it
+//! may not, defers); the scheduler drains the queue at the top of its loop ([`drain`]), one
+//! record at a time with a restartable sequence that copies the record and publishes the new
+//! tail in one commit, in sequence order. Each kind:
+//!
+//! * NEWPROC: the activation running this code is new (its entry, [`__rt_activation_entry`],
+//!   already took over the vCPU); counted and checked.
+//! * PREEMPTED / UNBLOCKED (with a context): resumed here, see [`resume_context`].
+//! * BLOCKED: the thread that ran on that activation is blocked in the VMM; it stays recorded
+//!   under its activation id until its UNBLOCKED arrives.
+//! * SIGNAL: the handler installed with [`set_signal_handler`] runs in a new thread (default:
+//!   print and exit with 128 + signal).
+//! * USER: `sa_preempt` from another vCPU: the interrupted thread was already preempted; the
+//!   hook set with [`set_user_hook`] runs in the scheduler.
+//!
+//! **What a context is.** A record names the activation and the vCPU it ran on. That vCPU's
+//! runtime words (`%gs` block: current thread, in-scheduler flag, idle flag, hold count,
+//! scheduler stack) describe the context, and stay untouched while the VMM keeps the vCPU
+//! parked. Whoever comes first takes them: the upcall handler processing the record (CAS of the
+//! vCPU's activation word from the record's activation to 0), or the vCPU's next activation
+//! (its entry swaps in its own id and files a snapshot under the old id for the record to find).
+//!
+//! **Critical-section recovery** (seed 000 section 6, seed 002). Before anything else a context
+//! whose `rip` lies in a restartable sequence is rewound to its abort address, one inside the
+//! stub trampoline before its EOI skips that EOI (it belongs to the other vCPU's APIC), and one
+//! inside an activation entry is resolved by hand. Then:
+//! * a thread context with preemption holds (a spinlock held) is **continued at once** on this
+//!   vCPU, before anything else runs, with the hold count moved here and `PEND_CONT` set; its
+//!   last release calls the safepoint, which switches it out and back to this scheduler;
+//! * a thread context without holds becomes runnable on this vCPU;
+//! * a scheduler context that was idling (nothing in flight) is dropped; one that was busy is
+//!   **adopted**: this vCPU's scheduler gives up its own stack and continues the other one's,
+//!   which only ever uses `%gs` afresh, so it simply goes on as this vCPU's scheduler.
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use core::mem::{offset_of, MaybeUninit};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use activm_stub::arch::x86_64::percpu::{HOLD_OFFSET, PENDING_OFFSET};
+use activm_stub::protocol::arch::x86_64::{
+    UserContext, VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL,
+};
+use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
+use activm_stub::protocol::shared::{
+    SharedHeader, UpcallKind, UpcallRecord, VcpuArea, RECORD_HAS_CONTEXT, STACK_POOL_CAPACITY,
+    UPCALL_QUEUE_CAPACITY,
+};
+use activm_stub::sync::SpinLock;
+use activm_stub::{preempt, println, IrqFrame};
+
+use crate::arch::context;
+use crate::arch::cpu::{self, offset, Word};
+use crate::arch::rseq;
+use crate::sched::{self, PEND_CONT, PEND_UPCALL};
+use crate::tcb::{self, Tcb};
+use crate::{percpu, start};
+
+/// The runtime's private vector for the simulated VMM ([`sim`]).
+pub const VECTOR_SIM: u8 = 0x41;
+/// Size of an activation (scheduler) stack from the pool.
+const ACT_STACK_SIZE: usize = 64 * 1024;
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static SHARED: AtomicU64 = AtomicU64::new(0);
+/// Largest sequence number processed so far, and how many records.
+static MAX_SEQ: AtomicU64 = AtomicU64::new(0);
+pub static RECORDS: AtomicU64 = AtomicU64::new(0);
+/// Records by kind (index = kind).
+pub static BY_KIND: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+/// Records whose sequence number was not above the previous one of the same queue.
+pub static SEQ_ERRORS: AtomicU64 = AtomicU64::new(0);
+/// Signals received (last number).
+pub static LAST_SIGNAL: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the VMM delivers upcalls to this guest.
+pub fn activations_enabled() -> bool {
+    ENABLED.load(Ordering::Acquire)
+}
+
+fn header() -> &'static SharedHeader {
+    // SAFETY: the shared area's first page is the header, mapped for the guest's lifetime.
+    unsafe { &*(SHARED.load(Ordering::Relaxed) as *const SharedHeader) }
+}
+
+fn area(vcpu: u32) -> &'static VcpuArea {
+    let at = SHARED.load(Ordering::Relaxed)
+        + activm_stub::protocol::shared::vcpu_area_offset(vcpu as usize) as u64;
+    // SAFETY: vCPU `vcpu`'s area of the shared area (checked against nr_vcpus by callers).
+    unsafe { &*(at as *const VcpuArea) }
+}
+
+/// Marks vCPU `vcpu` idle (or not) in the shared header, for the VMM.
+pub fn set_idle(vcpu: u32, idle: bool) {
+    if SHARED.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let bit = 1u64 << vcpu;
+    if idle {
+        header().idle_vcpus.fetch_or(bit, Ordering::AcqRel);
+    } else {
+        header().idle_vcpus.fetch_and(!bit, Ordering::AcqRel);
+    }
+}
+
+/// vCPU 0, at boot: where the shared area is.
+pub fn init() {
+    SHARED.store(activm_stub::boot_info().shared_area, Ordering::Release);
+}
+
+/// Every vCPU, at boot: its words for the upcall queue and its boot activation.
+pub fn init_vcpu(vcpu: u32) {
+    let a = area(vcpu);
+    cpu::set(Word::Area, a as *const VcpuArea as u64);
+    let activation = match a.activation.load(Ordering::Acquire) {
+        0 => vcpu + 1,
+        id => id,
+    };
+    cpu::set(Word::Activation, u64::from(activation));
+}
+
+/// Whether this vCPU's upcall queue holds records.
+#[inline]
+pub fn queue_nonempty() -> bool {
+    let at = cpu::get(Word::Area);
+    if at == 0 {
+        return false;
+    }
+    // SAFETY: `Word::Area` points at this vCPU's area.
+    let a = unsafe { &*(at as *const VcpuArea) };
+    a.queue_head.load(Ordering::Acquire) != a.queue_tail.load(Ordering::Relaxed)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation stacks (the seed's sa_stacks pool).
+
+struct StackPool {
+    /// Stack tops not in the shared pool.
+    spare: Vec<u64>,
+}
+
+static STACKS: SpinLock<StackPool> = SpinLock::new(StackPool { spare: Vec::new() });
+
+fn new_act_stack() -> u64 {
+    let stack = alloc::vec![0u8; ACT_STACK_SIZE].leak();
+    (stack.as_ptr() as u64 + stack.len() as u64) & !15
+}
+
+/// Gives back an activation stack nobody runs on any more.
+pub fn release_act_stack(top: u64) {
+    if top == 0 {
+        return;
+    }
+    STACKS.lock().spare.push(top);
+    refill_pool();
+}
+
+/// Keeps the shared stack pool full (the VMM takes one per new activation).
+fn refill_pool() {
+    if !activations_enabled() {
+        return;
+    }
+    let h = header();
+    let mut pool = STACKS.lock();
+    loop {
+        let prod = h.stack_prod.load(Ordering::Relaxed);
+        let cons = h.stack_cons.load(Ordering::Acquire);
+        if prod.wrapping_sub(cons) as usize >= STACK_POOL_CAPACITY {
+            return;
+        }
+        let top = match pool.spare.pop() {
+            Some(top) => top,
+            None if prod.wrapping_sub(cons) < 2 * start::nr_vcpus() + 4 => new_act_stack(),
+            None => return,
+        };
+        let slot = prod as usize % STACK_POOL_CAPACITY;
+        let stacks = core::ptr::addr_of!(h.stacks) as *mut u64;
+        // SAFETY: the guest produces the pool: slot `prod % CAP` is free (prod - cons < CAP),
+        // and only this code (under the lock) writes it.
+        unsafe { stacks.add(slot).write_volatile(top) };
+        h.stack_prod.store(prod.wrapping_add(1), Ordering::Release);
+    }
+}
+
+fn hypercall(nr: Hypercall, a0: u64) -> u64 {
+    // SAFETY: the sa_* calls take numbers or the address of a function of this image.
+    unsafe { activm_stub::hypercall::raw(nr as u64, a0, 0, 0, 0) }
+}
+
+/// vCPU 0, once every vCPU runs its scheduler: registers the activation entry, fills the stack
+/// pool and enables upcalls, unless the VMM does not offer them (`--no-activations`) or the
+/// guest said `--rt-sa=off`. Returns whether they are on.
+pub fn enable() -> bool {
+    if !crate::config::use_sa() {
+        return false;
+    }
+    let entry = __rt_activation_entry as *const () as u64;
+    if hypercall(Hypercall::SaRegister, entry) == HC_UNSUPPORTED {
+        return false;
+    }
+    ENABLED.store(true, Ordering::Release);
+    refill_pool();
+    hypercall(Hypercall::SaSetConcurrency, u64::from(start::nr_vcpus()));
+    header()
+        .requested_concurrency
+        .store(start::nr_vcpus(), Ordering::Release);
+    if hypercall(Hypercall::SaEnable, 0) == HC_UNSUPPORTED {
+        ENABLED.store(false, Ordering::Release);
+        return false;
+    }
+    true
+}
+
+/// Asks the VMM to give this guest `n` processors (`sa_setconcurrency`); returns the previous
+/// value, or `None` without activations.
+pub fn set_concurrency(n: u32) -> Option<u32> {
+    if !activations_enabled() {
+        return None;
+    }
+    header().requested_concurrency.store(n, Ordering::Release);
+    Some(hypercall(Hypercall::SaSetConcurrency, u64::from(n)) as u32)
+}
+
+/// Delivers a USER upcall to vCPU `vcpu` (`sa_preempt`); false without activations.
+pub fn preempt_vcpu(vcpu: u32) -> bool {
+    activations_enabled() && hypercall(Hypercall::SaPreempt, u64::from(vcpu)) == 0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation state: who ran on a preempted (or blocked) activation.
+
+/// What a vCPU's words said when its activation ended.
+#[derive(Clone, Copy, Debug)]
+#[allow(dead_code)]
+struct ActState {
+    activation: u32,
+    vcpu: u32,
+    current: u64,
+    hold: u64,
+    in_sched: bool,
+    sched_idle: bool,
+    /// The activation's scheduler stack, still owned by this state (0: already given back).
+    sched_top: u64,
+}
+
+static TABLE: SpinLock<Vec<ActState>> = SpinLock::new(Vec::new());
+
+/// The words `__rt_activation_entry` saves before it claims the vCPU (layout used by the
+/// assembly and by `resolve_entry_context`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct OldWords {
+    current: u64,
+    in_sched: u64,
+    sched_idle: u64,
+    sched_top: u64,
+    hold: u64,
+    activation: u64,
+    new_top: u64,
+}
+
+/// Files the state of the activation a vCPU had before (its new activation took the vCPU).
+fn file_old_state(vcpu: u32, old: &OldWords) {
+    if old.activation == 0 {
+        return;
+    }
+    let st = ActState {
+        activation: old.activation as u32,
+        vcpu,
+        current: old.current,
+        hold: old.hold,
+        in_sched: old.in_sched != 0,
+        sched_idle: old.sched_idle != 0,
+        sched_top: old.sched_top,
+    };
+    let st = if st.in_sched {
+        st
+    } else {
+        // A thread ran there: the old scheduler stack is free.
+        release_act_stack(st.sched_top);
+        ActState { sched_top: 0, ..st }
+    };
+    TABLE.lock().push(st);
+}
+
+/// Takes the state of `activation` (on `vcpu`): from the table, or straight from the vCPU's
+/// words if its next activation has not started. `None`: not available yet.
+fn take_state(activation: u32, vcpu: u32) -> Option<ActState> {
+    {
+        let mut table = TABLE.lock();
+        if let Some(i) = table.iter().position(|s| s.activation == activation) {
+            return Some(table.swap_remove(i));
+        }
+    }
+    if vcpu >= start::nr_vcpus() {
+        return None;
+    }
+    let read = |w: Word| cpu::get_of(vcpu, w);
+    let st = ActState {
+        activation,
+        vcpu,
+        current: read(Word::Current),
+        hold: cpu::hold_of(vcpu),
+        in_sched: read(Word::InSched) != 0,
+        sched_idle: read(Word::SchedIdle) != 0,
+        sched_top: read(Word::SchedTop),
+    };
+    let word = activm_stub::arch::x86_64::percpu::cpu_local(vcpu as usize)
+        .rt_word(Word::Activation as usize);
+    if word
+        .compare_exchange(
+            u64::from(activation),
+            0,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        // Its next activation claimed the words first; its snapshot will be in the table.
+        return None;
+    }
+    cpu::reset_hold_of(vcpu);
+    if st.in_sched {
+        Some(st)
+    } else {
+        release_act_stack(st.sched_top);
+        Some(ActState { sched_top: 0, ..st })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// New activations.
+
+core::arch::global_asm!(
+    ".pushsection .text.activm_rt.entry, \"ax\"",
+    // A new activation (NEWPROC): rdi = vCPU, rsi = activation id, rsp = stack top - 8 (a
+    // zero return address there), interrupts on. Until the words are reset an interrupt must
+    // not trust them: [__rt_act_window_start, __rt_act_window_end) is an unsafe window.
+    ".globl __rt_activation_entry",
+    "__rt_activation_entry:",
+    "__rt_act_window_start:",
+    "    sub $56, %rsp",
+    "    mov %gs:{current}, %rax",
+    "    mov %rax, 0(%rsp)",
+    "    mov %gs:{in_sched}, %rax",
+    "    mov %rax, 8(%rsp)",
+    "    mov %gs:{sched_idle}, %rax",
+    "    mov %rax, 16(%rsp)",
+    "    mov %gs:{sched_top}, %rax",
+    "    mov %rax, 24(%rsp)",
+    "    mov %gs:{hold}, %rax",
+    "    mov %rax, 32(%rsp)",
+    "    lea 64(%rsp), %rax",
+    "    mov %rax, 48(%rsp)",
+    "    mov %rsi, %rax",
+    // The claim: this vCPU's words are now this activation's; rax = the previous activation.
+    "    xchg %rax, %gs:{activation}",
+    ".globl __rt_act_claimed",
+    "__rt_act_claimed:",
+    "    mov %rax, 40(%rsp)",
+    "    movq $1, %gs:{in_sched}",
+    "    movq $0, %gs:{current}",
+    "    movq $0, %gs:{hold}",
+    "    movq $0, %gs:{pending}",
+    "    movq $0, %gs:{sched_idle}",
+    "    movq $0, %gs:{armed}",
+    "    lea 64(%rsp), %rax",
+    "    mov %rax, %gs:{sched_top}",
+    ".globl __rt_act_window_end",
+    "__rt_act_window_end:",
+    "    mov %rsp, %rcx",
+    "    lea 64(%rsp), %rdx",
+    "    xor %ebp, %ebp",
+    "    call {start}",
+    "    ud2",
+    ".popsection",
+    current = const offset(Word::Current),
+    in_sched = const offset(Word::InSched),
+    sched_idle = const offset(Word::SchedIdle),
+    sched_top = const offset(Word::SchedTop),
+    activation = const offset(Word::Activation),
+    armed = const offset(Word::Armed),
+    hold = const HOLD_OFFSET,
+    pending = const PENDING_OFFSET,
+    start = sym activation_start,
+    options(att_syntax),
+);
+
+const _: () = {
+    assert!(offset_of!(OldWords, current) == 0);
+    assert!(offset_of!(OldWords, in_sched) == 8);
+    assert!(offset_of!(OldWords, sched_idle) == 16);
+    assert!(offset_of!(OldWords, sched_top) == 24);
+    assert!(offset_of!(OldWords, hold) == 32);
+    assert!(offset_of!(OldWords, activation) == 40);
+    assert!(offset_of!(OldWords, new_top) == 48);
+};
+
+extern "C" {
+    fn __rt_activation_entry();
+    static __rt_act_window_start: u8;
+    static __rt_act_claimed: u8;
+    static __rt_act_window_end: u8;
+}
+
+fn entry_window() -> (u64, u64, u64) {
+    (
+        core::ptr::addr_of!(__rt_act_window_start) as u64,
+        core::ptr::addr_of!(__rt_act_claimed) as u64,
+        core::ptr::addr_of!(__rt_act_window_end) as u64,
+    )
+}
+
+/// Whether code at `rip` must not be switched away: the trampoline before its EOI, or an
+/// activation entry before it reset the words.
+pub fn in_unsafe_window(rip: u64) -> bool {
+    let (trap_start, trap_end) = activm_stub::trap_eoi_window();
+    let (entry_start, _, entry_end) = entry_window();
+    (trap_start..trap_end).contains(&rip) || (entry_start..entry_end).contains(&rip)
+}
+
+/// The vectors whose EOI a previous activation may have left owed on this vCPU.
+const OUR_VECTORS: [u8; 4] = [VECTOR_TIMER, VECTOR_RESCHEDULE, VECTOR_UPCALL, VECTOR_SIM];
+
+/// Rust side of a new activation, on its pool stack, with the vCPU's words already reset.
+extern "C" fn activation_start(_vcpu: u64, _activation: u64, _top: u64, old: *const OldWords) -> ! {
+    context::reset_fp_control();
+    let me = activm_stub::vcpu_id();
+    // SAFETY: the entry saved the previous words at `old`, on this stack.
+    let old = unsafe { *old };
+    activm_stub::lapic::clear_in_service(&OUR_VECTORS);
+    file_old_state(me, &old);
+    sched::clear_idle_bits(me);
+    percpu::this()
+        .counters
+        .activations
+        .fetch_add(1, Ordering::Relaxed);
+    sched::sched_loop()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The upcall interrupt and the queue.
+
+/// `VECTOR_UPCALL`: the scheduler drains the queue; preempt the thread to get there.
+pub fn on_upcall(frame: &mut IrqFrame) {
+    percpu::this()
+        .counters
+        .upcalls
+        .fetch_add(1, Ordering::Relaxed);
+    if !sched::irq_prologue(frame) {
+        preempt::defer(PEND_UPCALL);
+        return;
+    }
+    sched::preempt_current();
+}
+
+/// Records that could not be handled yet (their activation's state was not filed yet).
+static LATER: SpinLock<Vec<UpcallRecord>> = SpinLock::new(Vec::new());
+static LATER_LEN: AtomicU32 = AtomicU32::new(0);
+
+/// Scheduler context: handles every record of this vCPU's queue (and any left for later). May
+/// not return (a continued lock holder, an adopted scheduler context).
+pub fn drain() {
+    if LATER_LEN.load(Ordering::Acquire) != 0 {
+        retry_later();
+    }
+    if !queue_nonempty() {
+        return;
+    }
+    let mut rec = MaybeUninit::<UpcallRecord>::uninit();
+    let mut last_seq = 0u64;
+    // SAFETY: `take_record` writes a whole record before returning true.
+    while rseq::take_record(unsafe { &mut *rec.as_mut_ptr() }) {
+        // SAFETY: as above.
+        let r = unsafe { rec.assume_init_ref() };
+        if r.seq <= last_seq {
+            SEQ_ERRORS.fetch_add(1, Ordering::Relaxed);
+        }
+        last_seq = r.seq;
+        MAX_SEQ.fetch_max(r.seq, Ordering::AcqRel);
+        RECORDS.fetch_add(1, Ordering::Relaxed);
+        percpu::this()
+            .counters
+            .records
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(slot) = BY_KIND.get(r.kind as usize) {
+            slot.fetch_add(1, Ordering::Relaxed);
+        }
+        handle(r);
+    }
+    refill_pool();
+}
+
+fn retry_later() {
+    let records: Vec<UpcallRecord> = {
+        let mut later = LATER.lock();
+        LATER_LEN.store(0, Ordering::Release);
+        core::mem::take(&mut *later)
+    };
+    for r in records {
+        handle(&r);
+    }
+}
+
+fn handle(r: &UpcallRecord) {
+    match UpcallKind::from_raw(r.kind) {
+        Some(UpcallKind::NewProc) => {}
+        Some(UpcallKind::Preempted | UpcallKind::Unblocked) => {
+            if r.flags & RECORD_HAS_CONTEXT != 0 {
+                resume_context(r);
+            }
+        }
+        Some(UpcallKind::Blocked) => blocked(r),
+        Some(UpcallKind::Signal) => signal(r.arg),
+        Some(UpcallKind::User) => {
+            let hook = USER_HOOK.load(Ordering::Acquire);
+            if !hook.is_null() {
+                // SAFETY: only `set_user_hook` stores non-null values, all `fn(u32)`.
+                let hook = unsafe { core::mem::transmute::<*mut (), fn(u32)>(hook) };
+                hook(r.arg as u32);
+            }
+        }
+        None => println!(
+            "activm-rt: ignoring an upcall record of unknown kind {}",
+            r.kind
+        ),
+    }
+}
+
+fn later(r: &UpcallRecord) {
+    LATER.lock().push(*r);
+    LATER_LEN.fetch_add(1, Ordering::Release);
+}
+
+fn blocked(r: &UpcallRecord) {
+    let Some(st) = take_state(r.activation, r.vcpu) else {
+        later(r);
+        return;
+    };
+    if st.current != 0 && !st.in_sched {
+        // SAFETY: the thread that ran on that activation; it stays blocked (no one else has it).
+        let t = unsafe { tcb::from_raw(st.current as *const Tcb) };
+        t.flags
+            .fetch_or(tcb::FLAG_BLOCKED_IN_VMM, Ordering::Relaxed);
+        t.blocked_activation.store(r.activation, Ordering::Relaxed);
+    }
+    // Keep the state for the UNBLOCKED record.
+    TABLE.lock().push(st);
+}
+
+/// Fixes a handed-over context's instruction pointer; false if the context is a new
+/// activation that had not done anything yet (it is then dropped, with its stack).
+fn fix_rip(ctx: &mut UserContext) -> bool {
+    if let Some(abort) = rseq::fixup(ctx.rip) {
+        ctx.rip = abort;
+        percpu::this()
+            .counters
+            .rseq_rewinds
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    let (trap_start, trap_end) = activm_stub::trap_eoi_window();
+    if (trap_start..trap_end).contains(&ctx.rip) {
+        // That EOI was owed to the other vCPU's APIC; its next activation clears it.
+        ctx.rip = trap_end;
+    }
+    true
+}
+
+/// A context taken inside `__rt_activation_entry` (before its words were reset): file what
+/// the entry had saved, drop the new activation's context and give back its stack.
+fn resolve_entry_context(r: &UpcallRecord) -> bool {
+    let ctx = &r.context;
+    let (start, claimed, end) = entry_window();
+    if !(start..end).contains(&ctx.rip) {
+        return false;
+    }
+    let rsp = ctx.gprs.rsp;
+    let top = if ctx.rip == start { rsp + 8 } else { rsp + 64 };
+    if ctx.rip >= claimed {
+        // SAFETY: the entry saved the words at rsp (its `sub $56` ran before the claim).
+        let mut old = unsafe { *(rsp as *const OldWords) };
+        if ctx.rip == claimed {
+            old.activation = ctx.gprs.rax;
+        }
+        file_old_state(r.vcpu, &old);
+        let word = activm_stub::arch::x86_64::percpu::cpu_local(r.vcpu as usize)
+            .rt_word(Word::Activation as usize);
+        let _ = word.compare_exchange(
+            u64::from(r.activation),
+            0,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+    sched::clear_idle_bits(r.vcpu);
+    release_act_stack(top);
+    percpu::this()
+        .counters
+        .dropped_idle_contexts
+        .fetch_add(1, Ordering::Relaxed);
+    true
+}
+
+/// Resumes the context of a PREEMPTED or UNBLOCKED record on this vCPU.
+fn resume_context(r: &UpcallRecord) {
+    if resolve_entry_context(r) {
+        return;
+    }
+    let Some(st) = take_state(r.activation, r.vcpu) else {
+        later(r);
+        return;
+    };
+    let mut ctx = r.context;
+    fix_rip(&mut ctx);
+    if st.in_sched {
+        if st.sched_idle {
+            // An idle scheduler: nothing in flight.
+            sched::clear_idle_bits(st.vcpu);
+            release_act_stack(st.sched_top);
+            percpu::this()
+                .counters
+                .dropped_idle_contexts
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        adopt(&ctx, st);
+    }
+    if st.current == 0 {
+        println!(
+            "activm-rt: dropping a context of activation {} with no thread",
+            r.activation
+        );
+        return;
+    }
+    // SAFETY: the thread that ran on that activation; nobody else resumes it (its state was
+    // taken exactly once).
+    let t = unsafe { tcb::from_raw(st.current as *const Tcb) };
+    t.flags
+        .fetch_and(!tcb::FLAG_BLOCKED_IN_VMM, Ordering::Relaxed);
+    // SAFETY: the context is this guest's, taken at CPL3 on the thread's own stack; below its
+    // rsp is free (the thread is not running).
+    let sp = unsafe { context::build_resume_frame(&ctx) };
+    // SAFETY: the thread does not run; its saved stack pointer is ours to set.
+    unsafe { *t.sp.get() = sp };
+    percpu::this()
+        .counters
+        .resumed_contexts
+        .fetch_add(1, Ordering::Relaxed);
+    if st.hold > 0 {
+        // A lock holder: run it now, until its last release (seed 000, section 6).
+        cpu::set_hold(st.hold);
+        preempt::defer(PEND_CONT);
+        sched::run_now(t);
+    }
+    sched::make_runnable(t, false);
+}
+
+/// Continues another activation's scheduler context as this vCPU's scheduler.
+fn adopt(ctx: &UserContext, st: ActState) -> ! {
+    percpu::this()
+        .counters
+        .adoptions
+        .fetch_add(1, Ordering::Relaxed);
+    sched::clear_idle_bits(st.vcpu);
+    // This scheduler's own stack is given up; the adopted one's becomes this vCPU's.
+    let own = cpu::get(Word::SchedTop);
+    // SAFETY: the context is a scheduler context of this guest taken at CPL3 on its own
+    // activation stack, which nobody else uses now.
+    let sp = unsafe { context::build_resume_frame(ctx) };
+    cpu::set(Word::SchedTop, st.sched_top);
+    cpu::set(Word::Current, st.current);
+    cpu::set_hold(st.hold);
+    // The old stack can only be reused by a later activation of the pool, after this jump.
+    release_act_stack(own);
+    // SAFETY: scheduler context (InSched = 1); the frame was built above.
+    unsafe { context::jump_to_frame(sp) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIGNAL and USER.
+
+static SIGNAL_HANDLER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+static USER_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Installs the handler for host signals (SIGNAL upcalls): it runs in a new thread named
+/// "signal". Without one the guest prints the signal and exits with 128 + its number.
+pub fn set_signal_handler(handler: fn(u32)) {
+    SIGNAL_HANDLER.store(handler as *mut (), Ordering::Release);
+}
+
+/// Installs a hook the scheduler calls (with the requesting vCPU) for USER upcalls.
+pub fn set_user_hook(hook: fn(u32)) {
+    USER_HOOK.store(hook as *mut (), Ordering::Release);
+}
+
+fn signal(signo: u64) {
+    LAST_SIGNAL.store(signo, Ordering::Release);
+    let handler = SIGNAL_HANDLER.load(Ordering::Acquire);
+    if handler.is_null() {
+        println!("activm-rt: signal {signo}, exiting");
+        activm_stub::exit(128 + signo as i32);
+    }
+    // SAFETY: only `set_signal_handler` stores non-null values, all `fn(u32)`.
+    let handler = unsafe { core::mem::transmute::<*mut (), fn(u32)>(handler) };
+    let _ = crate::thread::Builder::new()
+        .name("signal".into())
+        .spawn(move || handler(signo as u32));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The simulated VMM.
+
+/// A simulated VMM for self-tests without the VMM's activations (`--no-activations` or
+/// `--rt-sa=off`): it writes records into the guest's own queues exactly as the VMM would
+/// (whole record, then the head with release, then the upcall interrupt), and takes a thread
+/// away from a vCPU the way the VMM does (its full context, the vCPU continuing with a new
+/// activation).
+pub mod sim {
+    use super::*;
+
+    static LOCK: SpinLock<()> = SpinLock::new(());
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    static NEXT_ACTIVATION: AtomicU32 = AtomicU32::new(1000);
+
+    /// What to do with the captured thread.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Capture {
+        /// Hand it over to `deliver_to` in a PREEMPTED record.
+        Preempt { deliver_to: u32 },
+        /// Keep it "blocked in the VMM": a BLOCKED record goes to the vCPU itself; call
+        /// [`Request::unblock`] later.
+        Block,
+    }
+
+    /// A capture request for one vCPU ([`request`]).
+    #[derive(Debug)]
+    pub struct Request {
+        capture: Capture,
+        /// Only this thread (TCB address), or any thread if 0.
+        victim: u64,
+        /// Only while the victim holds a preemption hold (true), only while it holds none
+        /// (false), or either.
+        held: Option<bool>,
+        done: AtomicBool,
+        activation: AtomicU32,
+        vcpu: AtomicU32,
+        /// Whether the captured `rip` was inside a restartable sequence.
+        in_rseq: AtomicBool,
+        /// The captured context (stored inline: the capture runs in interrupt context, where
+        /// the interrupted thread may hold the heap lock).
+        context: SpinLock<Option<UserContext>>,
+    }
+
+    impl Request {
+        pub fn is_done(&self) -> bool {
+            self.done.load(Ordering::Acquire)
+        }
+
+        pub fn captured_in_rseq(&self) -> bool {
+            self.in_rseq.load(Ordering::Acquire)
+        }
+
+        /// The activation the captured thread ran on.
+        pub fn activation(&self) -> u32 {
+            self.activation.load(Ordering::Acquire)
+        }
+
+        /// For a `Block` capture: the "I/O" completes; an UNBLOCKED record with the thread's
+        /// context goes to `deliver_to`.
+        pub fn unblock(&self, deliver_to: u32) {
+            let ctx = self.context.lock().take().expect("nothing blocked");
+            post(
+                deliver_to,
+                UpcallKind::Unblocked,
+                self.activation(),
+                self.vcpu.load(Ordering::Acquire),
+                0,
+                Some(&ctx),
+            );
+        }
+    }
+
+    static REQUESTS: [AtomicPtr<Request>; 64] =
+        [const { AtomicPtr::new(core::ptr::null_mut()) }; 64];
+    /// What the interrupted vCPU posts once it left the captured thread's stack.
+    static OUTBOX: [AtomicPtr<Request>; 64] = [const { AtomicPtr::new(core::ptr::null_mut()) }; 64];
+
+    fn check() {
+        assert!(
+            !activations_enabled(),
+            "the simulated VMM needs the VMM's activations off (activm run --no-activations, or --rt-sa=off)"
+        );
+    }
+
+    /// Writes one record into `target`'s queue as the VMM would, then raises the upcall
+    /// interrupt there. Returns its sequence number.
+    pub fn post(
+        target: u32,
+        kind: UpcallKind,
+        activation: u32,
+        vcpu: u32,
+        arg: u64,
+        context: Option<&UserContext>,
+    ) -> u64 {
+        check();
+        let a = area(target);
+        let seq;
+        loop {
+            let _g = LOCK.lock();
+            let head = a.queue_head.load(Ordering::Relaxed);
+            let tail = a.queue_tail.load(Ordering::Acquire);
+            if head.wrapping_sub(tail) as usize >= UPCALL_QUEUE_CAPACITY {
+                drop(_g);
+                core::hint::spin_loop();
+                continue;
+            }
+            seq = SEQ.fetch_add(1, Ordering::Relaxed) + 1;
+            let slot = head as usize % UPCALL_QUEUE_CAPACITY;
+            let at = core::ptr::addr_of!(a.records[slot]) as *mut UpcallRecord;
+            let mut rec = UpcallRecord {
+                seq,
+                kind: kind as u32,
+                flags: 0,
+                activation,
+                vcpu,
+                delivered_to: cpu::get_of(target, Word::Activation) as u32,
+                _pad: 0,
+                arg,
+                tsc: cpu::rdtsc(),
+                _reserved: [0; 2],
+                context: UserContext::default(),
+            };
+            if let Some(ctx) = context {
+                rec.flags |= RECORD_HAS_CONTEXT;
+                rec.context = *ctx;
+            }
+            // SAFETY: slot `head % CAP` is free (head - tail < CAP); the consumer reads it only
+            // after the release store of the head below; producers are serialised by LOCK.
+            unsafe { at.write_volatile(rec) };
+            a.queue_head.store(head.wrapping_add(1), Ordering::Release);
+            break;
+        }
+        preempt::hold();
+        if target == activm_stub::vcpu_id() {
+            cpu::send_self_ipi(VECTOR_UPCALL);
+        } else {
+            cpu::send_ipi(percpu::of(target).apic_id, VECTOR_UPCALL);
+        }
+        preempt::release();
+        seq
+    }
+
+    /// The activation now running on vCPU `vcpu`.
+    pub fn activation_of(vcpu: u32) -> u32 {
+        cpu::get_of(vcpu, Word::Activation) as u32
+    }
+
+    /// Asks vCPU `vcpu` to take a thread away at its next suitable interrupt (its timer, or
+    /// the IPI [`kick`] sends): the running thread (or only `victim`), while it holds a
+    /// preemption hold or not (`held`). Poll [`Request::is_done`].
+    pub fn request(
+        vcpu: u32,
+        capture: Capture,
+        victim: Option<&crate::thread::Thread>,
+        held: Option<bool>,
+    ) -> &'static Request {
+        check();
+        let req = Box::leak(Box::new(Request {
+            capture,
+            victim: victim.map_or(0, |t| t.tcb_addr()),
+            held,
+            done: AtomicBool::new(false),
+            activation: AtomicU32::new(0),
+            vcpu: AtomicU32::new(vcpu),
+            in_rseq: AtomicBool::new(false),
+            context: SpinLock::new(None),
+        }));
+        // The capture files a state without allocating.
+        TABLE.lock().reserve(8);
+        let old = REQUESTS[vcpu as usize].swap(req, Ordering::AcqRel);
+        assert!(
+            old.is_null(),
+            "a capture request for vCPU {vcpu} is pending"
+        );
+        req
+    }
+
+    /// Sends the simulated VMM's interrupt to vCPU `vcpu` (to act on a request now).
+    pub fn kick(vcpu: u32) {
+        preempt::hold();
+        if vcpu == activm_stub::vcpu_id() {
+            cpu::send_self_ipi(VECTOR_SIM);
+        } else {
+            cpu::send_ipi(percpu::of(vcpu).apic_id, VECTOR_SIM);
+        }
+        preempt::release();
+    }
+
+    /// The simulated VMM's interrupt.
+    pub fn on_sim(frame: &mut IrqFrame) {
+        super::sim_on_interrupt(frame);
+    }
+
+    /// Interrupt context on vCPU `me`, before the handler's own work: captures the interrupted
+    /// thread if a request asks for it. Does not return if it does.
+    pub(super) fn on_interrupt(frame: &IrqFrame) {
+        let me = activm_stub::vcpu_id();
+        let slot = &REQUESTS[me as usize];
+        let req = slot.load(Ordering::Acquire);
+        if req.is_null() {
+            return;
+        }
+        // SAFETY: requests are leaked; this one is pending for this vCPU.
+        let r = unsafe { &*req };
+        let current = sched::current_raw() as u64;
+        let hold = preempt::held();
+        let suitable = cpu::get(Word::InSched) == 0
+            && current != 0
+            && (r.victim == 0 || r.victim == current)
+            && r.held.is_none_or(|h| h == (hold > 0))
+            && !in_unsafe_window(frame.rip);
+        if !suitable
+            || slot
+                .compare_exchange(
+                    req,
+                    core::ptr::null_mut(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_err()
+        {
+            return;
+        }
+        // From here on this vCPU behaves as if the VMM took the thread away and started a new
+        // activation: no interrupt may treat the thread as running here any more.
+        cpu::set(Word::InSched, 1);
+        cpu::set_hold(0);
+        let _ = cpu::take_pending();
+        let ctx = context::capture(frame);
+        r.in_rseq
+            .store(rseq::fixup(ctx.rip).is_some(), Ordering::Release);
+        let new_act = NEXT_ACTIVATION.fetch_add(1, Ordering::Relaxed);
+        let old_act = cpu::get(Word::Activation);
+        cpu::set(Word::Activation, u64::from(new_act));
+        cpu::set(Word::Current, 0);
+        cpu::set(Word::SchedIdle, 0);
+        r.activation.store(old_act as u32, Ordering::Release);
+        *r.context.lock() = Some(ctx);
+        // The thread's state, as the new activation's entry would file it (it keeps this
+        // vCPU's scheduler stack, which was free: a thread ran).
+        TABLE.lock().push(ActState {
+            activation: old_act as u32,
+            vcpu: me,
+            current,
+            hold,
+            in_sched: false,
+            sched_idle: false,
+            sched_top: 0,
+        });
+        OUTBOX[me as usize].store(req, Ordering::Release);
+        // SAFETY: the thread's stack now belongs to its context; this vCPU is in the scheduler.
+        unsafe { context::abandon_to_scheduler(after_capture) }
+    }
+
+    /// On the scheduler stack of the vCPU that captured a thread: post the record(s).
+    extern "C" fn after_capture() -> ! {
+        let me = activm_stub::vcpu_id();
+        let req = OUTBOX[me as usize].swap(core::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: set just before the jump here; requests are leaked.
+        let r = unsafe { &*req };
+        activm_stub::lapic::clear_in_service(&OUR_VECTORS);
+        let activation = r.activation();
+        match r.capture {
+            Capture::Preempt { deliver_to } => {
+                let ctx = r.context.lock().take().expect("captured context");
+                post(
+                    deliver_to,
+                    UpcallKind::Preempted,
+                    activation,
+                    me,
+                    0,
+                    Some(&ctx),
+                );
+            }
+            Capture::Block => {
+                post(me, UpcallKind::Blocked, activation, me, 0, None);
+            }
+        }
+        r.done.store(true, Ordering::Release);
+        sched::sched_loop()
+    }
+}
+
+/// Called first by the runtime's timer and simulated-VMM handlers.
+pub fn sim_on_interrupt(frame: &IrqFrame) {
+    sim::on_interrupt(frame);
+}
+
+/// Statistics of the upcall path: (records, max sequence number, out-of-order records).
+pub fn record_stats() -> (u64, u64, u64) {
+    (
+        RECORDS.load(Ordering::Relaxed),
+        MAX_SEQ.load(Ordering::Relaxed),
+        SEQ_ERRORS.load(Ordering::Relaxed),
+    )
+}
