@@ -312,10 +312,8 @@ fn contention(total: u64, threads: u64, regions: u64) -> f64 {
                 gate.wait();
                 for _ in 0..quota {
                     x = xorshift(x);
-                    *regions[(x % regions.len() as u64) as usize]
-                        .0
-                        .lock()
-                        .unwrap() += 1;
+                    let region = &regions[(x % regions.len() as u64) as usize];
+                    *region.0.lock().unwrap() += 1;
                 }
             })
         })

@@ -83,8 +83,7 @@ fn run(op: &str, p: &Params) -> Result<(), String> {
             Box::new(move || create(total, top, children))
         }
         "contention" => {
-            let (total, threads, regions) =
-                (p.get("total")?, p.get("threads")?, p.get("regions")?);
+            let (total, threads, regions) = (p.get("total")?, p.get("threads")?, p.get("regions")?);
             Box::new(move || contention(total, threads, regions))
         }
         other => return Err(alloc::format!("unknown OP {other:?}")),
@@ -143,14 +142,14 @@ struct Gate {
 
 impl Gate {
     fn wait(&self) {
-        let mut open = self.open.lock();
+        let mut open = self.open.lock().unwrap();
         while !*open {
-            open = self.cv.wait(open);
+            open = self.cv.wait(open).unwrap();
         }
     }
 
     fn open(&self) {
-        *self.open.lock() = true;
+        *self.open.lock().unwrap() = true;
         self.cv.notify_all();
     }
 }
@@ -158,7 +157,7 @@ impl Gate {
 fn null_fork(iters: u64) -> f64 {
     let t0 = rdtsc();
     for _ in 0..iters {
-        thread::spawn(|| {}).join();
+        thread::spawn(|| {}).join().unwrap();
     }
     ns_since(t0) / iters as f64
 }
@@ -172,10 +171,10 @@ fn signal_wait(iters: u64) -> f64 {
         let shared = Arc::clone(&shared);
         thread::spawn(move || {
             let (m, cv) = &*shared;
-            let mut turn = m.lock();
+            let mut turn = m.lock().unwrap();
             for _ in 0..WARM + iters {
                 while *turn % 2 == 0 {
-                    turn = cv.wait(turn);
+                    turn = cv.wait(turn).unwrap();
                 }
                 *turn += 1;
                 cv.notify_one();
@@ -184,11 +183,11 @@ fn signal_wait(iters: u64) -> f64 {
     };
     let (m, cv) = &*shared;
     let round_trip = || {
-        let mut turn = m.lock();
+        let mut turn = m.lock().unwrap();
         *turn += 1;
         cv.notify_one();
         while *turn % 2 == 1 {
-            turn = cv.wait(turn);
+            turn = cv.wait(turn).unwrap();
         }
     };
     for _ in 0..WARM {
@@ -199,7 +198,7 @@ fn signal_wait(iters: u64) -> f64 {
         round_trip();
     }
     let ns = ns_since(t0);
-    partner.join();
+    partner.join().unwrap();
     ns / (2 * iters) as f64
 }
 
@@ -221,7 +220,7 @@ fn yield_pair(iters: u64) -> f64 {
     let t0 = rdtsc();
     gate.open();
     for t in threads {
-        t.join();
+        t.join().unwrap();
     }
     ns_since(t0) / (2 * iters) as f64
 }
@@ -231,10 +230,10 @@ fn mutex_uncontended(iters: u64) -> f64 {
     let m = black_box(&m);
     let t0 = rdtsc();
     for _ in 0..iters {
-        *m.lock() += 1;
+        *m.lock().unwrap() += 1;
     }
     let ns = ns_since(t0);
-    assert_eq!(*m.lock(), iters);
+    assert_eq!(*m.lock().unwrap(), iters);
     ns / iters as f64
 }
 
@@ -248,7 +247,7 @@ fn mutex_contended(iters: u64) -> f64 {
                 let (gate, m) = &*shared;
                 gate.wait();
                 for _ in 0..iters {
-                    *m.lock() += 1;
+                    *m.lock().unwrap() += 1;
                 }
             })
         })
@@ -256,10 +255,10 @@ fn mutex_contended(iters: u64) -> f64 {
     let t0 = rdtsc();
     shared.0.open();
     for t in threads {
-        t.join();
+        t.join().unwrap();
     }
     let ns = ns_since(t0);
-    assert_eq!(*shared.1.lock(), 2 * iters);
+    assert_eq!(*shared.1.lock().unwrap(), 2 * iters);
     ns / (2 * iters) as f64
 }
 
@@ -281,18 +280,18 @@ fn create(total: u64, top: u64, children: u64) -> f64 {
                 for _ in 0..quota {
                     if alive.len() as u64 == children {
                         let oldest: thread::JoinHandle<()> = alive.pop_front().unwrap();
-                        oldest.join();
+                        oldest.join().unwrap();
                     }
                     alive.push_back(thread::spawn(|| {}));
                 }
                 for t in alive {
-                    t.join();
+                    t.join().unwrap();
                 }
             })
         })
         .collect();
     for t in tops {
-        t.join();
+        t.join().unwrap();
     }
     ns_since(t0)
 }
@@ -320,7 +319,8 @@ fn contention(total: u64, threads: u64, regions: u64) -> f64 {
                 gate.wait();
                 for _ in 0..quota {
                     x = xorshift(x);
-                    *regions[(x % regions.len() as u64) as usize].0.lock() += 1;
+                    let region = &regions[(x % regions.len() as u64) as usize];
+                    *region.0.lock().unwrap() += 1;
                 }
             })
         })
@@ -328,10 +328,10 @@ fn contention(total: u64, threads: u64, regions: u64) -> f64 {
     let t0 = rdtsc();
     shared.0.open();
     for t in handles {
-        t.join();
+        t.join().unwrap();
     }
     let ns = ns_since(t0);
-    let entered: u64 = shared.1.iter().map(|r| *r.0.lock()).sum();
+    let entered: u64 = shared.1.iter().map(|r| *r.0.lock().unwrap()).sum();
     assert_eq!(entered, total);
     ns
 }
