@@ -33,6 +33,9 @@ pub enum Slot {
     GrantedNew,
     /// Granted a processor to continue where it was, not yet picked up by its thread.
     GrantedResume,
+    /// Of an activation guest, waiting to resume with no processor for it: its thread must
+    /// hand its context to the guest (PREEMPTED) and park.
+    HandOff,
     /// Done for good.
     Stopped,
 }
@@ -44,6 +47,8 @@ pub enum Acquired {
     Resume,
     /// Start a new activation at the guest's upcall entry.
     NewActivation,
+    /// No processor: hand the context over (PREEMPTED) and park.
+    HandOff,
     /// The vCPU is stopped: end the thread.
     Exit,
 }
@@ -218,6 +223,11 @@ impl Allocator {
                     *slot = Slot::Running(Instant::now());
                     return Acquired::NewActivation;
                 }
+                Slot::HandOff => {
+                    // It gives the processor it briefly uses for the hand-off straight back.
+                    *slot = Slot::Revoking;
+                    return Acquired::HandOff;
+                }
                 Slot::Revoking | Slot::Runnable(_) | Slot::Parked => {
                     state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
                 }
@@ -338,6 +348,25 @@ impl Allocator {
                     }
                 }
             }
+        }
+        // An activation guest's vCPU that waits to resume (descheduled before the guest took
+        // upcalls, or without a hand-off) and has no processor coming hands its context over.
+        let mut handoffs = false;
+        for g in state.guests.iter_mut().filter(|g| g.activations) {
+            let mut room = g.share.saturating_sub(g.holding());
+            for slot in g.vcpus.iter_mut() {
+                if let Slot::Runnable(_) = slot {
+                    if room > 0 {
+                        room -= 1;
+                    } else {
+                        *slot = Slot::HandOff;
+                        handoffs = true;
+                    }
+                }
+            }
+        }
+        if handoffs {
+            self.changed.notify_all();
         }
         // Grant free processors to the guests furthest below their share.
         let mut free = state
@@ -512,6 +541,24 @@ mod tests {
         // h ends: g gets its processor back as a new activation.
         alloc.remove_guest(h);
         assert_eq!(alloc.acquire(g, kv), Acquired::NewActivation);
+    }
+
+    #[test]
+    fn waiting_vcpus_hand_off_when_the_guest_enables_activations() {
+        let alloc = Allocator::new(1, Duration::from_millis(10));
+        let g = alloc.add_guest(2);
+        alloc.rebalance();
+        let running = if alloc.view(g).vcpus[0] == Slot::GrantedResume {
+            0
+        } else {
+            1
+        };
+        assert_eq!(alloc.acquire(g, running), Acquired::Resume);
+        alloc.set_activations(g, true);
+        // The waiting vCPU will never get a processor: it must hand its context over.
+        assert_eq!(alloc.acquire(g, 1 - running), Acquired::HandOff);
+        alloc.release(g, 1 - running, Release::Preempted);
+        assert_eq!(alloc.view(g).vcpus[1 - running], Slot::Parked);
     }
 
     #[test]

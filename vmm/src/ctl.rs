@@ -96,7 +96,7 @@ fn handle_connection(
 fn slot_name(slot: &Slot) -> &'static str {
     match slot {
         Slot::Running(_) => "running",
-        Slot::Revoking => "revoking",
+        Slot::Revoking | Slot::HandOff => "revoking",
         Slot::Runnable(_) => "waiting",
         Slot::Parked => "parked",
         Slot::GrantedNew | Slot::GrantedResume => "starting",

@@ -304,6 +304,12 @@ impl VcpuThread {
                         break;
                     }
                 }
+                Acquired::HandOff => {
+                    // Waiting with a live context while the guest now takes upcalls: hand it
+                    // over as if preempted now (running forward first if needed).
+                    self.give_back_processor();
+                    continue;
+                }
             }
             self.control.set_state(VcpuState::Running);
             self.trace_state("running", true);

@@ -139,7 +139,7 @@ fn locks(threads: usize, entries: usize, nlocks: usize) -> i32 {
                 let mut seed = t as u64 + 1;
                 for i in 0..per_thread {
                     let lock = (t + i) % nlocks;
-                    let mut guard = counters[lock].lock();
+                    let mut guard = counters[lock].lock().unwrap();
                     // A short critical section: a little arithmetic on the protected value.
                     let mut v = *guard;
                     for _ in 0..50 {
@@ -159,7 +159,7 @@ fn locks(threads: usize, entries: usize, nlocks: usize) -> i32 {
         let _ = worker.join();
     }
     let ms = elapsed_ms(start);
-    let total: u64 = counters.iter().map(|c| *c.lock()).sum();
+    let total: u64 = counters.iter().map(|c| *c.lock().unwrap()).sum();
     let expected = (per_thread * threads) as u64;
     println!("RESULT locks threads={threads} entries={expected} locks={nlocks} ms={ms:.3} check={total}");
     if total == expected { 0 } else { 1 }
