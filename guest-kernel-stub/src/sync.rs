@@ -34,20 +34,26 @@ impl<T> SpinLock<T> {
 }
 
 impl<T: ?Sized> SpinLock<T> {
-    /// Takes the lock, spinning at CPL3 while another vCPU holds it.
+    /// Takes the lock, spinning at CPL3 while another vCPU holds it. The preemption hold is
+    /// taken just before each attempt and dropped while waiting: a waiter holds nothing, so it
+    /// can be preempted (and an upcall that must continue the preempted holder is not
+    /// deferred behind it).
     #[inline]
     pub fn lock(&self) -> SpinGuard<'_, T> {
-        preempt::hold();
-        while self
-            .locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        loop {
+            preempt::hold();
+            if self
+                .locked
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return SpinGuard { lock: self };
+            }
+            preempt::release();
             while self.locked.load(Ordering::Relaxed) {
                 core::hint::spin_loop();
             }
         }
-        SpinGuard { lock: self }
     }
 
     /// Takes the lock if it is free.

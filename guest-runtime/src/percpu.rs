@@ -78,6 +78,8 @@ pub struct Pcpu {
     /// TCB cache, used under a preemption hold.
     pub tcbs: [AtomicPtr<Tcb>; TCB_CACHE],
     pub nr_tcbs: AtomicU32,
+    /// An activation stack this vCPU's scheduler left (adopting another), to give back later.
+    pub retired_stack: AtomicU64,
     pub counters: Counters,
 }
 
@@ -100,6 +102,7 @@ impl Pcpu {
             nr_stacks: AtomicU32::new(0),
             tcbs: [const { AtomicPtr::new(core::ptr::null_mut()) }; TCB_CACHE],
             nr_tcbs: AtomicU32::new(0),
+            retired_stack: AtomicU64::new(0),
             counters: Counters::default(),
         }
     }

@@ -254,6 +254,7 @@ pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, _arg: usize) -> !
         ACT_EXIT => crate::thread::retire(prev),
         _ => unreachable!("unknown switch action {action}"),
     }
+    upcall::release_retired_stack();
     sched_loop()
 }
 
@@ -489,4 +490,14 @@ pub fn safepoint() {
 /// `switch_in` calls this (C ABI) when work was pending at its commit.
 pub extern "C" fn safepoint_from_switch() {
     safepoint();
+}
+
+/// Prints the scheduler's global state (diagnostics).
+pub fn dump() {
+    activm_stub::println!(
+        "activm-rt: global queue {} halted {:#x} spinning {:#x}",
+        GLOBAL_LEN.load(Ordering::Relaxed),
+        HALTED.load(Ordering::Relaxed),
+        SPINNING.load(Ordering::Relaxed)
+    );
 }

@@ -81,3 +81,32 @@ pub fn print() {
     let s = snapshot();
     println!("activm-rt stats: {s:?}");
 }
+
+/// Prints every vCPU's runtime words and queues (diagnostics: the default SIGNAL action).
+pub fn dump() {
+    use crate::arch::cpu::{self, Word};
+    for (v, p) in start::pcpus().iter().enumerate() {
+        let v = v as u32;
+        let (hold, pending) = {
+            let b = activm_stub::arch::x86_64::percpu::cpu_local(v as usize);
+            (
+                b.hold().load(Ordering::Relaxed),
+                b.pending().load(Ordering::Relaxed),
+            )
+        };
+        println!(
+            "activm-rt: vCPU {v}: activation {} in_sched {} idle {} current {:#x} hold {hold} pending {pending:#x} armed {} runq {} switches {} records {}",
+            cpu::get_of(v, Word::Activation),
+            cpu::get_of(v, Word::InSched),
+            cpu::get_of(v, Word::SchedIdle),
+            cpu::get_of(v, Word::Current),
+            cpu::get_of(v, Word::Armed) != 0,
+            p.len(),
+            p.counters.switches.load(Ordering::Relaxed),
+            p.counters.records.load(Ordering::Relaxed),
+        );
+    }
+    crate::sched::dump();
+    crate::upcall::dump();
+    print();
+}

@@ -149,6 +149,15 @@ fn new_act_stack() -> u64 {
     (stack.as_ptr() as u64 + stack.len() as u64) & !15
 }
 
+/// Scheduler context, at a fresh entry (so not on a retired stack): gives back the stack this
+/// vCPU's scheduler left when it adopted another one.
+pub fn release_retired_stack() {
+    let p = percpu::this();
+    if p.retired_stack.load(Ordering::Relaxed) != 0 {
+        release_act_stack(p.retired_stack.swap(0, Ordering::AcqRel));
+    }
+}
+
 /// Gives back an activation stack nobody runs on any more.
 pub fn release_act_stack(top: u64) {
     if top == 0 {
@@ -665,16 +674,18 @@ fn adopt(ctx: &UserContext, st: ActState) -> ! {
         .adoptions
         .fetch_add(1, Ordering::Relaxed);
     sched::clear_idle_bits(st.vcpu);
-    // This scheduler's own stack is given up; the adopted one's becomes this vCPU's.
+    // This scheduler's own stack is given up; the adopted one's becomes this vCPU's. The own
+    // one is still in use until the jump: it is retired, and given back by the next fresh
+    // scheduler entry on this vCPU (`release_retired_stack`).
     let own = cpu::get(Word::SchedTop);
     // SAFETY: the context is a scheduler context of this guest taken at CPL3 on its own
     // activation stack, which nobody else uses now.
     let sp = unsafe { context::build_resume_frame(ctx) };
+    let old = percpu::this().retired_stack.swap(own, Ordering::AcqRel);
+    release_act_stack(old);
     cpu::set(Word::SchedTop, st.sched_top);
     cpu::set(Word::Current, st.current);
     cpu::set_hold(st.hold);
-    // The old stack can only be reused by a later activation of the pool, after this jump.
-    release_act_stack(own);
     // SAFETY: scheduler context (InSched = 1); the frame was built above.
     unsafe { context::jump_to_frame(sp) }
 }
@@ -701,6 +712,7 @@ fn signal(signo: u64) {
     let handler = SIGNAL_HANDLER.load(Ordering::Acquire);
     if handler.is_null() {
         println!("activm-rt: signal {signo}, exiting");
+        crate::stats::dump();
         activm_stub::exit(128 + signo as i32);
     }
     // SAFETY: only `set_signal_handler` stores non-null values, all `fn(u32)`.
@@ -858,11 +870,11 @@ pub mod sim {
         cpu::get_of(vcpu, Word::Activation) as u32
     }
 
-    /// Asks vCPU `vcpu` to take a thread away at its next suitable interrupt (its timer, or
-    /// the IPI [`kick`] sends): the running thread (or only `victim`), while it holds a
-    /// preemption hold or not (`held`). Poll [`Request::is_done`].
+    /// Asks the simulated VMM to take a thread away at the next suitable interrupt on any
+    /// vCPU (its timer, or the interrupt [`kick_all`] sends): the running thread (or only
+    /// `victim`), while it holds a preemption hold or not (`held`; `None`: either). Poll
+    /// [`Request::is_done`].
     pub fn request(
-        vcpu: u32,
         capture: Capture,
         victim: Option<&crate::thread::Thread>,
         held: Option<bool>,
@@ -874,27 +886,56 @@ pub mod sim {
             held,
             done: AtomicBool::new(false),
             activation: AtomicU32::new(0),
-            vcpu: AtomicU32::new(vcpu),
+            vcpu: AtomicU32::new(0),
             in_rseq: AtomicBool::new(false),
             context: SpinLock::new(None),
         }));
         // The capture files a state without allocating.
         TABLE.lock().reserve(8);
-        let old = REQUESTS[vcpu as usize].swap(req, Ordering::AcqRel);
-        assert!(
-            old.is_null(),
-            "a capture request for vCPU {vcpu} is pending"
-        );
+        for slot in REQUESTS.iter().take(start::nr_vcpus() as usize) {
+            assert!(
+                slot.compare_exchange(
+                    core::ptr::null_mut(),
+                    req,
+                    Ordering::AcqRel,
+                    Ordering::Acquire
+                )
+                .is_ok(),
+                "a capture request is pending"
+            );
+        }
         req
     }
 
-    /// Sends the simulated VMM's interrupt to vCPU `vcpu` (to act on a request now).
-    pub fn kick(vcpu: u32) {
+    impl Request {
+        /// Withdraws the request where it has not been acted on.
+        pub fn cancel(&'static self) {
+            withdraw(self);
+        }
+    }
+
+    fn withdraw(req: &Request) {
+        let p = req as *const Request as *mut Request;
+        for slot in REQUESTS.iter() {
+            let _ = slot.compare_exchange(
+                p,
+                core::ptr::null_mut(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+    }
+
+    /// Sends the simulated VMM's interrupt to every vCPU (to act on a request now).
+    pub fn kick_all() {
+        let me = activm_stub::vcpu_id();
         preempt::hold();
-        if vcpu == activm_stub::vcpu_id() {
-            cpu::send_self_ipi(VECTOR_SIM);
-        } else {
-            cpu::send_ipi(percpu::of(vcpu).apic_id, VECTOR_SIM);
+        for v in 0..start::nr_vcpus() {
+            if v == me {
+                cpu::send_self_ipi(VECTOR_SIM);
+            } else {
+                cpu::send_ipi(percpu::of(v).apic_id, VECTOR_SIM);
+            }
         }
         preempt::release();
     }
@@ -934,6 +975,8 @@ pub mod sim {
         {
             return;
         }
+        withdraw(r);
+        r.vcpu.store(me, Ordering::Release);
         // From here on this vCPU behaves as if the VMM took the thread away and started a new
         // activation: no interrupt may treat the thread as running here any more.
         cpu::set(Word::InSched, 1);
@@ -1006,4 +1049,31 @@ pub fn record_stats() -> (u64, u64, u64) {
         MAX_SEQ.load(Ordering::Relaxed),
         SEQ_ERRORS.load(Ordering::Relaxed),
     )
+}
+
+/// Prints the shared area's view of every vCPU (diagnostics).
+pub fn dump() {
+    if SHARED.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    for v in 0..start::nr_vcpus() {
+        let a = area(v);
+        println!(
+            "activm-rt: vCPU {v} shared area: state {} activation {} queue {}..{}",
+            a.state.load(Ordering::Relaxed),
+            a.activation.load(Ordering::Relaxed),
+            a.queue_tail.load(Ordering::Relaxed),
+            a.queue_head.load(Ordering::Relaxed),
+        );
+    }
+    println!(
+        "activm-rt: table {:?} later {} enabled {}",
+        TABLE
+            .lock()
+            .iter()
+            .map(|s| (s.activation, s.vcpu, s.in_sched, s.hold))
+            .collect::<Vec<_>>(),
+        LATER_LEN.load(Ordering::Relaxed),
+        activations_enabled()
+    );
 }

@@ -1,0 +1,1223 @@
+//! The tests. Each returns `Ok(detail)` or `Err(reason)`.
+
+use alloc::collections::VecDeque;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::cell::{Cell, RefCell};
+use core::hint::black_box;
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::time::Duration;
+
+use activm_rt::rt::{self, SpinLock};
+use activm_rt::sync::mpsc;
+use activm_rt::sync::{Arc, Barrier, Condvar, Mutex, RwLock, Semaphore};
+use activm_rt::thread::{self, JoinHandle};
+use activm_rt::upcall::{self, sim};
+use activm_rt::{config, println, stats};
+use activm_stub::protocol::shared::UpcallKind;
+
+use crate::regs::RegState;
+use crate::{Needs, TestResult};
+
+type TestFn = fn() -> TestResult;
+
+pub static ALL: &[(&str, Needs, TestFn)] = &[
+    ("spawn-join-10000", Needs::Any, spawn_join_10000),
+    ("builder", Needs::Any, builder),
+    ("mutex", Needs::Any, mutex),
+    ("condvar", Needs::Any, condvar),
+    ("rwlock", Needs::Any, rwlock),
+    ("semaphore", Needs::Any, semaphore),
+    ("barrier", Needs::Any, barrier),
+    ("mpsc", Needs::Any, mpsc_channels),
+    ("thread-local", Needs::Any, thread_local),
+    ("park-unpark", Needs::Any, park_unpark),
+    ("fp-preemption", Needs::Any, fp_preemption),
+    ("sleep-accuracy", Needs::Any, sleep_accuracy),
+    ("time-slicing", Needs::Any, time_slicing),
+    ("heap-stack", Needs::Any, heap_stack),
+    ("random-preemption", Needs::Any, random_preemption),
+    ("upcall-newproc", Needs::Sim, upcall_newproc),
+    ("upcall-user", Needs::Sim, upcall_user),
+    ("upcall-signal", Needs::Sim, upcall_signal),
+    ("upcall-preempted", Needs::Sim, upcall_preempted),
+    ("upcall-preempted-rseq", Needs::Sim, upcall_preempted_rseq),
+    ("upcall-continuation", Needs::Sim, upcall_continuation),
+    ("upcall-blocked", Needs::Sim, upcall_blocked),
+    ("sa-real", Needs::Activations, sa_real),
+];
+
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+fn ms(ticks: u64) -> u64 {
+    rt::ticks_to_ns(ticks) / 1_000_000
+}
+
+/// Waits (yielding / sleeping) until `cond`, at most `timeout`.
+fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = rt::rdtsc() + timeout.as_micros() as u64 * rt::tsc_khz() / 1000;
+    while !cond() {
+        if rt::rdtsc() > deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_micros(200));
+    }
+    true
+}
+
+fn spawn_join_10000() -> TestResult {
+    const N: u64 = 10_000;
+    let before = stats::snapshot();
+    let start = rt::rdtsc();
+    let handles: Vec<JoinHandle<u64>> = (0..N).map(|i| thread::spawn(move || i * 2)).collect();
+    let spawned = rt::rdtsc();
+    let sum: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let end = rt::rdtsc();
+    ensure(sum == N * (N - 1), || {
+        format!("sum of results {sum}, expected {}", N * (N - 1))
+    })?;
+    let after = stats::snapshot();
+    ensure(after.slots_in_use == before.slots_in_use, || {
+        format!(
+            "stack slots in use {} -> {} (leak)",
+            before.slots_in_use, after.slots_in_use
+        )
+    })?;
+    ensure(after.heap_stacks == before.heap_stacks, || {
+        format!(
+            "heap stacks {} -> {} (leak)",
+            before.heap_stacks, after.heap_stacks
+        )
+    })?;
+    Ok(format!(
+        "{N} threads: spawn {} ns each, all run and joined in {} ms",
+        rt::ticks_to_ns(spawned - start) / N,
+        ms(end - spawned)
+    ))
+}
+
+fn builder() -> TestResult {
+    let main = thread::current();
+    ensure(main.name() == Some("main"), || {
+        format!("main thread is named {:?}", main.name())
+    })?;
+    let h = thread::Builder::new()
+        .name("named-worker".into())
+        .spawn(|| {
+            let me = thread::current();
+            (String::from(me.name().unwrap_or("")), me.id())
+        })
+        .unwrap();
+    let handle_name = String::from(h.thread().name().unwrap_or(""));
+    let handle_id = h.thread().id();
+    let (name, id) = h.join().unwrap();
+    ensure(name == "named-worker" && handle_name == name, || {
+        format!("names {name:?} / {handle_name:?}")
+    })?;
+    ensure(id == handle_id && id != main.id(), || "thread ids".into())?;
+    // A bigger-than-slot stack (from the heap) really is that big.
+    let slot = activm_rt::stack::slot_usable();
+    let big = thread::Builder::new()
+        .stack_size(slot * 4)
+        .spawn(move || {
+            let buf = [7u8; 256 * 1024];
+            black_box(&buf);
+            buf.iter().map(|&b| u64::from(b)).sum::<u64>()
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    ensure(big == 7 * 256 * 1024, || {
+        format!("big-stack thread returned {big}")
+    })?;
+    let unnamed = thread::spawn(|| thread::current().name().map(String::from))
+        .join()
+        .unwrap();
+    ensure(unnamed.is_none(), || "unnamed thread has a name".into())?;
+    Ok(format!("names, ids, {} KiB heap stack", slot * 4 / 1024))
+}
+
+fn mutex() -> TestResult {
+    const THREADS: u64 = 8;
+    const ITERS: u64 = 20_000;
+    let m = Arc::new(Mutex::new(0u64));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let m = m.clone();
+            thread::spawn(move || {
+                for i in 0..ITERS {
+                    let mut g = m.lock().unwrap();
+                    *g += 1;
+                    if i % 1000 == 0 {
+                        // Hold it across a switch now and then.
+                        thread::yield_now();
+                    }
+                    drop(g);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let total = *m.lock().unwrap();
+    ensure(total == THREADS * ITERS, || {
+        format!("total {total}, expected {}", THREADS * ITERS)
+    })?;
+    let g = m.lock().unwrap();
+    ensure(m.try_lock().is_err(), || {
+        "try_lock succeeded on a held mutex".into()
+    })?;
+    drop(g);
+    ensure(m.try_lock().is_ok(), || {
+        "try_lock failed on a free mutex".into()
+    })?;
+    Ok(format!("{THREADS} threads x {ITERS}"))
+}
+
+fn condvar() -> TestResult {
+    const PRODUCERS: u64 = 4;
+    const ITEMS: u64 = 5_000;
+    const CAP: usize = 16;
+    struct Q {
+        items: Mutex<VecDeque<u64>>,
+        not_empty: Condvar,
+        not_full: Condvar,
+    }
+    let q = Arc::new(Q {
+        items: Mutex::new(VecDeque::new()),
+        not_empty: Condvar::new(),
+        not_full: Condvar::new(),
+    });
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let q = q.clone();
+            thread::spawn(move || {
+                for i in 0..ITEMS {
+                    let mut items = q.items.lock().unwrap();
+                    while items.len() >= CAP {
+                        items = q.not_full.wait(items).unwrap();
+                    }
+                    items.push_back(p * ITEMS + i);
+                    drop(items);
+                    q.not_empty.notify_one();
+                }
+            })
+        })
+        .collect();
+    let consumers: Vec<_> = (0..4)
+        .map(|_| {
+            let q = q.clone();
+            thread::spawn(move || {
+                let (mut sum, mut n) = (0u64, 0u64);
+                loop {
+                    let mut items = q.items.lock().unwrap();
+                    let item = loop {
+                        if let Some(item) = items.pop_front() {
+                            break item;
+                        }
+                        items = q.not_empty.wait(items).unwrap();
+                    };
+                    drop(items);
+                    q.not_full.notify_one();
+                    if item == u64::MAX {
+                        return (sum, n);
+                    }
+                    sum += item;
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    for p in producers {
+        p.join().unwrap();
+    }
+    for _ in 0..4 {
+        let mut items = q.items.lock().unwrap();
+        items.push_back(u64::MAX);
+        drop(items);
+        q.not_empty.notify_all();
+    }
+    let (mut sum, mut n) = (0, 0);
+    for c in consumers {
+        let (s, k) = c.join().unwrap();
+        sum += s;
+        n += k;
+    }
+    let total = PRODUCERS * ITEMS;
+    ensure(n == total && sum == total * (total - 1) / 2, || {
+        format!("consumed {n} items summing {sum}")
+    })?;
+    // Ping-pong.
+    let pair = Arc::new((Mutex::new(0u32), Condvar::new()));
+    let other = {
+        let pair = pair.clone();
+        thread::spawn(move || {
+            let (m, cv) = &*pair;
+            let mut turn = m.lock().unwrap();
+            for i in 0..1000 {
+                while *turn != 2 * i + 1 {
+                    turn = cv.wait(turn).unwrap();
+                }
+                *turn += 1;
+                cv.notify_one();
+            }
+        })
+    };
+    {
+        let (m, cv) = &*pair;
+        let mut turn = m.lock().unwrap();
+        for i in 0..1000 {
+            while *turn != 2 * i {
+                turn = cv.wait(turn).unwrap();
+            }
+            *turn += 1;
+            cv.notify_one();
+        }
+    }
+    other.join().unwrap();
+    Ok(format!(
+        "{total} items through a {CAP}-slot queue, 1000 ping-pongs"
+    ))
+}
+
+fn rwlock() -> TestResult {
+    let lock = Arc::new(RwLock::new((0u64, 0u64)));
+    let bad = Arc::new(AtomicU64::new(0));
+    let reads = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..4)
+        .map(|_| {
+            let lock = lock.clone();
+            thread::spawn(move || {
+                for i in 0..2000 {
+                    let mut g = lock.write().unwrap();
+                    g.0 += 1;
+                    if i % 100 == 0 {
+                        thread::yield_now();
+                    }
+                    g.1 += 1;
+                }
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (lock, bad, reads) = (lock.clone(), bad.clone(), reads.clone());
+            thread::spawn(move || {
+                for i in 0..5000 {
+                    let g = lock.read().unwrap();
+                    if g.0 != g.1 {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if i % 500 == 0 {
+                        thread::yield_now();
+                    }
+                    drop(g);
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for h in writers.into_iter().chain(readers) {
+        h.join().unwrap();
+    }
+    let g = lock.read().unwrap();
+    ensure(*g == (8000, 8000), || format!("final state {:?}", *g))?;
+    ensure(bad.load(Ordering::Relaxed) == 0, || {
+        format!(
+            "{} reads saw a half-done write",
+            bad.load(Ordering::Relaxed)
+        )
+    })?;
+    ensure(lock.try_write().is_err(), || {
+        "try_write succeeded while read-locked".into()
+    })?;
+    drop(g);
+    ensure(lock.try_write().is_ok(), || {
+        "try_write failed on a free lock".into()
+    })?;
+    Ok(format!(
+        "4 writers x 2000, {} reads",
+        reads.load(Ordering::Relaxed)
+    ))
+}
+
+fn semaphore() -> TestResult {
+    const PERMITS: usize = 3;
+    let sem = Arc::new(Semaphore::new(PERMITS));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..12)
+        .map(|_| {
+            let (sem, inside, max) = (sem.clone(), inside.clone(), max.clone());
+            thread::spawn(move || {
+                for _ in 0..200 {
+                    let _permit = sem.access();
+                    let now = inside.fetch_add(1, Ordering::AcqRel) + 1;
+                    max.fetch_max(now, Ordering::AcqRel);
+                    thread::yield_now();
+                    inside.fetch_sub(1, Ordering::AcqRel);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let max = max.load(Ordering::Relaxed);
+    ensure(max <= PERMITS && max > 0, || {
+        format!("{max} threads inside at once")
+    })?;
+    ensure(sem.available_permits() == PERMITS, || {
+        format!("{} permits left", sem.available_permits())
+    })?;
+    Ok(format!("12 threads, at most {max} of {PERMITS} inside"))
+}
+
+fn barrier() -> TestResult {
+    const N: usize = 6;
+    const ROUNDS: usize = 50;
+    let barrier = Arc::new(Barrier::new(N));
+    let arrived: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..ROUNDS).map(|_| AtomicUsize::new(0)).collect());
+    let leaders: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..ROUNDS).map(|_| AtomicUsize::new(0)).collect());
+    let bad = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..N)
+        .map(|_| {
+            let (b, arrived, leaders, bad) = (
+                barrier.clone(),
+                arrived.clone(),
+                leaders.clone(),
+                bad.clone(),
+            );
+            thread::spawn(move || {
+                for r in 0..ROUNDS {
+                    arrived[r].fetch_add(1, Ordering::AcqRel);
+                    if b.wait().is_leader() {
+                        leaders[r].fetch_add(1, Ordering::AcqRel);
+                    }
+                    if arrived[r].load(Ordering::Acquire) != N {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    ensure(bad.load(Ordering::Relaxed) == 0, || {
+        "a thread passed the barrier early".into()
+    })?;
+    ensure(
+        leaders.iter().all(|l| l.load(Ordering::Relaxed) == 1),
+        || "not exactly one leader per round".into(),
+    )?;
+    Ok(format!("{N} threads x {ROUNDS} rounds"))
+}
+
+fn mpsc_channels() -> TestResult {
+    const SENDERS: u64 = 8;
+    const MSGS: u64 = 2000;
+    let (tx, rx) = mpsc::channel::<u64>();
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|s| {
+            let tx = tx.clone();
+            thread::spawn(move || {
+                for i in 0..MSGS {
+                    tx.send(s * MSGS + i).unwrap();
+                    if i % 256 == 0 {
+                        thread::yield_now();
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let (mut n, mut sum) = (0u64, 0u64);
+    for v in rx.iter() {
+        n += 1;
+        sum += v;
+    }
+    for s in senders {
+        s.join().unwrap();
+    }
+    let total = SENDERS * MSGS;
+    ensure(n == total && sum == total * (total - 1) / 2, || {
+        format!("received {n} messages summing {sum}")
+    })?;
+    ensure(rx.recv().is_err(), || "recv after every sender left".into())?;
+    // Bounded.
+    let (tx, rx) = mpsc::sync_channel::<u64>(4);
+    let producers: Vec<_> = (0..2)
+        .map(|_| {
+            let tx = tx.clone();
+            thread::spawn(move || {
+                for i in 0..1000 {
+                    tx.send(i).unwrap();
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let got: u64 = rx.iter().count() as u64;
+    for p in producers {
+        p.join().unwrap();
+    }
+    ensure(got == 2000, || format!("bounded channel delivered {got}"))?;
+    let (tx, rx) = mpsc::channel::<u8>();
+    drop(rx);
+    ensure(tx.send(1).is_err(), || {
+        "send to a dropped receiver succeeded".into()
+    })?;
+    Ok(format!(
+        "{total} messages from {SENDERS} senders; 2000 through a 4-slot channel"
+    ))
+}
+
+static TLS_DROPS: AtomicU64 = AtomicU64::new(0);
+
+struct DropCounter;
+
+impl Drop for DropCounter {
+    fn drop(&mut self) {
+        TLS_DROPS.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+activm_rt::thread_local! {
+    static TLS_ID: Cell<u64> = const { Cell::new(0) };
+    static TLS_DROP: RefCell<Option<DropCounter>> = RefCell::new(None);
+}
+
+fn thread_local() -> TestResult {
+    const THREADS: u64 = 16;
+    TLS_ID.set(12345);
+    let drops_before = TLS_DROPS.load(Ordering::Acquire);
+    let bad = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (1..=THREADS)
+        .map(|id| {
+            let bad = bad.clone();
+            thread::spawn(move || {
+                if TLS_ID.get() != 0 {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
+                TLS_ID.set(id);
+                TLS_DROP.set(Some(DropCounter));
+                for _ in 0..100 {
+                    thread::yield_now();
+                    if TLS_ID.get() != id {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    ensure(bad.load(Ordering::Relaxed) == 0, || {
+        format!("{} wrong thread-local reads", bad.load(Ordering::Relaxed))
+    })?;
+    ensure(TLS_ID.get() == 12345, || "main's value changed".into())?;
+    let drops = TLS_DROPS.load(Ordering::Acquire) - drops_before;
+    ensure(drops == THREADS, || {
+        format!("{drops} destructors ran, expected {THREADS}")
+    })?;
+    Ok(format!(
+        "{THREADS} threads, values kept across yields, {drops} destructors"
+    ))
+}
+
+fn park_unpark() -> TestResult {
+    let flag = Arc::new(AtomicBool::new(false));
+    let t = {
+        let flag = flag.clone();
+        thread::spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                thread::park();
+            }
+            true
+        })
+    };
+    thread::sleep(Duration::from_millis(2));
+    flag.store(true, Ordering::Release);
+    t.thread().unpark();
+    ensure(t.join().unwrap(), || "parked thread".into())?;
+    // A token given before park makes park return at once.
+    thread::current().unpark();
+    thread::park();
+    Ok("park/unpark and the token".into())
+}
+
+fn fp_preemption() -> TestResult {
+    let threads = 2 * rt::nr_vcpus() as u64 + 1;
+    let before = stats::snapshot();
+    config::set_random_preemption(Some((
+        Duration::from_micros(30),
+        Duration::from_micros(300),
+    )));
+    let handles: Vec<_> = (0..threads)
+        .map(|seed| {
+            thread::spawn(move || -> Result<(u32, u32), String> {
+                let mut st = RegState::new(seed + 1);
+                let mut moves = 0;
+                let mut vcpu = rt::vcpu();
+                let mut x = 1.0f64;
+                for round in 0..40 {
+                    st.hold(50_000);
+                    st.check()
+                        .map_err(|e| format!("thread {seed} round {round}: {e}"))?;
+                    x = black_box(x * 1.000_001 + 1e-9);
+                    if rt::vcpu() != vcpu {
+                        moves += 1;
+                        vcpu = rt::vcpu();
+                    }
+                }
+                if !(x > 1.0 && x < 1.001) {
+                    return Err(format!("thread {seed}: FP result {x}"));
+                }
+                Ok((40, moves))
+            })
+        })
+        .collect();
+    let mut moves = 0;
+    let mut result = Ok(());
+    for h in handles {
+        match h.join().unwrap() {
+            Ok((_, m)) => moves += m,
+            Err(e) => result = Err(e),
+        }
+    }
+    config::set_random_preemption(None);
+    result?;
+    let after = stats::snapshot();
+    let preempted = after.preemptions - before.preemptions;
+    ensure(preempted > 50, || format!("only {preempted} preemptions"))?;
+    Ok(format!(
+        "{threads} threads, GPRs/xmm0-15/MXCSR/flags intact across {preempted} preemptions, {moves} vCPU moves"
+    ))
+}
+
+fn sleep_accuracy() -> TestResult {
+    let mut report = String::new();
+    let mut worst_early = 0i64;
+    let mut worst_late = 0u64;
+    for (us, samples) in [(100u64, 10), (1_000, 10), (5_000, 5), (20_000, 3)] {
+        let mut total_err = 0u64;
+        let mut max_err = 0u64;
+        for _ in 0..samples {
+            let start = rt::rdtsc();
+            thread::sleep(Duration::from_micros(us));
+            let took = rt::ticks_to_ns(rt::rdtsc() - start);
+            let want = us * 1000;
+            if took < want {
+                worst_early = worst_early.min(took as i64 - want as i64);
+            } else {
+                total_err += took - want;
+                max_err = max_err.max(took - want);
+            }
+        }
+        worst_late = worst_late.max(max_err);
+        report += &format!(
+            "{}{us} us: +{} us avg, +{} us max",
+            if report.is_empty() { "" } else { "; " },
+            total_err / samples / 1000,
+            max_err / 1000
+        );
+    }
+    ensure(worst_early == 0, || {
+        format!("woke {} ns early", -worst_early)
+    })?;
+    ensure(worst_late < 5_000_000, || {
+        format!("{report}: more than 5 ms late")
+    })?;
+    Ok(report)
+}
+
+fn time_slicing() -> TestResult {
+    let n = rt::nr_vcpus();
+    let stop = Arc::new(AtomicBool::new(false));
+    let before = stats::snapshot();
+    let spinners: Vec<_> = (0..n)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut spins = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    spins += 1;
+                    core::hint::spin_loop();
+                }
+                spins
+            })
+        })
+        .collect();
+    // Every vCPU now has a thread that never yields; this one must still get to run.
+    let start = rt::rdtsc();
+    let progress = Arc::new(AtomicU64::new(0));
+    let worker = {
+        let progress = progress.clone();
+        thread::spawn(move || {
+            for _ in 0..20 {
+                let t = rt::rdtsc();
+                while rt::ticks_to_ns(rt::rdtsc() - t) < 200_000 {
+                    core::hint::spin_loop();
+                }
+                progress.fetch_add(1, Ordering::AcqRel);
+            }
+        })
+    };
+    let done = wait_until(Duration::from_secs(10), || worker.is_finished());
+    let took = ms(rt::rdtsc() - start);
+    stop.store(true, Ordering::Release);
+    let spun: u64 = spinners.into_iter().map(|s| s.join().unwrap()).sum();
+    worker.join().unwrap();
+    ensure(done, || {
+        format!(
+            "worker made {} of 20 steps in 10 s",
+            progress.load(Ordering::Relaxed)
+        )
+    })?;
+    let after = stats::snapshot();
+    Ok(format!(
+        "{n} spinners (spun {spun}), worker done in {took} ms, {} preemptions",
+        after.preemptions - before.preemptions
+    ))
+}
+
+fn heap_stack() -> TestResult {
+    fn recurse(depth: u32) -> u64 {
+        let buf = [u64::from(depth); 64];
+        black_box(&buf);
+        if depth == 0 {
+            0
+        } else {
+            recurse(depth - 1) + buf[3]
+        }
+    }
+    let size = 4 << 20;
+    let r = thread::Builder::new()
+        .name("big-stack".into())
+        .stack_size(size)
+        .spawn(|| recurse(4000))
+        .unwrap()
+        .join()
+        .unwrap();
+    let expected: u64 = (1..=4000u64).sum();
+    ensure(r == expected, || format!("recursion returned {r}"))?;
+    Ok(format!(
+        "{} MiB heap stack, 4000-deep recursion",
+        size >> 20
+    ))
+}
+
+/// The stress test: threads do everything at once while every vCPU's timer fires after a
+/// random 20-200 us and preempts whatever runs, until at least `TARGET` preemptions happened
+/// (and one second passed); then the invariants are checked.
+fn random_preemption() -> TestResult {
+    static M: Mutex<u64> = Mutex::new(0);
+    static SPIN: SpinLock<u64> = SpinLock::new(0);
+    static CHILDREN_RAN: AtomicU64 = AtomicU64::new(0);
+    static STOP: AtomicBool = AtomicBool::new(false);
+    const TARGET: u64 = 5_000;
+    let workers = 4 * rt::nr_vcpus() as u64;
+    *M.lock().unwrap() = 0;
+    *SPIN.lock() = 0;
+    CHILDREN_RAN.store(0, Ordering::Relaxed);
+    STOP.store(false, Ordering::Relaxed);
+    let probe_before = rt::probe_total();
+    let before = stats::snapshot();
+    config::set_random_preemption(Some((
+        Duration::from_micros(20),
+        Duration::from_micros(200),
+    )));
+    let (tx, rx) = mpsc::channel::<u64>();
+    let collector = thread::spawn(move || rx.iter().count() as u64);
+    let handles: Vec<_> = (0..workers)
+        .map(|w| {
+            let tx = tx.clone();
+            thread::Builder::new()
+                .name(format!("stress-{w}"))
+                .spawn(move || {
+                    let (mut iters, mut probes, mut children, mut sent) = (0u64, 0u64, 0u64, 0u64);
+                    let mut rng = 0x1234_5678u64 ^ (w << 20);
+                    while !STOP.load(Ordering::Acquire) {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        *M.lock().unwrap() += 1;
+                        *SPIN.lock() += 1;
+                        rt::probe_increment(rng % 64 + 1);
+                        probes += 1;
+                        if iters % 16 == 0 {
+                            thread::spawn(|| {
+                                CHILDREN_RAN.fetch_add(1, Ordering::AcqRel);
+                            })
+                            .join()
+                            .unwrap();
+                            children += 1;
+                        }
+                        if iters % 4 == 0 {
+                            tx.send(iters).unwrap();
+                            sent += 1;
+                        }
+                        if iters % 32 == 0 {
+                            thread::yield_now();
+                        }
+                        iters += 1;
+                    }
+                    (iters, probes, children, sent)
+                })
+                .unwrap()
+        })
+        .collect();
+    drop(tx);
+    // Watch: stop once enough preemptions happened; fail if nothing moves (deadlock).
+    let start = rt::rdtsc();
+    let mut last_progress = (0, start);
+    loop {
+        thread::sleep(Duration::from_millis(50));
+        let now = rt::rdtsc();
+        let preempted = stats::snapshot().preemptions - before.preemptions;
+        let done = *M.lock().unwrap();
+        if preempted >= TARGET && ms(now - start) >= 1000 {
+            break;
+        }
+        if done != last_progress.0 {
+            last_progress = (done, now);
+        } else if ms(now - last_progress.1) > 10_000 {
+            config::set_random_preemption(None);
+            return Err(format!(
+                "no progress for 10 s after {done} iterations (deadlock?)"
+            ));
+        }
+        if ms(now - start) > 30_000 {
+            break;
+        }
+    }
+    STOP.store(true, Ordering::Release);
+    let (mut iters, mut probes, mut children, mut sent) = (0, 0, 0, 0);
+    for h in handles {
+        let (i, p, c, s) = h.join().unwrap();
+        iters += i;
+        probes += p;
+        children += c;
+        sent += s;
+    }
+    let received = collector.join().unwrap();
+    config::set_random_preemption(None);
+    let after = stats::snapshot();
+    let m = *M.lock().unwrap();
+    let spin = *SPIN.lock();
+    let probe = rt::probe_total() - probe_before;
+    ensure(m == iters, || {
+        format!("mutex counter {m}, expected {iters}")
+    })?;
+    ensure(spin == iters, || {
+        format!("spinlock counter {spin}, expected {iters}")
+    })?;
+    ensure(probe == probes, || {
+        format!("restartable-sequence counter {probe}, expected {probes}")
+    })?;
+    let ran = CHILDREN_RAN.load(Ordering::Acquire);
+    ensure(ran == children, || {
+        format!("{ran} children ran, {children} spawned and joined")
+    })?;
+    ensure(received == sent, || {
+        format!("{received} messages received, {sent} sent")
+    })?;
+    let preempted = after.preemptions - before.preemptions;
+    ensure(preempted >= TARGET, || {
+        format!("only {preempted} preemptions in 30 s")
+    })?;
+    Ok(format!(
+        "{workers} threads, {iters} iterations, {preempted} preemptions at random points ({} timer interrupts), {} rewinds, {} deferred under a hold, {} in the scheduler; counters exact, {children} children, {received} messages",
+        after.timer_irqs - before.timer_irqs,
+        after.rseq_rewinds - before.rseq_rewinds,
+        after.deferred_held - before.deferred_held,
+        after.deferred_sched - before.deferred_sched,
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Upcalls through the simulated VMM.
+
+fn kind_count(kind: UpcallKind) -> u64 {
+    upcall::BY_KIND[kind as usize].load(Ordering::Acquire)
+}
+
+fn upcall_newproc() -> TestResult {
+    let me = rt::vcpu();
+    let before = kind_count(UpcallKind::NewProc);
+    let (records_before, _, _) = upcall::record_stats();
+    let seq = sim::post(me, UpcallKind::NewProc, sim::activation_of(me), me, 0, None);
+    ensure(
+        wait_until(Duration::from_secs(1), || {
+            kind_count(UpcallKind::NewProc) > before
+        }),
+        || "NEWPROC record not handled".into(),
+    )?;
+    let (records, max_seq, seq_errors) = upcall::record_stats();
+    ensure(
+        records > records_before && max_seq >= seq && seq_errors == 0,
+        || format!("records {records}, max seq {max_seq}, out of order {seq_errors}"),
+    )?;
+    Ok(format!("record seq {seq} handled on vCPU {me}"))
+}
+
+static USER_FROM: AtomicU32 = AtomicU32::new(u32::MAX);
+
+fn upcall_user() -> TestResult {
+    upcall::set_user_hook(|from| USER_FROM.store(from, Ordering::Release));
+    let me = rt::vcpu();
+    let target = (me + 1) % rt::nr_vcpus();
+    sim::post(
+        target,
+        UpcallKind::User,
+        sim::activation_of(target),
+        target,
+        u64::from(me),
+        None,
+    );
+    ensure(
+        wait_until(Duration::from_secs(1), || {
+            USER_FROM.load(Ordering::Acquire) == me
+        }),
+        || "USER hook not called".into(),
+    )?;
+    Ok(format!("USER from vCPU {me} handled on vCPU {target}"))
+}
+
+static SIGNO: AtomicU32 = AtomicU32::new(0);
+
+fn upcall_signal() -> TestResult {
+    upcall::set_signal_handler(|signo| {
+        let name = thread::current().name().map(String::from);
+        if name.as_deref() == Some("signal") {
+            SIGNO.store(signo, Ordering::Release);
+        }
+    });
+    let me = rt::vcpu();
+    sim::post(me, UpcallKind::Signal, sim::activation_of(me), me, 15, None);
+    ensure(
+        wait_until(Duration::from_secs(1), || {
+            SIGNO.load(Ordering::Acquire) == 15
+        }),
+        || "signal handler thread did not run".into(),
+    )?;
+    Ok("SIGNAL 15 ran its handler in thread 'signal'".into())
+}
+
+/// Takes `victim` away with the simulated VMM (as a PREEMPTED record to this vCPU) `times`
+/// times, each time waiting for the capture. Returns how many were in a restartable sequence.
+fn capture_times(
+    victim: &thread::Thread,
+    times: u32,
+    held: Option<bool>,
+    until_rseq: bool,
+) -> Result<u32, String> {
+    let mut in_rseq = 0;
+    let continued_before = stats::snapshot().continuations;
+    for i in 0..times {
+        let req = sim::request(
+            sim::Capture::Preempt {
+                deliver_to: rt::vcpu(),
+            },
+            Some(victim),
+            held,
+        );
+        let done = wait_until(Duration::from_secs(2), || {
+            if !req.is_done() {
+                sim::kick_all();
+            }
+            req.is_done()
+        });
+        if !done {
+            req.cancel();
+            return Err(format!("capture {i} never happened"));
+        }
+        if held == Some(true) {
+            // Let the continuation finish before the next capture (which could otherwise take
+            // the holder again while it is being continued, replacing that continuation).
+            let want = continued_before + u64::from(i) + 1;
+            if !wait_until(Duration::from_secs(2), || {
+                stats::snapshot().continuations >= want
+            }) {
+                return Err(format!("capture {i}: the lock holder was not continued"));
+            }
+        }
+        if req.captured_in_rseq() {
+            in_rseq += 1;
+            if until_rseq {
+                break;
+            }
+        }
+    }
+    Ok(in_rseq)
+}
+
+fn upcall_preempted() -> TestResult {
+    let stop = Arc::new(AtomicBool::new(false));
+    let before = stats::snapshot();
+    let victim = {
+        let stop = stop.clone();
+        thread::Builder::new()
+            .name("victim".into())
+            .spawn(move || -> Result<u64, String> {
+                let mut st = RegState::new(99);
+                let mut rounds = 0;
+                while !stop.load(Ordering::Acquire) {
+                    st.hold(20_000);
+                    st.check().map_err(|e| format!("round {rounds}: {e}"))?;
+                    rounds += 1;
+                }
+                Ok(rounds)
+            })
+            .unwrap()
+    };
+    let captures = capture_times(&victim.thread(), 5, Some(false), false)?;
+    thread::sleep(Duration::from_millis(5));
+    stop.store(true, Ordering::Release);
+    let rounds = victim.join().unwrap()?;
+    let after = stats::snapshot();
+    let resumed = after.resumed_contexts - before.resumed_contexts;
+    ensure(resumed >= 5, || format!("{resumed} contexts resumed"))?;
+    Ok(format!(
+        "victim taken away 5 times ({captures} inside a restartable sequence), resumed from its PREEMPTED records with registers intact over {rounds} rounds"
+    ))
+}
+
+fn upcall_preempted_rseq() -> TestResult {
+    let stop = Arc::new(AtomicBool::new(false));
+    let probe_before = rt::probe_total();
+    let before = stats::snapshot();
+    let victim = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut calls = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                rt::probe_increment(100);
+                calls += 1;
+            }
+            calls
+        })
+    };
+    let hits = capture_times(&victim.thread(), 20, Some(false), true)?;
+    stop.store(true, Ordering::Release);
+    let calls = victim.join().unwrap();
+    let after = stats::snapshot();
+    let probe = rt::probe_total() - probe_before;
+    ensure(hits > 0, || {
+        "no capture landed inside the restartable sequence".into()
+    })?;
+    ensure(probe == calls, || {
+        format!("probe counter {probe}, {calls} calls completed")
+    })?;
+    Ok(format!(
+        "a PREEMPTED context inside the sequence was rewound ({} rewinds in all); counter exact over {calls} calls",
+        after.rseq_rewinds - before.rseq_rewinds
+    ))
+}
+
+fn upcall_continuation() -> TestResult {
+    static LOCK: SpinLock<u64> = SpinLock::new(0);
+    *LOCK.lock() = 0;
+    let stop = Arc::new(AtomicBool::new(false));
+    let before = stats::snapshot();
+    let spawn_locker = |stop: Arc<AtomicBool>| {
+        thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                let mut g = LOCK.lock();
+                for _ in 0..2_000 {
+                    core::hint::spin_loop();
+                }
+                *g += 1;
+                drop(g);
+                n += 1;
+            }
+            n
+        })
+    };
+    let victim = spawn_locker(stop.clone());
+    // A second thread contends for the same lock.
+    let other = spawn_locker(stop.clone());
+    capture_times(&victim.thread(), 3, Some(true), false)?;
+    thread::sleep(Duration::from_millis(5));
+    stop.store(true, Ordering::Release);
+    let n = victim.join().unwrap() + other.join().unwrap();
+    let after = stats::snapshot();
+    let value = *LOCK.lock();
+    let continued = after.continuations - before.continuations;
+    ensure(continued >= 3, || {
+        format!("{continued} lock holders continued")
+    })?;
+    ensure(value == n, || {
+        format!("lock-protected counter {value}, {n} increments")
+    })?;
+    Ok(format!(
+        "a spinlock holder taken away 3 times was continued to its release each time; counter exact ({n})"
+    ))
+}
+
+fn upcall_blocked() -> TestResult {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    COUNT.store(0, Ordering::Relaxed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let victim = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                COUNT.fetch_add(1, Ordering::Relaxed);
+                for _ in 0..100 {
+                    core::hint::spin_loop();
+                }
+            }
+        })
+    };
+    let blocked_before = kind_count(UpcallKind::Blocked);
+    let req = sim::request(sim::Capture::Block, Some(&victim.thread()), Some(false));
+    let done = wait_until(Duration::from_secs(2), || {
+        if !req.is_done() {
+            sim::kick_all();
+        }
+        req.is_done()
+    });
+    if !done {
+        req.cancel();
+        return Err("the victim was never taken".into());
+    }
+    ensure(
+        wait_until(Duration::from_secs(1), || {
+            kind_count(UpcallKind::Blocked) > blocked_before
+        }),
+        || "BLOCKED not handled".into(),
+    )?;
+    let frozen = COUNT.load(Ordering::Acquire);
+    // Other threads keep running while it is blocked.
+    let other = thread::spawn(|| 42).join().unwrap();
+    thread::sleep(Duration::from_millis(20));
+    let still = COUNT.load(Ordering::Acquire);
+    ensure(still == frozen && other == 42, || {
+        format!("blocked thread ran meanwhile ({frozen} -> {still})")
+    })?;
+    let unblocked_before = kind_count(UpcallKind::Unblocked);
+    req.unblock(rt::vcpu());
+    ensure(
+        wait_until(Duration::from_secs(1), || {
+            COUNT.load(Ordering::Acquire) > still
+        }),
+        || "the thread did not resume after UNBLOCKED".into(),
+    )?;
+    ensure(kind_count(UpcallKind::Unblocked) > unblocked_before, || {
+        "UNBLOCKED not counted".into()
+    })?;
+    stop.store(true, Ordering::Release);
+    victim.join().unwrap();
+    Ok(format!(
+        "blocked on activation {} (others ran), resumed from its UNBLOCKED record",
+        req.activation()
+    ))
+}
+
+/// The VMM's real activations: processors taken away and given back while threads work.
+fn sa_real() -> TestResult {
+    static M: Mutex<u64> = Mutex::new(0);
+    *M.lock().unwrap() = 0;
+    let n = rt::nr_vcpus();
+    let before = stats::snapshot();
+    let preempted_before = kind_count(UpcallKind::Preempted);
+    let newproc_before = kind_count(UpcallKind::NewProc);
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2 * n as u64)
+        .map(|seed| {
+            let stop = stop.clone();
+            thread::spawn(move || -> Result<u64, String> {
+                let mut st = RegState::new(seed + 7);
+                let mut n = 0;
+                while !stop.load(Ordering::Acquire) {
+                    for _ in 0..100 {
+                        *M.lock().unwrap() += 1;
+                    }
+                    n += 100;
+                    st.hold(10_000);
+                    st.check()?;
+                }
+                Ok(n)
+            })
+        })
+        .collect();
+    for _ in 0..8 {
+        thread::sleep(Duration::from_millis(30));
+        upcall::set_concurrency(1);
+        thread::sleep(Duration::from_millis(30));
+        upcall::set_concurrency(n);
+    }
+    thread::sleep(Duration::from_millis(30));
+    stop.store(true, Ordering::Release);
+    let mut total = 0;
+    for w in workers {
+        total += w.join().unwrap()?;
+    }
+    let after = stats::snapshot();
+    let m = *M.lock().unwrap();
+    ensure(m == total, || {
+        format!("mutex counter {m}, expected {total}")
+    })?;
+    let preempted = kind_count(UpcallKind::Preempted) - preempted_before;
+    let newproc = kind_count(UpcallKind::NewProc) - newproc_before;
+    ensure(preempted > 0 && newproc > 0, || {
+        format!("{preempted} PREEMPTED and {newproc} NEWPROC records")
+    })?;
+    Ok(format!(
+        "{preempted} PREEMPTED, {newproc} NEWPROC; {} contexts resumed, {} idle ones dropped, {} adopted, {} continued; counter exact ({total})",
+        after.resumed_contexts - before.resumed_contexts,
+        after.dropped_idle_contexts - before.dropped_idle_contexts,
+        after.adoptions - before.adoptions,
+        after.continuations - before.continuations,
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modes that end the guest.
+
+/// A thread runs off its stack: the guard page catches it.
+pub fn overflow_mode() -> i32 {
+    #[inline(never)]
+    #[allow(unconditional_recursion)]
+    fn recurse(depth: u64) -> u64 {
+        let buf = [depth; 128];
+        black_box(&buf);
+        recurse(depth + 1).wrapping_add(buf[7])
+    }
+    let r = thread::Builder::new()
+        .name("deep-recursion".into())
+        .spawn(|| recurse(0))
+        .unwrap()
+        .join();
+    println!("overflow: the recursion returned {r:?}?");
+    1
+}
+
+/// A named thread panics: the guest ends with its name in the report.
+pub fn panic_mode() -> i32 {
+    let r = thread::Builder::new()
+        .name("panicker".into())
+        .spawn(|| {
+            if black_box(true) {
+                panic!("boom on purpose");
+            }
+        })
+        .unwrap()
+        .join();
+    println!("panic: the thread returned {r:?}?");
+    1
+}
