@@ -90,6 +90,7 @@ fn global_push_list(first: *const Tcb, last: *const Tcb, n: usize) {
 
 /// Puts `t` on the global run queue.
 pub fn global_push(t: &Tcb) {
+    tcb::event(t, tcb::EV_GLOBAL);
     global_push_list(t, t, 1);
 }
 
@@ -128,6 +129,7 @@ fn global_pop(max: usize) -> *const Tcb {
 /// Makes `t` runnable on this vCPU (its ring, or the global queue if the ring is full).
 /// `wake_others`: new work appeared (spawn, wake-up), so an idle vCPU may be woken for it.
 pub fn make_runnable(t: &Tcb, wake_others: bool) {
+    tcb::event(t, tcb::EV_QUEUED);
     // SAFETY: `t` is runnable and in no queue (its owner gives it up here).
     if !unsafe { rseq::rq_push(t) } {
         overflow_to_global(t);
@@ -237,6 +239,7 @@ pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, _arg: usize) -> !
     match action {
         ACT_YIELD | ACT_PREEMPTED => make_runnable(prev, false),
         ACT_PARK => {
+            tcb::event(prev, tcb::EV_PARKED);
             if prev
                 .wake
                 .compare_exchange(
@@ -349,6 +352,7 @@ pub fn run_now(t: &Tcb) -> ! {
         unsafe { *t.sp.get() = sp };
     }
     let now = cpu::rdtsc();
+    tcb::event(t, tcb::EV_RUNNING);
     t.slice_start.store(now, Ordering::Relaxed);
     percpu::this()
         .counters
@@ -492,8 +496,38 @@ pub extern "C" fn safepoint_from_switch() {
     safepoint();
 }
 
-/// Prints the scheduler's global state (diagnostics).
+/// Prints the scheduler's global state and every live thread's last event (diagnostics).
 pub fn dump() {
+    const EVENTS: [&str; 9] = [
+        "?",
+        "spawned",
+        "queued",
+        "running",
+        "parked",
+        "resumed",
+        "continued",
+        "exited",
+        "global",
+    ];
+    if let Some(all) = tcb::ALL.try_lock() {
+        for &raw in all.iter() {
+            // SAFETY: TCBs are never freed.
+            let t = unsafe { tcb::from_raw(raw as *const Tcb) };
+            if t.refs.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let ev = t.last_event.load(Ordering::Relaxed);
+            activm_stub::println!(
+                "activm-rt: thread #{} {:?} at {raw:#x}: {} on vCPU {}, wake {} join {:#x}",
+                t.id.get(),
+                t.name(),
+                EVENTS.get((ev >> 8) as usize).unwrap_or(&"?"),
+                ev & 0xff,
+                t.wake.load(Ordering::Relaxed),
+                t.join.load(Ordering::Relaxed),
+            );
+        }
+    }
     activm_stub::println!(
         "activm-rt: global queue {} halted {:#x} spinning {:#x}",
         GLOBAL_LEN.load(Ordering::Relaxed),

@@ -70,6 +70,10 @@ pub fn vcpu_entry(vcpu: u32, main: MainFn) -> ! {
             core::hint::spin_loop();
         }
         upcall::enable();
+        // Only now may `main` run: it sees the runtime fully set up (activations included).
+        let main = MAIN.load(Ordering::Acquire);
+        // SAFETY: the main thread's TCB, runnable and in no queue.
+        sched::make_runnable(unsafe { tcb::from_raw(main) }, true);
     }
     // SAFETY: nothing of the boot frames is needed any more; this vCPU is in the scheduler.
     unsafe { context::abandon_to_scheduler(enter_scheduler) }
@@ -128,11 +132,6 @@ fn init_vcpu(vcpu: u32) {
     let exc = alloc::vec![0u8; EXCEPTION_STACK].leak();
     activm_stub::arm_exception_stack((exc.as_ptr() as u64 + EXCEPTION_STACK as u64) & !15);
     cpu::init_timer();
-    if vcpu == 0 {
-        let main = MAIN.load(Ordering::Acquire);
-        // SAFETY: the main thread's TCB, runnable and in no queue.
-        sched::make_runnable(unsafe { tcb::from_raw(main) }, false);
-    }
 }
 
 /// The main thread's closure returned: the guest exits with its value.

@@ -93,7 +93,29 @@ pub struct Tcb {
     pub tls: UnsafeCell<TlsSlots>,
     /// The activation this thread was running on when it blocked in the VMM.
     pub blocked_activation: AtomicU32,
+    /// Diagnostics: the last scheduling event (`EV_*` << 8 | vCPU).
+    pub last_event: AtomicU32,
 }
+
+/// `Tcb::last_event` kinds.
+pub const EV_SPAWNED: u32 = 1;
+pub const EV_QUEUED: u32 = 2;
+pub const EV_RUNNING: u32 = 3;
+pub const EV_PARKED: u32 = 4;
+pub const EV_RESUMED: u32 = 5;
+pub const EV_CONTINUED: u32 = 6;
+pub const EV_EXITED: u32 = 7;
+pub const EV_GLOBAL: u32 = 8;
+
+/// Records a scheduling event of `t` on this vCPU (diagnostics, see `stats::dump`).
+#[inline(always)]
+pub fn event(t: &Tcb, ev: u32) {
+    t.last_event
+        .store((ev << 8) | activm_stub::vcpu_id(), Ordering::Relaxed);
+}
+
+/// Every TCB ever allocated (diagnostics).
+pub static ALL: SpinLock<Vec<usize>> = SpinLock::new(Vec::new());
 
 // SAFETY: the atomic fields are shared; every other field follows the ownership rules of the
 // module documentation, so no two threads access one at the same time.
@@ -126,6 +148,7 @@ impl Tcb {
             packet: UnsafeCell::new(MaybeUninit::uninit()),
             tls: UnsafeCell::new(Vec::new()),
             blocked_activation: AtomicU32::new(0),
+            last_event: AtomicU32::new(0),
         }
     }
 
@@ -216,7 +239,11 @@ static POOL: SpinLock<Vec<usize>> = SpinLock::new(Vec::new());
 
 /// A fresh TCB with one reference per holder in `refs` and a new id.
 pub fn alloc(refs: u32) -> &'static Tcb {
-    let t = take_cached().unwrap_or_else(|| Box::leak(Box::new(Tcb::new())));
+    let t = take_cached().unwrap_or_else(|| {
+        let t: &'static Tcb = Box::leak(Box::new(Tcb::new()));
+        ALL.lock().push(t as *const Tcb as usize);
+        t
+    });
     t.id.set(NEXT_ID.fetch_add(1, Ordering::Relaxed));
     t.refs.store(refs, Ordering::Relaxed);
     t.wake.store(WOKEN, Ordering::Relaxed);
@@ -224,6 +251,7 @@ pub fn alloc(refs: u32) -> &'static Tcb {
     t.flags.store(0, Ordering::Relaxed);
     t.join.store(JOIN_RUNNING, Ordering::Relaxed);
     t.blocked_activation.store(0, Ordering::Relaxed);
+    event(t, EV_SPAWNED);
     t
 }
 

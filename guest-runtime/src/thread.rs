@@ -412,6 +412,7 @@ pub(crate) unsafe extern "C" fn thread_main(t: *const Tcb) -> ! {
 
 /// Scheduler side of a thread's exit: `t` is saved for good.
 pub fn retire(t: &Tcb) {
+    tcb::event(t, tcb::EV_EXITED);
     if let Some(s) = t.stack.take() {
         stack::free(s);
     }

@@ -46,8 +46,8 @@ use activm_stub::protocol::arch::x86_64::{
 };
 use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
 use activm_stub::protocol::shared::{
-    SharedHeader, UpcallKind, UpcallRecord, VcpuArea, RECORD_HAS_CONTEXT, STACK_POOL_CAPACITY,
-    UPCALL_QUEUE_CAPACITY,
+    SharedHeader, UpcallKind, UpcallRecord, VcpuArea, VcpuRunState, RECORD_HAS_CONTEXT,
+    STACK_POOL_CAPACITY, UPCALL_QUEUE_CAPACITY,
 };
 use activm_stub::sync::SpinLock;
 use activm_stub::{preempt, println, IrqFrame};
@@ -231,6 +231,18 @@ pub fn set_concurrency(n: u32) -> Option<u32> {
     }
     header().requested_concurrency.store(n, Ordering::Release);
     Some(hypercall(Hypercall::SaSetConcurrency, u64::from(n)) as u32)
+}
+
+/// How many processors the VMM's allocator grants this guest now (0 without activations).
+/// `SharedHeader::granted_vcpus` is only written at boot by the VMM of this writing, so this
+/// counts the vCPUs whose state the VMM says is running.
+pub fn granted_vcpus() -> u32 {
+    if !activations_enabled() {
+        return 0;
+    }
+    (0..start::nr_vcpus())
+        .filter(|&v| area(v).state.load(Ordering::Acquire) == VcpuRunState::Running as u32)
+        .count() as u32
 }
 
 /// Delivers a USER upcall to vCPU `vcpu` (`sa_preempt`); false without activations.
@@ -658,7 +670,9 @@ fn resume_context(r: &UpcallRecord) {
         .counters
         .resumed_contexts
         .fetch_add(1, Ordering::Relaxed);
+    tcb::event(t, tcb::EV_RESUMED);
     if st.hold > 0 {
+        tcb::event(t, tcb::EV_CONTINUED);
         // A lock holder: run it now, until its last release (seed 000, section 6).
         cpu::set_hold(st.hold);
         preempt::defer(PEND_CONT);

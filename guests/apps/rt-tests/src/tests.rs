@@ -1133,6 +1133,14 @@ fn sa_real() -> TestResult {
     static M: Mutex<u64> = Mutex::new(0);
     *M.lock().unwrap() = 0;
     let n = rt::nr_vcpus();
+    // Let the allocator settle after start-up.
+    thread::sleep(Duration::from_millis(30));
+    let granted = upcall::granted_vcpus();
+    if granted < 2 {
+        return Err(format!(
+            "skipped: the VMM grants {granted} processor(s), nothing to take away (--pcpus 2 or more)"
+        ));
+    }
     let before = stats::snapshot();
     let preempted_before = kind_count(UpcallKind::Preempted);
     let newproc_before = kind_count(UpcallKind::NewProc);
