@@ -145,7 +145,8 @@ fn locks(threads: usize, entries: usize, nlocks: usize) -> i32 {
                     for _ in 0..50 {
                         v = core::hint::black_box(v.wrapping_mul(3).wrapping_add(1) % 1_000_003);
                     }
-                    *guard = guard.wrapping_add(1) + (v & 0);
+                    core::hint::black_box(v);
+                    *guard = guard.wrapping_add(1);
                     drop(guard);
                     // Some work outside.
                     for _ in 0..20 {
