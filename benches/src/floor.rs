@@ -12,89 +12,103 @@ const CODE: u64 = 0x20_0000;
 /// `mov rax, [0xFEB00000]` (movabs), the first and only instruction.
 const LOAD_UNBACKED: [u8; 10] = [0x48, 0xa1, 0x00, 0x00, 0xb0, 0xfe, 0x00, 0x00, 0x00, 0x00];
 
+/// A bare long-mode VM: identity-mapped 2 MiB page for `code` at `CODE`, one vCPU at its
+/// first instruction at CPL0 or CPL3, nothing else. Its memory is leaked (benchmark helper).
+#[derive(Debug)]
+pub struct BareVm {
+    pub vm: kvm_ioctls::VmFd,
+    pub vcpu: kvm_ioctls::VcpuFd,
+}
+
+impl BareVm {
+    pub fn new(mem_size: usize, code: &[u8], user: bool) -> BareVm {
+        let kvm = Kvm::new().expect("open /dev/kvm");
+        let vm = kvm.create_vm().expect("KVM_CREATE_VM");
+        // SAFETY: an anonymous private mapping with no address hint; checked below.
+        let mem = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mem_size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(mem, libc::MAP_FAILED, "mmap guest memory");
+        let mem = mem as *mut u8;
+        let write_u64 = |gpa: u64, value: u64| {
+            assert!(gpa as usize + 8 <= mem_size);
+            // SAFETY: `gpa + 8` lies inside the `mem_size`-byte mapping.
+            unsafe { (mem.add(gpa as usize) as *mut u64).write_unaligned(value) }
+        };
+        let u = if user { 4 } else { 0 };
+        write_u64(PML4, PDPT | 3 | u);
+        write_u64(PDPT, PD | 3 | u);
+        write_u64(PD + 8, CODE | 0x83 | u);
+        // The 2 MiB page holding 0xFEB00000, unbacked: a load there is an MMIO exit.
+        write_u64(PDPT + 8 * 3, (PD + 0x1000) | 3 | u);
+        write_u64(PD + 0x1000 + 8 * 501, 0xFEA0_0000 | 0x9b | u);
+        assert!(CODE as usize + code.len() <= mem_size);
+        // SAFETY: CODE + code.len() bytes lie inside the mapping (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), mem.add(CODE as usize), code.len()) };
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: mem_size as u64,
+            userspace_addr: mem as u64,
+        };
+        // SAFETY: the mapping is never unmapped (leaked), so it outlives the VM.
+        unsafe { vm.set_user_memory_region(region) }.expect("set memory region");
+        let vcpu = vm.create_vcpu(0).expect("KVM_CREATE_VCPU");
+        let mut sregs = vcpu.get_sregs().expect("get sregs");
+        let dpl = if user { 3 } else { 0 };
+        let (cs, ds) = if user { (0x23, 0x1b) } else { (8, 16) };
+        sregs.cs = kvm_segment {
+            selector: cs,
+            type_: 0xb,
+            present: 1,
+            dpl,
+            s: 1,
+            l: 1,
+            g: 1,
+            limit: 0xffff_ffff,
+            ..Default::default()
+        };
+        let data = kvm_segment {
+            selector: ds,
+            type_: 3,
+            present: 1,
+            dpl,
+            s: 1,
+            db: 1,
+            g: 1,
+            limit: 0xffff_ffff,
+            ..Default::default()
+        };
+        sregs.ds = data;
+        sregs.es = data;
+        sregs.ss = data;
+        sregs.cr0 = 0x8000_0011 | (1 << 5);
+        sregs.cr3 = PML4;
+        sregs.cr4 = 1 << 5;
+        sregs.efer = 0x500;
+        vcpu.set_sregs(&sregs).expect("set sregs");
+        let mut regs = vcpu.get_regs().expect("get regs");
+        regs.rip = CODE;
+        regs.rsp = CODE + 0x10_0000;
+        regs.rflags = if user { 0x202 } else { 2 };
+        vcpu.set_regs(&regs).expect("set regs");
+        BareVm { vm, vcpu }
+    }
+}
+
 /// Boot a minimal VM with `mem_size` bytes of RAM to its first exit; returns the host TSC
 /// when that exit came back to user space.
 pub fn boot_to_first_exit(mem_size: usize) -> u64 {
-    let kvm = Kvm::new().expect("open /dev/kvm");
-    let vm = kvm.create_vm().expect("KVM_CREATE_VM");
-    // SAFETY: an anonymous private mapping with no address hint; checked below.
-    let mem = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            mem_size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(mem, libc::MAP_FAILED, "mmap guest memory");
-    let mem = mem as *mut u8;
-    let write_u64 = |gpa: u64, value: u64| {
-        assert!(gpa as usize + 8 <= mem_size);
-        // SAFETY: `gpa + 8` lies inside the `mem_size`-byte mapping.
-        unsafe { (mem.add(gpa as usize) as *mut u64).write_unaligned(value) }
-    };
-    write_u64(PML4, PDPT | 3);
-    write_u64(PDPT, PD | 3);
-    write_u64(PD + 8, CODE | 0x83);
-    // Map the unbacked page so the load reaches the VMM as MMIO.
-    write_u64(PDPT + 8 * 3, (PD + 0x1000) | 3);
-    write_u64(PD + 0x1000 + 8 * 501, 0xFEA0_0000 | 0x9b);
-    // SAFETY: CODE + 10 bytes lie inside the mapping.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            LOAD_UNBACKED.as_ptr(),
-            mem.add(CODE as usize),
-            LOAD_UNBACKED.len(),
-        )
-    };
-    let region = kvm_userspace_memory_region {
-        slot: 0,
-        flags: 0,
-        guest_phys_addr: 0,
-        memory_size: mem_size as u64,
-        userspace_addr: mem as u64,
-    };
-    // SAFETY: the mapping stays alive until after the VM is dropped (it is never unmapped
-    // before process exit in this benchmark helper).
-    unsafe { vm.set_user_memory_region(region) }.expect("set memory region");
-    let mut vcpu = vm.create_vcpu(0).expect("KVM_CREATE_VCPU");
-    let mut sregs = vcpu.get_sregs().expect("get sregs");
-    let code = kvm_segment {
-        selector: 8,
-        type_: 0xb,
-        present: 1,
-        s: 1,
-        l: 1,
-        g: 1,
-        limit: 0xffff_ffff,
-        ..Default::default()
-    };
-    let data = kvm_segment {
-        selector: 16,
-        type_: 3,
-        present: 1,
-        s: 1,
-        db: 1,
-        g: 1,
-        limit: 0xffff_ffff,
-        ..Default::default()
-    };
-    sregs.cs = code;
-    sregs.ds = data;
-    sregs.es = data;
-    sregs.ss = data;
-    sregs.cr0 = 0x8000_0011 | (1 << 5);
-    sregs.cr3 = PML4;
-    sregs.cr4 = 1 << 5;
-    sregs.efer = 0x500;
-    vcpu.set_sregs(&sregs).expect("set sregs");
-    let mut regs = vcpu.get_regs().expect("get regs");
-    regs.rip = CODE;
-    regs.rflags = 2;
-    vcpu.set_regs(&regs).expect("set regs");
-    match vcpu.run().expect("KVM_RUN") {
+    let mut bare = BareVm::new(mem_size, &LOAD_UNBACKED, false);
+    match bare.vcpu.run().expect("KVM_RUN") {
         VcpuExit::MmioRead(..) => activm::rdtsc(),
         other => panic!("floor guest: unexpected exit {other:?}"),
     }
@@ -125,79 +139,9 @@ pub fn kick_latency(samples: usize) -> Vec<f64> {
         libc::sigaction(signal, &action, std::ptr::null_mut());
     }
 
-    const MEM: usize = 4 << 20;
-    let kvm = Kvm::new().expect("open /dev/kvm");
-    let vm = kvm.create_vm().expect("KVM_CREATE_VM");
-    // SAFETY: an anonymous private mapping, checked below, never unmapped while the VM lives.
-    let mem = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            MEM,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(mem, libc::MAP_FAILED);
-    let mem = mem as *mut u8;
-    let write_u64 = |gpa: u64, value: u64| {
-        // SAFETY: every address written is below MEM.
-        unsafe { (mem.add(gpa as usize) as *mut u64).write_unaligned(value) }
-    };
-    write_u64(PML4, PDPT | 7);
-    write_u64(PDPT, PD | 7);
-    write_u64(PD + 8, CODE | 0x87);
     // `pause; jmp .-2` at CPL3.
-    let spin = [0xf3u8, 0x90, 0xeb, 0xfc];
-    // SAFETY: CODE + 4 bytes lie inside the mapping.
-    unsafe { std::ptr::copy_nonoverlapping(spin.as_ptr(), mem.add(CODE as usize), spin.len()) };
-    let region = kvm_userspace_memory_region {
-        slot: 0,
-        flags: 0,
-        guest_phys_addr: 0,
-        memory_size: MEM as u64,
-        userspace_addr: mem as u64,
-    };
-    // SAFETY: the mapping outlives the VM (it is leaked).
-    unsafe { vm.set_user_memory_region(region) }.expect("set memory region");
-    let mut vcpu = vm.create_vcpu(0).expect("KVM_CREATE_VCPU");
-    let mut sregs = vcpu.get_sregs().expect("get sregs");
-    sregs.cs = kvm_segment {
-        selector: 0x23,
-        type_: 0xb,
-        present: 1,
-        dpl: 3,
-        s: 1,
-        l: 1,
-        g: 1,
-        limit: 0xffff_ffff,
-        ..Default::default()
-    };
-    let data = kvm_segment {
-        selector: 0x1b,
-        type_: 3,
-        present: 1,
-        dpl: 3,
-        s: 1,
-        db: 1,
-        g: 1,
-        limit: 0xffff_ffff,
-        ..Default::default()
-    };
-    sregs.ds = data;
-    sregs.es = data;
-    sregs.ss = data;
-    sregs.cr0 = 0x8000_0011 | (1 << 5);
-    sregs.cr3 = PML4;
-    sregs.cr4 = 1 << 5;
-    sregs.efer = 0x500;
-    vcpu.set_sregs(&sregs).expect("set sregs");
-    let mut regs = vcpu.get_regs().expect("get regs");
-    regs.rip = CODE;
-    regs.rsp = CODE + 0x10_0000;
-    regs.rflags = 0x202;
-    vcpu.set_regs(&regs).expect("set regs");
+    let mut bare = BareVm::new(4 << 20, &[0xf3, 0x90, 0xeb, 0xfc], true);
+    let vcpu = &mut bare.vcpu;
     RUN.store(vcpu.get_kvm_run() as *mut _, Ordering::Release);
 
     let thread_id = Arc::new(AtomicU64::new(0));

@@ -92,6 +92,15 @@ impl GuestState {
             .count()
     }
 
+    /// (vCPU, instant) of every vCPU whose slot `pick` maps to an instant.
+    fn since(&self, pick: impl Fn(&Slot) -> Option<Instant>) -> Vec<(usize, Instant)> {
+        self.vcpus
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| pick(s).map(|t| (i, t)))
+            .collect()
+    }
+
     /// Processors this guest could use now.
     fn demand(&self) -> usize {
         if self.removed {
@@ -303,18 +312,13 @@ impl Allocator {
             let revoking = g.vcpus.iter().filter(|s| **s == Slot::Revoking).count();
             let mut excess = holding.saturating_sub(*share).saturating_sub(revoking);
             // Most recently started first: the longest-running activations are left alone.
-            let mut running: Vec<(usize, Instant)> = g
-                .vcpus
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| {
-                    if let Slot::Running(t) = s {
-                        Some((i, *t))
-                    } else {
-                        None
-                    }
-                })
-                .collect();
+            let mut running = g.since(|s| {
+                if let Slot::Running(t) = s {
+                    Some(*t)
+                } else {
+                    None
+                }
+            });
             running.sort_by_key(|(_, t)| std::cmp::Reverse(*t));
             for (i, _) in &running {
                 if excess == 0 {
@@ -326,18 +330,13 @@ impl Allocator {
             }
             // Oblivious time slicing: a vCPU that ran a whole quantum yields to one that waits.
             if !g.activations {
-                let mut waiting: Vec<(usize, Instant)> = g
-                    .vcpus
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, s)| {
-                        if let Slot::Runnable(t) = s {
-                            Some((i, *t))
-                        } else {
-                            None
-                        }
-                    })
-                    .collect();
+                let mut waiting = g.since(|s| {
+                    if let Slot::Runnable(t) = s {
+                        Some(*t)
+                    } else {
+                        None
+                    }
+                });
                 waiting.sort_by_key(|(_, t)| *t);
                 running.sort_by_key(|(_, t)| *t);
                 for ((_, _), (i, since)) in waiting.iter().zip(running.iter()) {
@@ -384,16 +383,14 @@ impl Allocator {
             };
             // Oblivious (and activation vCPUs preempted silently): the longest waiter resumes.
             let waiter = g
-                .vcpus
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| {
+                .since(|s| {
                     if let Slot::Runnable(t) = s {
-                        Some((i, *t))
+                        Some(*t)
                     } else {
                         None
                     }
                 })
+                .into_iter()
                 .min_by_key(|(_, t)| *t)
                 .map(|(i, _)| i);
             let slot = match waiter {

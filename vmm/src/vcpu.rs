@@ -317,17 +317,7 @@ impl VcpuThread {
             self.trace_state("running", false);
             match step {
                 Step::Kicked => self.give_back_processor(),
-                Step::Yield => {
-                    self.guest.stats.yields.fetch_add(1, Ordering::Relaxed);
-                    self.complete_pending_io();
-                    self.guest.acts.end_activation(
-                        &self.guest.ram,
-                        &self.guest.plan,
-                        self.index,
-                        VcpuRunState::Stopped,
-                    );
-                    self.release(Release::Yielded);
-                }
+                Step::Yield => self.yielded(),
                 Step::Stop => {
                     self.control.set_state(VcpuState::Stopped);
                     self.release(Release::Stopped);
@@ -434,7 +424,7 @@ impl VcpuThread {
                             self.index,
                             false,
                         );
-                        return self.yielded_while_preempting();
+                        return self.yielded();
                     }
                 }
             }
@@ -514,8 +504,9 @@ impl VcpuThread {
         self.guest.deliver(event);
     }
 
-    /// The guest gave the processor up itself while the VMM was taking it: nothing to hand over.
-    fn yielded_while_preempting(&mut self) {
+    /// The guest gave the processor up itself (`sa_yield`), possibly while the VMM was taking
+    /// it: nothing to hand over; the vCPU parks until a new activation.
+    fn yielded(&mut self) {
         self.guest.stats.yields.fetch_add(1, Ordering::Relaxed);
         self.complete_pending_io();
         self.guest.acts.end_activation(
