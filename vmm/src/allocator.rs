@@ -110,10 +110,13 @@ impl GuestState {
         if self.activations {
             self.concurrency.min(live)
         } else {
+            // An oblivious guest wants every vCPU it has, up to the cap set from outside
+            // (`activm ctl set-vcpus`): its vCPUs then take turns on fewer processors.
             self.vcpus
                 .iter()
                 .filter(|s| !matches!(s, Slot::Stopped | Slot::Parked))
                 .count()
+                .min(self.concurrency)
         }
     }
 }
@@ -569,6 +572,23 @@ mod tests {
         let (previous, kicks) = alloc.set_concurrency(g, 1);
         assert_eq!(previous, 4);
         assert_eq!(kicks.len(), 3);
+    }
+
+    #[test]
+    fn a_cap_makes_an_oblivious_guest_share_fewer_processors() {
+        let alloc = Allocator::new(4, Duration::from_millis(10));
+        let g = alloc.add_guest(4);
+        alloc.rebalance();
+        for v in 0..4 {
+            assert_eq!(alloc.acquire(g, v), Acquired::Resume);
+        }
+        let (_, kicks) = alloc.set_concurrency(g, 1);
+        assert_eq!(
+            kicks.len(),
+            3,
+            "three of its four vCPUs lose their processor"
+        );
+        assert_eq!(alloc.view(g).share, 1);
     }
 
     #[test]
