@@ -15,6 +15,24 @@ use core::sync::atomic::{AtomicPtr, Ordering};
 use crate::arch::current::percpu::{gs_or, gs_read, HOLD_OFFSET, PENDING_OFFSET};
 
 static RELEASE_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+static WAIT_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Installs a function a spinning lock waiter calls now and then (diagnostics: a watchdog).
+pub fn set_wait_hook(hook: fn()) {
+    WAIT_HOOK.store(hook as *mut (), Ordering::Release);
+}
+
+/// Called by lock waiters every so often.
+#[cold]
+#[inline(never)]
+pub fn waiting() {
+    let hook = WAIT_HOOK.load(Ordering::Acquire);
+    if !hook.is_null() {
+        // SAFETY: only `set_wait_hook` stores non-null values, all `fn()`.
+        let hook = unsafe { core::mem::transmute::<*mut (), fn()>(hook) };
+        hook();
+    }
+}
 
 /// Installs the function [`release`] calls when the hold count drops to zero with pending work.
 pub fn set_release_hook(hook: fn()) {

@@ -50,8 +50,13 @@ impl<T: ?Sized> SpinLock<T> {
                 return SpinGuard { lock: self };
             }
             preempt::release();
+            let mut spins = 0u32;
             while self.locked.load(Ordering::Relaxed) {
                 core::hint::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(1 << 16) {
+                    preempt::waiting();
+                }
             }
         }
     }

@@ -18,10 +18,13 @@ const PAGE_FAULT: u64 = 14;
 pub fn on_exception(frame: &mut ExceptionFrame) {
     // Never released: this vCPU either ends the guest or re-faults fatally.
     preempt::hold();
-    if frame.vector != PAGE_FAULT {
-        return;
-    }
-    let Some(guard) = stack::guard_owner(frame.cr2) else {
+    let guard = if frame.vector == PAGE_FAULT {
+        stack::guard_owner(frame.cr2)
+    } else {
+        None
+    };
+    let Some(guard) = guard else {
+        report(frame);
         return;
     };
     let mut msg = FixedBuf::<512>::new();
@@ -50,4 +53,35 @@ pub fn on_exception(frame: &mut ExceptionFrame) {
         activm_stub::vcpu_id()
     );
     activm_stub::hypercall::panic(msg.as_bytes())
+}
+
+/// A fatal exception that is not a stack overflow: print what the runtime knows (the VMM's own
+/// report follows when the instruction faults again).
+fn report(frame: &ExceptionFrame) {
+    use activm_stub::println;
+    println!(
+        "activm-rt: vCPU {} exception {} at rip {:#x} rsp {:#x} cr2 {:#x}: in_sched {} current {:#x} hold {} sched_top {:#x} activation {}",
+        activm_stub::vcpu_id(),
+        frame.vector,
+        frame.rip,
+        frame.rsp,
+        frame.cr2,
+        cpu::get(Word::InSched),
+        cpu::get(Word::Current),
+        activm_stub::preempt::held(),
+        cpu::get(Word::SchedTop),
+        cpu::get(Word::Activation),
+    );
+    crate::percpu::print_trace();
+    let rsp = frame.rsp & !7;
+    for i in 0..12u64 {
+        let at = rsp.wrapping_sub(48) + 8 * i;
+        if stack::guard_owner(at).is_none() && at > 0x20_0000 {
+            // SAFETY: a diagnostic read near the faulting stack pointer (mapped RAM above the
+            // image base; guard pages skipped).
+            let v = unsafe { (at as *const u64).read_volatile() };
+            println!("activm-rt:   [{at:#x}] = {v:#x}");
+        }
+    }
+    crate::stats::dump();
 }

@@ -27,6 +27,57 @@ impl<T> core::ops::Deref for Line<T> {
     }
 }
 
+/// Scheduler events kept per vCPU for diagnostics.
+pub const TRACE: usize = 512;
+
+/// Trace event kinds.
+pub const T_SWITCH_IN: u64 = 1;
+pub const T_ADOPT_CTX: u64 = 2;
+pub const T_ADOPT_SUSPENDED: u64 = 3;
+pub const T_SUSPEND: u64 = 4;
+pub const T_CONTINUE: u64 = 5;
+pub const T_RESUME: u64 = 6;
+pub const T_DROP_IDLE: u64 = 7;
+pub const T_ACTIVATION: u64 = 8;
+pub const T_RECORD: u64 = 9;
+pub const T_ENTRY_CTX: u64 = 10;
+pub const T_NESTED: u64 = 11;
+pub const T_BAD_SP: u64 = 12;
+pub const T_TAKE: u64 = 13;
+pub const T_BUILD: u64 = 14;
+pub const T_LATER: u64 = 15;
+pub const T_RECINFO: u64 = 16;
+
+/// Records a scheduler event (`kind`, a 56-bit payload) in this vCPU's trace ring.
+#[inline(always)]
+pub fn trace(kind: u64, payload: u64) {
+    let p = this();
+    let i = p.trace_at.fetch_add(1, Ordering::Relaxed) as usize % TRACE;
+    p.trace[i].store(
+        (kind << 56) | (payload & ((1 << 56) - 1)),
+        Ordering::Relaxed,
+    );
+}
+
+/// Prints every vCPU's trace ring, oldest first (diagnostics).
+pub fn print_trace() {
+    for p in crate::start::pcpus() {
+        let at = p.trace_at.load(Ordering::Relaxed) as usize;
+        for i in 0..TRACE {
+            let e = p.trace[(at + i) % TRACE].load(Ordering::Relaxed);
+            if e != 0 {
+                activm_stub::println!(
+                    "activm-rt:   vCPU {} trace {:>2}: kind {} payload {:#x}",
+                    p.vcpu,
+                    i,
+                    e >> 56,
+                    e & ((1 << 56) - 1)
+                );
+            }
+        }
+    }
+}
+
 /// Stacks kept per vCPU before they go back to the global pool.
 pub const STACK_CACHE: usize = 16;
 /// TCBs kept per vCPU before they go back to the global pool.
@@ -80,6 +131,11 @@ pub struct Pcpu {
     pub nr_tcbs: AtomicU32,
     /// An activation stack this vCPU's scheduler left (adopting another), to give back later.
     pub retired_stack: AtomicU64,
+    /// Set while this vCPU's scheduler drains its upcall queue.
+    pub in_drain: AtomicU32,
+    /// Diagnostics: the last scheduler events (`trace`), printed on a fatal exception.
+    pub trace: [AtomicU64; TRACE],
+    pub trace_at: AtomicU32,
     pub counters: Counters,
 }
 
@@ -103,6 +159,9 @@ impl Pcpu {
             tcbs: [const { AtomicPtr::new(core::ptr::null_mut()) }; TCB_CACHE],
             nr_tcbs: AtomicU32::new(0),
             retired_stack: AtomicU64::new(0),
+            in_drain: AtomicU32::new(0),
+            trace: [const { AtomicU64::new(0) }; TRACE],
+            trace_at: AtomicU32::new(0),
             counters: Counters::default(),
         }
     }

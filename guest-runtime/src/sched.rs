@@ -265,6 +265,7 @@ pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, _arg: usize) -> !
 pub fn sched_loop() -> ! {
     loop {
         cpu::set(Word::SchedIdle, 0);
+        crate::stats::watchdog_tick();
         let pending = cpu::take_pending();
         upcall::drain();
         if pending & PEND_TIMER != 0 || timer::sleepers_due() {
@@ -351,6 +352,19 @@ pub fn run_now(t: &Tcb) -> ! {
         // SAFETY: the thread does not run; its saved stack pointer is ours to set.
         unsafe { *t.sp.get() = sp };
     }
+    // SAFETY: the thread does not run; its saved stack pointer is ours to read.
+    let sp = unsafe { *t.sp.get() };
+    match t.stack.get() {
+        Some(s) if sp >= s.lo && sp < s.hi => {}
+        s => {
+            percpu::trace(percpu::T_BAD_SP, sp as u64);
+            percpu::print_trace();
+            panic!(
+                "thread {} would resume with stack pointer {sp:#x} outside its stack {s:x?}",
+                crate::thread::describe(t)
+            );
+        }
+    }
     let now = cpu::rdtsc();
     tcb::event(t, tcb::EV_RUNNING);
     t.slice_start.store(now, Ordering::Relaxed);
@@ -359,6 +373,7 @@ pub fn run_now(t: &Tcb) -> ! {
         .switches
         .fetch_add(1, Ordering::Relaxed);
     timer::on_switch_in(now);
+    percpu::trace(percpu::T_SWITCH_IN, t as *const Tcb as u64);
     // SAFETY: scheduler context; `t` is ours (popped), fully saved, with a valid frame.
     unsafe { context::switch_in(t as *const Tcb as *const u8) }
 }
@@ -392,6 +407,7 @@ fn idle() {
         if cpu::rdtsc() > spin_until {
             break;
         }
+        crate::stats::watchdog_tick();
         for _ in 0..16 {
             core::hint::spin_loop();
         }
@@ -453,6 +469,7 @@ pub fn irq_prologue(frame: &mut IrqFrame) -> bool {
         return false;
     }
     if upcall::in_unsafe_window(frame.rip) {
+        // Before the trampoline's EOI, or in an activation entry.
         return false;
     }
     true
@@ -476,12 +493,6 @@ pub fn safepoint() {
         return;
     }
     if pending & (PEND_UPCALL | PEND_CONT) != 0 {
-        if pending & PEND_CONT != 0 {
-            percpu::this()
-                .counters
-                .continuations
-                .fetch_add(1, Ordering::Relaxed);
-        }
         // Let the scheduler drain the upcall queue (or take back a continued lock holder).
         preempt_current();
         return;
@@ -509,12 +520,11 @@ pub fn dump() {
         "exited",
         "global",
     ];
-    if let Some(all) = tcb::ALL.try_lock() {
-        for &raw in all.iter() {
-            // SAFETY: TCBs are never freed.
-            let t = unsafe { tcb::from_raw(raw as *const Tcb) };
+    {
+        tcb::for_each(|t| {
+            let raw = t as *const Tcb as usize;
             if t.refs.load(Ordering::Relaxed) == 0 {
-                continue;
+                return;
             }
             let ev = t.last_event.load(Ordering::Relaxed);
             activm_stub::println!(
@@ -526,7 +536,7 @@ pub fn dump() {
                 t.wake.load(Ordering::Relaxed),
                 t.join.load(Ordering::Relaxed),
             );
-        }
+        });
     }
     activm_stub::println!(
         "activm-rt: global queue {} halted {:#x} spinning {:#x}",

@@ -11,12 +11,13 @@
 //! Stacks are bound lazily, when a thread first runs, and given back when it exits, so 10,000
 //! spawned-but-not-yet-run threads need no stacks at all.
 //!
-//! Allocation and release happen in scheduler context only (this vCPU is not preemptible there).
+//! Allocation and release happen in scheduler context; the per-vCPU cache is changed under a
+//! preemption hold (the upcall handler may interrupt a scheduler that holds nothing).
 
-use alloc::vec::Vec;
 use core::alloc::Layout;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use activm_stub::preempt;
 use activm_stub::sync::SpinLock;
 
 use crate::percpu::{self, STACK_CACHE};
@@ -48,7 +49,14 @@ static SLOT_SIZE: AtomicU64 = AtomicU64::new(0);
 static NR_SLOTS: AtomicU32 = AtomicU32::new(0);
 /// Slots never handed out yet start here.
 static NEXT_FRESH: AtomicU32 = AtomicU32::new(0);
-static FREE: SpinLock<Vec<u32>> = SpinLock::new(Vec::new());
+/// Free slots beyond the per-vCPU caches: an intrusive list, each free slot's next index
+/// stored in its own (unused) top word, `u32::MAX` = end (no allocation under the lock).
+static FREE: SpinLock<u32> = SpinLock::new(u32::MAX);
+
+/// The word of a free slot that holds the next free slot's index.
+fn free_link(slot: u32) -> *mut u32 {
+    (slot_stack(slot).hi - 8) as *mut u32
+}
 /// Heap stacks currently allocated (statistics, tests).
 pub static HEAP_STACKS: AtomicU32 = AtomicU32::new(0);
 /// Slots currently in use.
@@ -120,14 +128,29 @@ pub fn alloc(size: usize) -> Option<Stack> {
 }
 
 fn take_slot() -> Option<u32> {
+    // The cache is per vCPU and changed in several steps: hold off preemption (and the upcall
+    // handler's nested drain, which may suspend a scheduler) meanwhile.
+    preempt::hold();
     let p = percpu::this();
     let n = p.nr_stacks.load(Ordering::Relaxed);
-    if n > 0 {
+    let cached = if n > 0 {
         p.nr_stacks.store(n - 1, Ordering::Relaxed);
-        return Some(p.stacks[n as usize - 1].load(Ordering::Relaxed));
+        Some(p.stacks[n as usize - 1].load(Ordering::Relaxed))
+    } else {
+        None
+    };
+    preempt::release();
+    if cached.is_some() {
+        return cached;
     }
-    if let Some(slot) = FREE.lock().pop() {
-        return Some(slot);
+    {
+        let mut head = FREE.lock();
+        if *head != u32::MAX {
+            let slot = *head;
+            // SAFETY: a free slot's top word holds the next free index (written by `free`).
+            *head = unsafe { free_link(slot).read() };
+            return Some(slot);
+        }
     }
     let slots = NR_SLOTS.load(Ordering::Relaxed);
     let mut next = NEXT_FRESH.load(Ordering::Relaxed);
@@ -156,12 +179,19 @@ pub fn free(stack: Stack) {
         return;
     }
     SLOTS_IN_USE.fetch_sub(1, Ordering::Relaxed);
+    preempt::hold();
     let p = percpu::this();
     let n = p.nr_stacks.load(Ordering::Relaxed);
-    if (n as usize) < STACK_CACHE {
+    let cached = (n as usize) < STACK_CACHE;
+    if cached {
         p.stacks[n as usize].store(stack.slot, Ordering::Relaxed);
         p.nr_stacks.store(n + 1, Ordering::Relaxed);
-    } else {
-        FREE.lock().push(stack.slot);
+    }
+    preempt::release();
+    if !cached {
+        let mut head = FREE.lock();
+        // SAFETY: the slot is free and mapped; its top word is ours until it is reused.
+        unsafe { free_link(stack.slot).write(*head) };
+        *head = stack.slot;
     }
 }

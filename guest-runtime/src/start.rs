@@ -94,6 +94,7 @@ fn init(main: MainFn) {
     cpu::set(Word::Pcpu, self::pcpus()[0] as *const Pcpu as u64);
     stack::init();
     upcall::init();
+    upcall::reserve_spare_stacks();
 
     // Arguments: the runtime's own (`--rt-*`) are consumed here.
     let args: Vec<&'static str> = activm_stub::args()
@@ -108,6 +109,7 @@ fn init(main: MainFn) {
     activm_stub::set_exception_handler(fault::on_exception);
     activm_stub::set_panic_context(panic_context);
     preempt::set_release_hook(sched::safepoint);
+    preempt::set_wait_hook(crate::stats::watchdog_tick);
 
     let t = tcb::alloc(1);
     t.flags.fetch_or(tcb::FLAG_MAIN, Ordering::Relaxed);

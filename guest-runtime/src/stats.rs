@@ -8,6 +8,37 @@ use crate::percpu::Counters;
 use crate::start;
 
 static PRINT_AT_EXIT: AtomicBool = AtomicBool::new(false);
+/// TSC after which the next timer interrupt dumps the state and ends the guest (0: off).
+static WATCHDOG: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// Arms (or with `None` disarms) a watchdog: if the guest is still running `after` from now,
+/// the next timer interrupt on any vCPU prints where that vCPU was and every vCPU's state, then
+/// exits with status 99. It works even when the scheduler no longer handles upcalls (tests).
+pub fn set_watchdog(after: Option<core::time::Duration>) {
+    let at = after.map_or(0, |d| {
+        crate::arch::cpu::rdtsc() + crate::timer::ns_to_ticks(d.as_nanos() as u64)
+    });
+    WATCHDOG.store(at, Ordering::Release);
+}
+
+/// The watchdog check without an interrupted context (lock waits, scheduler loops).
+pub(crate) fn watchdog_tick() {
+    check_watchdog(0);
+}
+
+/// Timer interrupt (or `watchdog_tick`): fires the watchdog if it is due.
+pub(crate) fn check_watchdog(rip: u64) {
+    let at = WATCHDOG.load(Ordering::Relaxed);
+    if at == 0 || crate::arch::cpu::rdtsc() < at || WATCHDOG.swap(0, Ordering::AcqRel) == 0 {
+        return;
+    }
+    println!(
+        "activm-rt: watchdog: vCPU {} interrupted at rip {rip:#x}",
+        activm_stub::vcpu_id()
+    );
+    dump();
+    activm_stub::exit(99);
+}
 
 /// Prints the counters when `main` returns.
 pub fn set_print_at_exit(on: bool) {
@@ -45,6 +76,8 @@ pub struct Stats {
     pub seq_errors: u64,
     pub heap_stacks: u64,
     pub slots_in_use: u64,
+    /// Upcall records handled, by kind (index = `UpcallKind` as u32).
+    pub records_by_kind: [u64; 7],
 }
 
 /// Sums the counters of every vCPU.
@@ -73,6 +106,9 @@ pub fn snapshot() -> Stats {
     s.seq_errors = crate::upcall::SEQ_ERRORS.load(Ordering::Relaxed);
     s.heap_stacks = u64::from(crate::stack::HEAP_STACKS.load(Ordering::Relaxed));
     s.slots_in_use = u64::from(crate::stack::SLOTS_IN_USE.load(Ordering::Relaxed));
+    for (i, k) in crate::upcall::BY_KIND.iter().enumerate() {
+        s.records_by_kind[i] = k.load(Ordering::Relaxed);
+    }
     s
 }
 
@@ -108,5 +144,5 @@ pub fn dump() {
     }
     crate::sched::dump();
     crate::upcall::dump();
-    print();
+    println!("activm-rt stats: {:?}", snapshot());
 }

@@ -23,7 +23,7 @@ use core::alloc::Layout;
 use core::cell::{Cell, UnsafeCell};
 use core::mem::MaybeUninit;
 use core::ptr;
-use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use activm_stub::preempt;
 use activm_stub::sync::SpinLock;
@@ -95,6 +95,11 @@ pub struct Tcb {
     pub blocked_activation: AtomicU32,
     /// Diagnostics: the last scheduling event (`EV_*` << 8 | vCPU).
     pub last_event: AtomicU32,
+    /// Link in the list of every TCB (diagnostics; TCBs are never freed).
+    pub all_next: Cell<*const Tcb>,
+    /// Sleeping: the deadline (TSC) and the link in the sleepers' list.
+    pub sleep_deadline: Cell<u64>,
+    pub sleep_next: Cell<*const Tcb>,
 }
 
 /// `Tcb::last_event` kinds.
@@ -114,8 +119,19 @@ pub fn event(t: &Tcb, ev: u32) {
         .store((ev << 8) | activm_stub::vcpu_id(), Ordering::Relaxed);
 }
 
-/// Every TCB ever allocated (diagnostics).
-pub static ALL: SpinLock<Vec<usize>> = SpinLock::new(Vec::new());
+/// Every TCB ever allocated (diagnostics): a push-only list through `Tcb::all_next`.
+static ALL: AtomicPtr<Tcb> = AtomicPtr::new(ptr::null_mut());
+
+/// Calls `f` on every TCB ever allocated.
+pub fn for_each(mut f: impl FnMut(&'static Tcb)) {
+    let mut p = ALL.load(Ordering::Acquire) as *const Tcb;
+    while !p.is_null() {
+        // SAFETY: TCBs are never freed.
+        let t = unsafe { &*p };
+        f(t);
+        p = t.all_next.get();
+    }
+}
 
 // SAFETY: the atomic fields are shared; every other field follows the ownership rules of the
 // module documentation, so no two threads access one at the same time.
@@ -149,6 +165,9 @@ impl Tcb {
             tls: UnsafeCell::new(Vec::new()),
             blocked_activation: AtomicU32::new(0),
             last_event: AtomicU32::new(0),
+            all_next: Cell::new(ptr::null()),
+            sleep_deadline: Cell::new(0),
+            sleep_next: Cell::new(ptr::null()),
         }
     }
 
@@ -234,14 +253,32 @@ pub fn wait(me: &Tcb) {
     }
 }
 
-/// Global pool of free TCBs.
-static POOL: SpinLock<Vec<usize>> = SpinLock::new(Vec::new());
+/// Global pool of free TCBs: an intrusive list through `Tcb::link` (no allocation under the
+/// lock: a thread the VMM takes away may hold the heap lock, see `docs/runtime.md`).
+struct Pool(*const Tcb);
+
+// SAFETY: TCB pointers, used under the lock.
+unsafe impl Send for Pool {}
+
+static POOL: SpinLock<Pool> = SpinLock::new(Pool(ptr::null()));
 
 /// A fresh TCB with one reference per holder in `refs` and a new id.
 pub fn alloc(refs: u32) -> &'static Tcb {
     let t = take_cached().unwrap_or_else(|| {
         let t: &'static Tcb = Box::leak(Box::new(Tcb::new()));
-        ALL.lock().push(t as *const Tcb as usize);
+        let mut head = ALL.load(Ordering::Acquire);
+        loop {
+            t.all_next.set(head);
+            match ALL.compare_exchange_weak(
+                head,
+                t as *const Tcb as *mut Tcb,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => head = now,
+            }
+        }
         t
     });
     t.id.set(NEXT_ID.fetch_add(1, Ordering::Relaxed));
@@ -267,11 +304,20 @@ fn take_cached() -> Option<&'static Tcb> {
     };
     preempt::release();
     let raw = match local {
-        Some(raw) => raw as usize,
-        None => POOL.lock().pop()?,
+        Some(raw) => raw as *const Tcb,
+        None => {
+            let mut pool = POOL.lock();
+            let head = pool.0;
+            if head.is_null() {
+                return None;
+            }
+            // SAFETY: the pool holds only leaked, free TCBs; their link is the pool's.
+            pool.0 = unsafe { &*head }.link.get();
+            head
+        }
     };
     // SAFETY: the pools hold only leaked, free TCBs.
-    Some(unsafe { &*(raw as *const Tcb) })
+    Some(unsafe { &*raw })
 }
 
 /// Drops one reference; the last one recycles the TCB.
@@ -311,7 +357,9 @@ fn recycle(t: &Tcb) {
     };
     preempt::release();
     if !cached {
-        POOL.lock().push(t as *const Tcb as usize);
+        let mut pool = POOL.lock();
+        t.link.set(pool.0);
+        pool.0 = t;
     }
 }
 

@@ -11,8 +11,6 @@
 //! deadline (it fires ~40 us late on our hosts) and the woken thread spins (yielding) to the
 //! exact deadline.
 
-use alloc::collections::BinaryHeap;
-use core::cmp::Ordering as CmpOrdering;
 use core::sync::atomic::{AtomicU64, Ordering};
 use core::time::Duration;
 
@@ -32,36 +30,40 @@ const SLEEP_EARLY_NS: u64 = 50_000;
 /// The shortest timer period worth programming.
 const MIN_ARM_NS: u64 = 5_000;
 
-#[derive(Debug)]
-struct Sleeper {
-    deadline: u64,
-    t: *const Tcb,
-}
+/// Sleeping threads, earliest deadline first: an intrusive list through `Tcb::sleep_next`
+/// (nothing is allocated under the lock; a thread is in it only while it sleeps, so its TCB
+/// stays valid).
+struct Sleepers(*const Tcb);
 
-// SAFETY: TCBs are never freed; a sleeping thread's TCB stays valid until it is woken.
-unsafe impl Send for Sleeper {}
+// SAFETY: TCB pointers, used under the lock.
+unsafe impl Send for Sleepers {}
 
-impl PartialEq for Sleeper {
-    fn eq(&self, other: &Self) -> bool {
-        self.deadline == other.deadline
-    }
-}
-impl Eq for Sleeper {}
-impl PartialOrd for Sleeper {
-    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Sleeper {
-    // Earliest deadline first in the max-heap.
-    fn cmp(&self, other: &Self) -> CmpOrdering {
-        other.deadline.cmp(&self.deadline)
-    }
-}
-
-static SLEEPERS: SpinLock<BinaryHeap<Sleeper>> = SpinLock::new(BinaryHeap::new());
+static SLEEPERS: SpinLock<Sleepers> = SpinLock::new(Sleepers(core::ptr::null()));
 /// The earliest sleeper deadline (TSC), or `u64::MAX`.
 static EARLIEST: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Inserts `t` (sleeping until `t.sleep_deadline`) in deadline order.
+fn insert_sleeper(list: &mut Sleepers, t: &Tcb) {
+    let deadline = t.sleep_deadline.get();
+    let mut prev: *const Tcb = core::ptr::null();
+    let mut cur = list.0;
+    while !cur.is_null() {
+        // SAFETY: a sleeping thread's TCB.
+        let c = unsafe { tcb::from_raw(cur) };
+        if c.sleep_deadline.get() > deadline {
+            break;
+        }
+        prev = cur;
+        cur = c.sleep_next.get();
+    }
+    t.sleep_next.set(cur);
+    if prev.is_null() {
+        list.0 = t;
+    } else {
+        // SAFETY: as above.
+        unsafe { tcb::from_raw(prev) }.sleep_next.set(t);
+    }
+}
 
 /// TSC ticks in `ns` nanoseconds.
 pub fn ns_to_ticks(ns: u64) -> u64 {
@@ -145,39 +147,53 @@ pub fn sleepers_due() -> bool {
 
 /// Wakes every due sleeper (they become runnable on this vCPU).
 pub fn wake_due() {
-    loop {
-        let mut due: [*const Tcb; 16] = [core::ptr::null(); 16];
-        let mut n = 0;
-        {
-            let limit = cpu::rdtsc() + ns_to_ticks(SLEEP_EARLY_NS);
-            let mut heap = SLEEPERS.lock();
-            while n < due.len() {
-                match heap.peek() {
-                    Some(s) if s.deadline <= limit => {
-                        due[n] = heap.pop().map_or(core::ptr::null(), |s| s.t);
-                        n += 1;
-                    }
-                    _ => break,
-                }
+    let limit = cpu::rdtsc() + ns_to_ticks(SLEEP_EARLY_NS);
+    let due = {
+        let mut list = SLEEPERS.lock();
+        let first = list.0;
+        let mut last: *const Tcb = core::ptr::null();
+        let mut cur = list.0;
+        while !cur.is_null() {
+            // SAFETY: a sleeping thread's TCB.
+            let c = unsafe { tcb::from_raw(cur) };
+            if c.sleep_deadline.get() > limit {
+                break;
             }
-            EARLIEST.store(
-                heap.peek().map_or(u64::MAX, |s| s.deadline),
-                Ordering::Release,
-            );
+            last = cur;
+            cur = c.sleep_next.get();
         }
-        for &t in due.iter().take(n) {
-            // SAFETY: a sleeping thread's TCB (it cannot exit before it is woken).
-            unsafe { tcb::from_raw(t) }.wake();
+        list.0 = cur;
+        let next = if cur.is_null() {
+            u64::MAX
+        } else {
+            // SAFETY: as above.
+            unsafe { tcb::from_raw(cur) }.sleep_deadline.get()
+        };
+        EARLIEST.store(next, Ordering::Release);
+        if last.is_null() {
+            core::ptr::null()
+        } else {
+            // SAFETY: as above; cut the due prefix off.
+            unsafe { tcb::from_raw(last) }
+                .sleep_next
+                .set(core::ptr::null());
+            first
         }
-        if n < due.len() {
-            return;
-        }
+    };
+    let mut cur = due;
+    while !cur.is_null() {
+        // SAFETY: a sleeping thread's TCB (it cannot exit before it is woken); read the link
+        // before the wake-up hands the TCB back to its thread.
+        let t = unsafe { tcb::from_raw(cur) };
+        cur = t.sleep_next.get();
+        t.wake();
     }
 }
 
 /// The timer interrupt.
 pub fn on_timer(frame: &mut IrqFrame) {
     cpu::set(Word::Armed, 0);
+    crate::stats::check_watchdog(frame.rip);
     percpu::this()
         .counters
         .timer_irqs
@@ -185,6 +201,10 @@ pub fn on_timer(frame: &mut IrqFrame) {
     crate::upcall::sim_on_interrupt(frame);
     if !sched::irq_prologue(frame) {
         preempt::defer(PEND_TIMER);
+        if let Some((min, _)) = config::random_preemption() {
+            // Keep interrupting at random points even while deferring (tests).
+            ensure_armed_by(cpu::rdtsc() + ns_to_ticks(min));
+        }
         return;
     }
     tick_in_thread();
@@ -221,9 +241,10 @@ pub fn sleep(d: Duration) {
     if ns >= SPIN_SLEEP_NS {
         let me = sched::current();
         me.prepare_wait();
+        me.sleep_deadline.set(deadline);
         {
-            let mut heap = SLEEPERS.lock();
-            heap.push(Sleeper { deadline, t: me });
+            let mut list = SLEEPERS.lock();
+            insert_sleeper(&mut list, me);
             EARLIEST.fetch_min(deadline, Ordering::AcqRel);
         }
         preempt::hold();

@@ -36,7 +36,6 @@
 //!   which only ever uses `%gs` afresh, so it simply goes on as this vCPU's scheduler.
 
 use alloc::boxed::Box;
-use alloc::vec::Vec;
 use core::mem::{offset_of, MaybeUninit};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -63,6 +62,49 @@ use crate::{percpu, start};
 pub const VECTOR_SIM: u8 = 0x41;
 /// Size of an activation (scheduler) stack from the pool.
 const ACT_STACK_SIZE: usize = 64 * 1024;
+
+/// A fixed-capacity list: the upcall path never allocates under a lock (the thread whose
+/// context it handles may hold the heap lock).
+struct Fixed<T, const N: usize> {
+    items: [Option<T>; N],
+    len: usize,
+}
+
+impl<T, const N: usize> Fixed<T, N> {
+    const fn new() -> Self {
+        Fixed {
+            items: [const { None }; N],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, item: T) {
+        match self.items.iter_mut().find(|i| i.is_none()) {
+            Some(slot) => {
+                *slot = Some(item);
+                self.len += 1;
+            }
+            None => panic!("activm-rt: upcall bookkeeping full ({N} entries)"),
+        }
+    }
+
+    fn take_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Option<T> {
+        let slot = self
+            .items
+            .iter_mut()
+            .find(|i| i.as_ref().is_some_and(&mut pred))?;
+        self.len -= 1;
+        slot.take()
+    }
+
+    fn pop(&mut self) -> Option<T> {
+        self.take_where(|_| true)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.items.iter().flatten()
+    }
+}
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static SHARED: AtomicU64 = AtomicU64::new(0);
@@ -139,10 +181,14 @@ pub fn queue_nonempty() -> bool {
 
 struct StackPool {
     /// Stack tops not in the shared pool.
-    spare: Vec<u64>,
+    spare: [u64; 256],
+    nr_spare: usize,
 }
 
-static STACKS: SpinLock<StackPool> = SpinLock::new(StackPool { spare: Vec::new() });
+static STACKS: SpinLock<StackPool> = SpinLock::new(StackPool {
+    spare: [0; 256],
+    nr_spare: 0,
+});
 
 fn new_act_stack() -> u64 {
     let stack = alloc::vec![0u8; ACT_STACK_SIZE].leak();
@@ -163,34 +209,61 @@ pub fn release_act_stack(top: u64) {
     if top == 0 {
         return;
     }
-    STACKS.lock().spare.push(top);
+    {
+        let mut pool = STACKS.lock();
+        let n = pool.nr_spare;
+        if n < pool.spare.len() {
+            pool.spare[n] = top;
+            pool.nr_spare = n + 1;
+        }
+        // Otherwise the stack is leaked (64 KiB); 256 spares is plenty.
+    }
     refill_pool();
 }
 
-/// Keeps the shared stack pool full (the VMM takes one per new activation).
+/// Keeps the shared stack pool full (the VMM takes one per new activation). New stacks are
+/// allocated with no lock held.
 fn refill_pool() {
     if !activations_enabled() {
         return;
     }
     let h = header();
-    let mut pool = STACKS.lock();
     loop {
-        let prod = h.stack_prod.load(Ordering::Relaxed);
-        let cons = h.stack_cons.load(Ordering::Acquire);
-        if prod.wrapping_sub(cons) as usize >= STACK_POOL_CAPACITY {
-            return;
-        }
-        let top = match pool.spare.pop() {
-            Some(top) => top,
-            None if prod.wrapping_sub(cons) < 2 * start::nr_vcpus() + 4 => new_act_stack(),
-            None => return,
+        let need_new = {
+            let mut pool = STACKS.lock();
+            let prod = h.stack_prod.load(Ordering::Relaxed);
+            let cons = h.stack_cons.load(Ordering::Acquire);
+            let queued = prod.wrapping_sub(cons);
+            if queued as usize >= STACK_POOL_CAPACITY {
+                return;
+            }
+            let top = if pool.nr_spare > SPARE_RESERVE {
+                pool.nr_spare -= 1;
+                pool.spare[pool.nr_spare]
+            } else if queued < 2 * start::nr_vcpus() + 4 {
+                0
+            } else {
+                return;
+            };
+            if top != 0 {
+                let slot = prod as usize % STACK_POOL_CAPACITY;
+                let stacks = core::ptr::addr_of!(h.stacks) as *mut u64;
+                // SAFETY: the guest produces the pool: slot `prod % CAP` is free (prod - cons <
+                // CAP), and only this code (under the lock) writes it.
+                unsafe { stacks.add(slot).write_volatile(top) };
+                h.stack_prod.store(prod.wrapping_add(1), Ordering::Release);
+            }
+            top == 0
         };
-        let slot = prod as usize % STACK_POOL_CAPACITY;
-        let stacks = core::ptr::addr_of!(h.stacks) as *mut u64;
-        // SAFETY: the guest produces the pool: slot `prod % CAP` is free (prod - cons < CAP),
-        // and only this code (under the lock) writes it.
-        unsafe { stacks.add(slot).write_volatile(top) };
-        h.stack_prod.store(prod.wrapping_add(1), Ordering::Release);
+        if need_new {
+            let top = new_act_stack();
+            let mut pool = STACKS.lock();
+            let n = pool.nr_spare;
+            if n < pool.spare.len() {
+                pool.spare[n] = top;
+                pool.nr_spare = n + 1;
+            }
+        }
     }
 }
 
@@ -267,7 +340,7 @@ struct ActState {
     sched_top: u64,
 }
 
-static TABLE: SpinLock<Vec<ActState>> = SpinLock::new(Vec::new());
+static TABLE: SpinLock<Fixed<ActState, 256>> = SpinLock::new(Fixed::new());
 
 /// The words `__rt_activation_entry` saves before it claims the vCPU (layout used by the
 /// assembly and by `resolve_entry_context`).
@@ -288,7 +361,7 @@ fn file_old_state(vcpu: u32, old: &OldWords) {
     if old.activation == 0 {
         return;
     }
-    let st = ActState {
+    let st = own_stack(ActState {
         activation: old.activation as u32,
         vcpu,
         current: old.current,
@@ -296,30 +369,32 @@ fn file_old_state(vcpu: u32, old: &OldWords) {
         in_sched: old.in_sched != 0,
         sched_idle: old.sched_idle != 0,
         sched_top: old.sched_top,
-    };
-    let st = if st.in_sched {
+    });
+    TABLE.lock().push(st);
+}
+
+/// Decides who keeps a taken state's scheduler stack: a scheduler context, or nobody (a thread
+/// ran there: the stack is free and goes back to the pool).
+fn own_stack(st: ActState) -> ActState {
+    if st.in_sched {
         st
     } else {
-        // A thread ran there: the old scheduler stack is free.
         release_act_stack(st.sched_top);
         ActState { sched_top: 0, ..st }
-    };
-    TABLE.lock().push(st);
+    }
 }
 
 /// Takes the state of `activation` (on `vcpu`): from the table, or straight from the vCPU's
 /// words if its next activation has not started. `None`: not available yet.
 fn take_state(activation: u32, vcpu: u32) -> Option<ActState> {
-    {
-        let mut table = TABLE.lock();
-        if let Some(i) = table.iter().position(|s| s.activation == activation) {
-            return Some(table.swap_remove(i));
-        }
+    if let Some(st) = TABLE.lock().take_where(|s| s.activation == activation) {
+        return Some(st);
     }
     if vcpu >= start::nr_vcpus() {
         return None;
     }
     let read = |w: Word| cpu::get_of(vcpu, w);
+    let pcpu = percpu::of(vcpu);
     let st = ActState {
         activation,
         vcpu,
@@ -343,13 +418,10 @@ fn take_state(activation: u32, vcpu: u32) -> Option<ActState> {
         // Its next activation claimed the words first; its snapshot will be in the table.
         return None;
     }
+    // The words are ours: the vCPU's next activation finds nothing to file.
     cpu::reset_hold_of(vcpu);
-    if st.in_sched {
-        Some(st)
-    } else {
-        release_act_stack(st.sched_top);
-        Some(ActState { sched_top: 0, ..st })
-    }
+    pcpu.in_drain.store(0, Ordering::Release);
+    Some(own_stack(st))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,8 +525,10 @@ extern "C" fn activation_start(_vcpu: u64, _activation: u64, _top: u64, old: *co
     // SAFETY: the entry saved the previous words at `old`, on this stack.
     let old = unsafe { *old };
     activm_stub::lapic::clear_in_service(&OUR_VECTORS);
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
     file_old_state(me, &old);
     sched::clear_idle_bits(me);
+    percpu::trace(percpu::T_ACTIVATION, _activation);
     percpu::this()
         .counters
         .activations
@@ -471,26 +545,72 @@ pub fn on_upcall(frame: &mut IrqFrame) {
         .counters
         .upcalls
         .fetch_add(1, Ordering::Relaxed);
-    if !sched::irq_prologue(frame) {
-        preempt::defer(PEND_UPCALL);
+    if sched::irq_prologue(frame) {
+        sched::preempt_current();
         return;
     }
-    sched::preempt_current();
+    let p = percpu::this();
+    if cpu::get(Word::InSched) != 0
+        && preempt::held() == 0
+        && p.in_drain.load(Ordering::Relaxed) == 0
+        && !in_unsafe_window(frame.rip)
+    {
+        // The scheduler, holding nothing, maybe waiting for a lock whose holder's context is
+        // in this very queue: handle the records now (seed 000 section 6: continue preempted
+        // holders before anything else).
+        percpu::trace(percpu::T_NESTED, frame.rip);
+        drain_nested();
+        return;
+    }
+    preempt::defer(PEND_UPCALL);
 }
 
 /// Records that could not be handled yet (their activation's state was not filed yet).
-static LATER: SpinLock<Vec<UpcallRecord>> = SpinLock::new(Vec::new());
+static LATER: SpinLock<Fixed<UpcallRecord, 64>> = SpinLock::new(Fixed::new());
 static LATER_LEN: AtomicU32 = AtomicU32::new(0);
 
 /// Scheduler context: handles every record of this vCPU's queue (and any left for later). May
 /// not return (a continued lock holder, an adopted scheduler context).
 pub fn drain() {
+    if CONTINUE_LEN.load(Ordering::Acquire) != 0 {
+        let next = {
+            let mut list = CONTINUE.lock();
+            let next = list.pop();
+            CONTINUE_LEN.store(list.len as u32, Ordering::Release);
+            next
+        };
+        if let Some((t, hold)) = next {
+            // SAFETY: a saved lock holder queued by `resume_context_in`; ours now.
+            continue_holder(unsafe { tcb::from_raw(t as *const Tcb) }, hold);
+        }
+    }
+    if ADOPT_LEN.load(Ordering::Acquire) != 0 {
+        adopt_pending();
+    }
     if LATER_LEN.load(Ordering::Acquire) != 0 {
         retry_later();
     }
     if !queue_nonempty() {
         return;
     }
+    let p = percpu::this();
+    p.in_drain.store(1, Ordering::Relaxed);
+    drain_records(false);
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
+    refill_pool();
+}
+
+/// Drains the queue from the upcall interrupt, on top of a scheduler holding nothing: resumes
+/// contexts and continues lock holders (coming back here), leaves the rest to the loop top.
+fn drain_nested() {
+    let p = percpu::this();
+    p.in_drain.store(1, Ordering::Relaxed);
+    drain_records(true);
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
+    preempt::defer(PEND_UPCALL);
+}
+
+fn drain_records(nested: bool) {
     let mut rec = MaybeUninit::<UpcallRecord>::uninit();
     let mut last_seq = 0u64;
     // SAFETY: `take_record` writes a whole record before returning true.
@@ -510,23 +630,49 @@ pub fn drain() {
         if let Some(slot) = BY_KIND.get(r.kind as usize) {
             slot.fetch_add(1, Ordering::Relaxed);
         }
-        handle(r);
+        if nested {
+            handle_nested(r);
+        } else {
+            handle(r);
+        }
     }
-    refill_pool();
+}
+
+fn handle_nested(r: &UpcallRecord) {
+    percpu::trace(
+        percpu::T_RECORD,
+        (1 << 52) | (u64::from(r.kind) << 48) | r.seq,
+    );
+    match UpcallKind::from_raw(r.kind) {
+        Some(UpcallKind::Preempted | UpcallKind::Unblocked)
+            if r.flags & RECORD_HAS_CONTEXT != 0 =>
+        {
+            resume_context_in(r, true)
+        }
+        Some(UpcallKind::Blocked) => blocked(r),
+        Some(UpcallKind::NewProc) => {}
+        _ => later(r),
+    }
 }
 
 fn retry_later() {
-    let records: Vec<UpcallRecord> = {
-        let mut later = LATER.lock();
-        LATER_LEN.store(0, Ordering::Release);
-        core::mem::take(&mut *later)
-    };
-    for r in records {
-        handle(&r);
+    // Handle what was left for later (one pass: records left again wait for the next one).
+    for _ in 0..64 {
+        let r = {
+            let mut later = LATER.lock();
+            let r = later.pop();
+            LATER_LEN.store(later.len as u32, Ordering::Release);
+            r
+        };
+        match r {
+            Some(r) => handle(&r),
+            None => return,
+        }
     }
 }
 
 fn handle(r: &UpcallRecord) {
+    percpu::trace(percpu::T_RECORD, (u64::from(r.kind) << 48) | r.seq);
     match UpcallKind::from_raw(r.kind) {
         Some(UpcallKind::NewProc) => {}
         Some(UpcallKind::Preempted | UpcallKind::Unblocked) => {
@@ -552,8 +698,9 @@ fn handle(r: &UpcallRecord) {
 }
 
 fn later(r: &UpcallRecord) {
-    LATER.lock().push(*r);
-    LATER_LEN.fetch_add(1, Ordering::Release);
+    let mut later = LATER.lock();
+    later.push(*r);
+    LATER_LEN.store(later.len as u32, Ordering::Release);
 }
 
 fn blocked(r: &UpcallRecord) {
@@ -600,12 +747,14 @@ fn resolve_entry_context(r: &UpcallRecord) -> bool {
     }
     let rsp = ctx.gprs.rsp;
     let top = if ctx.rip == start { rsp + 8 } else { rsp + 64 };
+    percpu::trace(percpu::T_ENTRY_CTX, ctx.rip);
     if ctx.rip >= claimed {
         // SAFETY: the entry saved the words at rsp (its `sub $56` ran before the claim).
         let mut old = unsafe { *(rsp as *const OldWords) };
         if ctx.rip == claimed {
             old.activation = ctx.gprs.rax;
         }
+        percpu::of(r.vcpu).in_drain.store(0, Ordering::Release);
         file_old_state(r.vcpu, &old);
         let word = activm_stub::arch::x86_64::percpu::cpu_local(r.vcpu as usize)
             .rt_word(Word::Activation as usize);
@@ -627,18 +776,43 @@ fn resolve_entry_context(r: &UpcallRecord) -> bool {
 
 /// Resumes the context of a PREEMPTED or UNBLOCKED record on this vCPU.
 fn resume_context(r: &UpcallRecord) {
+    resume_context_in(r, false)
+}
+
+/// `nested`: on top of an interrupted scheduler, which must get control back: lock holders are
+/// continued with `cont_swap`, and scheduler contexts wait for the loop top to be adopted.
+fn resume_context_in(r: &UpcallRecord, nested: bool) {
     if resolve_entry_context(r) {
         return;
     }
+    percpu::trace(
+        percpu::T_RECINFO,
+        (u64::from(r.activation) << 32) | (u64::from(r.vcpu) << 24) | (r.seq & 0xff_ffff),
+    );
     let Some(st) = take_state(r.activation, r.vcpu) else {
+        percpu::trace(percpu::T_LATER, r.seq);
         later(r);
         return;
     };
+    percpu::trace(
+        percpu::T_TAKE,
+        (u64::from(st.in_sched) << 52)
+            | (u64::from(st.sched_idle) << 51)
+            | (st.hold.min(7) << 48)
+            | (st.current & 0xffff_ffff),
+    );
+    percpu::trace(percpu::T_TAKE, r.context.gprs.rsp);
     let mut ctx = r.context;
     fix_rip(&mut ctx);
+    if st.in_sched && nested && !st.sched_idle {
+        ADOPT.lock().push(Adopt::Context(st, ctx));
+        ADOPT_LEN.fetch_add(1, Ordering::Release);
+        return;
+    }
     if st.in_sched {
         if st.sched_idle {
             // An idle scheduler: nothing in flight.
+            percpu::trace(percpu::T_DROP_IDLE, ctx.rip);
             sched::clear_idle_bits(st.vcpu);
             release_act_stack(st.sched_top);
             percpu::this()
@@ -666,23 +840,147 @@ fn resume_context(r: &UpcallRecord) {
     let sp = unsafe { context::build_resume_frame(&ctx) };
     // SAFETY: the thread does not run; its saved stack pointer is ours to set.
     unsafe { *t.sp.get() = sp };
+    percpu::trace(percpu::T_BUILD, t as *const Tcb as u64);
+    percpu::trace(percpu::T_BUILD, sp as u64);
     percpu::this()
         .counters
         .resumed_contexts
         .fetch_add(1, Ordering::Relaxed);
     tcb::event(t, tcb::EV_RESUMED);
+    percpu::trace(percpu::T_RESUME, ctx.rip);
     if st.hold > 0 {
         tcb::event(t, tcb::EV_CONTINUED);
-        // A lock holder: run it now, until its last release (seed 000, section 6).
-        cpu::set_hold(st.hold);
-        preempt::defer(PEND_CONT);
-        sched::run_now(t);
+        if !nested {
+            continue_holder(t, st.hold);
+        }
+        // On top of an interrupted scheduler (which may be spinning for this very holder's
+        // lock): queue the continuation, which every scheduler loop serves first, and get the
+        // interrupted scheduler out of the way; a scheduler adopts it back afterwards.
+        {
+            let mut list = CONTINUE.lock();
+            list.push((t as *const Tcb as u64, st.hold));
+            CONTINUE_LEN.store(list.len as u32, Ordering::Release);
+        }
+        suspend_this_scheduler();
+        return;
     }
     sched::make_runnable(t, false);
 }
 
+/// Lock holders to continue before anything else: `(TCB, hold count)`.
+static CONTINUE: SpinLock<Fixed<(u64, u64), 64>> = SpinLock::new(Fixed::new());
+static CONTINUE_LEN: AtomicU32 = AtomicU32::new(0);
+
+/// Scheduler context at its loop top: runs the lock holder `t` (its resume frame built) now,
+/// with its holds moved here, until its last release (seed 000, section 6); the safepoint then
+/// switches it out (`PEND_CONT`) and this vCPU's scheduler starts afresh.
+fn continue_holder(t: &Tcb, hold: u64) -> ! {
+    percpu::trace(percpu::T_CONTINUE, t as *const Tcb as u64);
+    percpu::this()
+        .counters
+        .continuations
+        .fetch_add(1, Ordering::Relaxed);
+    cpu::set_hold(hold);
+    preempt::defer(PEND_CONT);
+    sched::run_now(t)
+}
+
+/// From the upcall handler on top of a scheduler: leaves that scheduler suspended (adopted back
+/// by a scheduler loop later) and runs a fresh one on a spare activation stack. Without a
+/// spare stack the interrupted scheduler just goes on (the continuation waits for a loop top).
+fn suspend_this_scheduler() {
+    let Some(top) = take_spare_stack() else {
+        return;
+    };
+    percpu::trace(percpu::T_SUSPEND, top);
+    // SAFETY: scheduler context (InSched = 1); `top` is a free activation stack.
+    unsafe { context::suspend_scheduler(top, suspended) };
+    // Adopted back: this drain goes on, as the scheduler of whatever vCPU runs it now.
+}
+
+/// The fresh scheduler after `suspend_this_scheduler`, on the spare stack.
+extern "C" fn suspended(sp: u64, sched_top: u64) -> ! {
+    {
+        let mut list = ADOPT.lock();
+        list.push(Adopt::Suspended { sp, sched_top });
+        ADOPT_LEN.store(list.len as u32, Ordering::Release);
+    }
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
+    sched::sched_loop()
+}
+
+/// A free activation stack from the spares (never allocates: this runs on upcall paths).
+fn take_spare_stack() -> Option<u64> {
+    let mut pool = STACKS.lock();
+    if pool.nr_spare == 0 {
+        return None;
+    }
+    pool.nr_spare -= 1;
+    Some(pool.spare[pool.nr_spare])
+}
+
+/// Makes sure a few spare activation stacks exist (boot; `suspend_this_scheduler` uses them).
+pub fn reserve_spare_stacks() {
+    for _ in 0..SPARE_RESERVE {
+        let top = new_act_stack();
+        let mut pool = STACKS.lock();
+        let n = pool.nr_spare;
+        pool.spare[n] = top;
+        pool.nr_spare = n + 1;
+    }
+}
+
+/// Spare activation stacks kept for suspensions (not handed to the VMM's pool).
+const SPARE_RESERVE: usize = 4;
+
+/// A scheduler context to adopt at the loop top.
+// Stored inline in a fixed array on purpose: boxing the context would allocate on the upcall path.
+#[allow(clippy::large_enum_variant)]
+enum Adopt {
+    /// Taken by the VMM with this state.
+    Context(ActState, UserContext),
+    /// A scheduler that suspended itself for a lock holder's continuation.
+    Suspended { sp: u64, sched_top: u64 },
+}
+
+static ADOPT: SpinLock<Fixed<Adopt, 16>> = SpinLock::new(Fixed::new());
+static ADOPT_LEN: AtomicU32 = AtomicU32::new(0);
+
+/// Loop top: adopts a pending scheduler context, if any (does not return then).
+fn adopt_pending() {
+    let next = {
+        let mut list = ADOPT.lock();
+        let next = list.pop();
+        ADOPT_LEN.store(list.len as u32, Ordering::Release);
+        next
+    };
+    match next {
+        Some(Adopt::Context(st, ctx)) => adopt(&ctx, st),
+        Some(Adopt::Suspended { sp, sched_top }) => {
+            percpu::trace(percpu::T_ADOPT_SUSPENDED, sp);
+            percpu::this()
+                .counters
+                .adoptions
+                .fetch_add(1, Ordering::Relaxed);
+            let own = cpu::get(Word::SchedTop);
+            let old = percpu::this().retired_stack.swap(own, Ordering::AcqRel);
+            release_act_stack(old);
+            cpu::set(Word::SchedTop, sched_top);
+            cpu::set(Word::Current, 0);
+            cpu::set_hold(0);
+            // It was suspended inside a drain (from the upcall handler).
+            percpu::this().in_drain.store(1, Ordering::Relaxed);
+            // SAFETY: scheduler context; the frame was saved by `cont_swap` on a stack nobody
+            // else uses (its vCPU was taken away).
+            unsafe { context::resume_switch_frame(sp as usize) }
+        }
+        None => {}
+    }
+}
+
 /// Continues another activation's scheduler context as this vCPU's scheduler.
 fn adopt(ctx: &UserContext, st: ActState) -> ! {
+    percpu::trace(percpu::T_ADOPT_CTX, ctx.rip);
     percpu::this()
         .counters
         .adoptions
@@ -904,8 +1202,6 @@ pub mod sim {
             in_rseq: AtomicBool::new(false),
             context: SpinLock::new(None),
         }));
-        // The capture files a state without allocating.
-        TABLE.lock().reserve(8);
         for slot in REQUESTS.iter().take(start::nr_vcpus() as usize) {
             assert!(
                 slot.compare_exchange(
@@ -1080,14 +1376,24 @@ pub fn dump() {
             a.queue_head.load(Ordering::Relaxed),
         );
     }
+    if let Some(table) = TABLE.try_lock() {
+        for st in table.iter() {
+            println!("activm-rt: filed state {st:?}");
+        }
+    }
     println!(
-        "activm-rt: table {:?} later {} enabled {}",
-        TABLE
-            .lock()
-            .iter()
-            .map(|s| (s.activation, s.vcpu, s.in_sched, s.hold))
-            .collect::<Vec<_>>(),
+        "activm-rt: continue {} later {} adopt {} enabled {}",
+        CONTINUE_LEN.load(Ordering::Relaxed),
         LATER_LEN.load(Ordering::Relaxed),
+        ADOPT_LEN.load(Ordering::Relaxed),
         activations_enabled()
     );
+    for v in 0..start::nr_vcpus() {
+        let p = percpu::of(v);
+        println!(
+            "activm-rt: vCPU {v}: in_drain {} sched_top {:#x}",
+            p.in_drain.load(Ordering::Relaxed),
+            cpu::get_of(v, Word::SchedTop)
+        );
+    }
 }

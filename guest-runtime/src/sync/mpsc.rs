@@ -103,6 +103,12 @@ impl<T> Sender<T> {
                     return Err(SendError(value.take().expect("value")));
                 }
                 if let Some(bound) = st.bound {
+                    if st.queue.len() < bound && st.queue.len() == st.queue.capacity() {
+                        let cap = st.queue.capacity();
+                        drop(st);
+                        self.grow(cap);
+                        continue;
+                    }
                     if st.queue.len() >= bound {
                         let me = sched::current();
                         me.prepare_wait();
@@ -112,6 +118,13 @@ impl<T> Sender<T> {
                         st.queue.push_back(value.take().expect("value"));
                         (st.waiting.take(), None)
                     }
+                } else if st.queue.len() == st.queue.capacity() {
+                    // Grow the buffer with the lock dropped: nothing is allocated under a
+                    // spinlock (see `docs/runtime.md`).
+                    let cap = st.queue.capacity();
+                    drop(st);
+                    self.grow(cap);
+                    continue;
                 } else {
                     st.queue.push_back(value.take().expect("value"));
                     (st.waiting.take(), None)
@@ -126,6 +139,23 @@ impl<T> Sender<T> {
             }
             return Ok(());
         }
+    }
+}
+
+impl<T> Sender<T> {
+    /// Replaces a full buffer of capacity `cap` by a bigger one, allocating with no lock held.
+    fn grow(&self, cap: usize) {
+        let mut bigger = VecDeque::with_capacity((cap * 2).max(16));
+        let old = {
+            let mut st = self.chan.state.lock();
+            if st.queue.capacity() != cap {
+                return; // someone else grew it
+            }
+            bigger.extend(st.queue.drain(..));
+            core::mem::replace(&mut st.queue, bigger)
+        };
+        // The old buffer is freed with the lock dropped too.
+        drop(old);
     }
 }
 

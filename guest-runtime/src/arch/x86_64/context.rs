@@ -147,6 +147,47 @@ core::arch::global_asm!(
     "    jmp 1b",
     ".size __rt_switch_in, . - __rt_switch_in",
     ".popsection",
+    "",
+    ".pushsection .text.activm_rt.switch, \"ax\"",
+    // fn __rt_suspend_scheduler(new_top: u64, f: extern fn(sp, old_top) -> !): from the
+    // scheduler (InSched = 1): leave a switch frame here, move this vCPU's scheduler to the
+    // stack at new_top and call f(frame sp, old stack top) there. Returns (0) when the frame is
+    // adopted again (`__rt_resume_switch_frame`).
+    ".globl __rt_suspend_scheduler",
+    "__rt_suspend_scheduler:",
+    "    pushq %rbp",
+    "    pushq %rbx",
+    "    pushq %r12",
+    "    pushq %r13",
+    "    pushq %r14",
+    "    pushq %r15",
+    "    sub $8, %rsp",
+    "    stmxcsr (%rsp)",
+    "    fnstcw 4(%rsp)",
+    "    mov %rsi, %rax",
+    "    mov %gs:{sched_top}, %rsi",
+    "    mov %rdi, %gs:{sched_top}",
+    "    mov %rsp, %rdx",
+    "    mov %rdi, %rsp",
+    "    mov %rdx, %rdi",
+    "    xor %ebp, %ebp",
+    "    call *%rax",
+    "    ud2",
+    ".globl __rt_resume_switch_frame",
+    "__rt_resume_switch_frame:",
+    "    mov %rdi, %rsp",
+    "    xor %eax, %eax",
+    "    ldmxcsr (%rsp)",
+    "    fldcw 4(%rsp)",
+    "    add $8, %rsp",
+    "    popq %r15",
+    "    popq %r14",
+    "    popq %r13",
+    "    popq %r12",
+    "    popq %rbx",
+    "    popq %rbp",
+    "    ret",
+    ".popsection",
     in_sched = const offset(Word::InSched),
     sched_top = const offset(Word::SchedTop),
     current = const offset(Word::Current),
@@ -158,6 +199,8 @@ core::arch::global_asm!(
 );
 
 extern "C" {
+    fn __rt_suspend_scheduler(new_top: u64, f: extern "C" fn(u64, u64) -> !);
+    fn __rt_resume_switch_frame(sp: usize) -> !;
     fn __rt_switch_out(t: *mut u8, action: usize, arg: usize);
     fn __rt_switch_in(t: *const u8) -> !;
     fn __rt_thread_start();
@@ -188,6 +231,28 @@ pub unsafe fn switch_out(t: *mut u8, action: usize, arg: usize) {
 pub unsafe fn switch_in(t: *const u8) -> ! {
     // SAFETY: the caller guarantees the conditions above.
     unsafe { __rt_switch_in(t) }
+}
+
+/// Suspends the running scheduler: its state stays in a switch frame on its stack, this vCPU's
+/// scheduler moves to the stack at `new_top`, where `f(frame_sp, old_stack_top)` runs. Returns
+/// when another scheduler adopts the frame ([`resume_switch_frame`]), on whatever vCPU.
+///
+/// # Safety
+/// Scheduler context; `new_top` is a free activation stack (16-byte aligned top).
+pub unsafe fn suspend_scheduler(new_top: u64, f: extern "C" fn(u64, u64) -> !) {
+    // SAFETY: the caller guarantees the conditions; the assembly saves the callee-saved state
+    // and comes back through `resume_switch_frame`.
+    unsafe { __rt_suspend_scheduler(new_top, f) }
+}
+
+/// Continues a scheduler suspended by [`suspend_scheduler`] (its switch frame at `sp`) as this
+/// vCPU's scheduler.
+///
+/// # Safety
+/// Scheduler context; `sp` is such a frame on a stack nobody else uses.
+pub unsafe fn resume_switch_frame(sp: usize) -> ! {
+    // SAFETY: as above.
+    unsafe { __rt_resume_switch_frame(sp) }
 }
 
 /// Writes the first frame of a new thread below `stack_top` (16-byte aligned) so that

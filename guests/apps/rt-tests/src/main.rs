@@ -7,7 +7,9 @@
 //!
 //! The `upcall-*` tests use the runtime's simulated VMM, which needs the VMM's own activations
 //! off (`activm run --no-activations`); with activations on they are skipped, and `sa-real`
-//! exercises the real ones instead.
+//! exercises the real ones instead. `sa-chaos` (random allocation changes under the stress
+//! workload) runs only when named: it currently trips a VMM race (a vCPU resumed in place after
+//! its context was handed over; see docs/runtime.md).
 #![no_std]
 #![no_main]
 
@@ -30,17 +32,23 @@ pub enum Needs {
     Sim,
     /// The VMM's activations.
     Activations,
+    /// The VMM's activations, and only when named (known to fail because of the VMM).
+    ActivationsExplicit,
 }
 
 fn run_selected(selected: &[&str]) -> i32 {
     let mut passed = 0;
     let mut failed = 0;
     for &(name, needs, f) in tests::ALL {
-        let wanted = selected.is_empty()
-            || selected.iter().any(|s| match s.strip_suffix('*') {
-                Some(prefix) => name.starts_with(prefix),
-                None => *s == name,
-            });
+        let named = selected.iter().any(|s| match s.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => *s == name,
+        });
+        let wanted = if needs == Needs::ActivationsExplicit {
+            selected.contains(&name)
+        } else {
+            selected.is_empty() || named
+        };
         if !wanted {
             continue;
         }
@@ -50,8 +58,12 @@ fn run_selected(selected: &[&str]) -> i32 {
             Needs::Sim if sa => {
                 Some("needs the VMM's activations off: activm run --no-activations")
             }
-            Needs::Activations if !sa => Some("needs the VMM's activations on"),
-            Needs::Activations if activm_rt::rt::nr_vcpus() < 2 => Some("needs 2 vCPUs or more"),
+            Needs::Activations | Needs::ActivationsExplicit if !sa => {
+                Some("needs the VMM's activations on")
+            }
+            Needs::Activations | Needs::ActivationsExplicit if activm_rt::rt::nr_vcpus() < 2 => {
+                Some("needs 2 vCPUs or more")
+            }
             _ => None,
         };
         if let Some(why) = skip {
