@@ -275,6 +275,68 @@ fn kvm_tests() -> Vec<Trial> {
             Ok(())
         }),
     ]);
+    // ---------------------------------------------------------------------------------------
+    // activm-rt, the guest thread runtime (owner: the runtime engineer): rt-demo and the
+    // in-guest suite rt-tests (one line per test, then "N passed, M failed"), on 1, 2 and 4
+    // vCPUs, with the VMM's activations (default) and without (--no-activations: the runtime's
+    // simulated VMM drives the upcall tests), plus the two modes that end the guest.
+    for vcpus in [1u32, 2, 4] {
+        trials.push(Trial::test(format!("rt_demo_{vcpus}_vcpus"), move || {
+            let n = vcpus.to_string();
+            activm_run(&guest("rt-demo")?, &["--vcpus", &n], &[])?
+                .expect_code(0)?
+                .stdout_has("total 80000 (expected 80000)")?;
+            Ok(())
+        }));
+        trials.push(Trial::test(format!("rt_tests_{vcpus}_vcpus"), move || {
+            let n = vcpus.to_string();
+            activm_run(&guest("rt-tests")?, &["--vcpus", &n], &[])?
+                .expect_code(0)?
+                .stdout_has("test random-preemption ... ok")?
+                .stdout_has(" passed, 0 failed\n")?;
+            Ok(())
+        }));
+        trials.push(Trial::test(
+            format!("rt_tests_no_activations_{vcpus}_vcpus"),
+            move || {
+                let n = vcpus.to_string();
+                activm_run(
+                    &guest("rt-tests")?,
+                    &["--vcpus", &n, "--no-activations"],
+                    &[],
+                )?
+                .expect_code(0)?
+                .stdout_has("test upcall-preempted ... ok")?
+                .stdout_has("test upcall-continuation ... ok")?
+                .stdout_has("test upcall-blocked ... ok")?
+                .stdout_has("22 passed, 0 failed\n")?;
+                Ok(())
+            },
+        ));
+    }
+    trials.extend([
+        Trial::test("rt_real_activations_hand_threads_over", || {
+            activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["sa-real"])?
+                .expect_code(0)?
+                .stdout_has("test sa-real ... ok")?
+                .stdout_has("1 passed, 0 failed\n")?;
+            Ok(())
+        }),
+        Trial::test("rt_stack_overflow_is_caught_by_the_guard_page", || {
+            activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["overflow"])?
+                .expect_code(101)?
+                .stderr_has("thread 'deep-recursion' overflowed its stack")?;
+            Ok(())
+        }),
+        Trial::test("rt_thread_panic_names_the_thread", || {
+            activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["panic"])?
+                .expect_code(101)?
+                .stderr_has("thread 'panicker' panicked")?
+                .stderr_has("boom on purpose")?;
+            Ok(())
+        }),
+    ]);
+    // ---- end of activm-rt tests ----
     trials
 }
 

@@ -84,6 +84,17 @@ fn release_slow() {
     }
 }
 
+/// For code that holds nothing and waits (a lock waiter): runs the release hook if an interrupt
+/// handler deferred work meanwhile. Without this, a waiter that holds nothing could spin
+/// forever on a lock whose holder only the deferred work (an upcall) would let finish.
+#[inline(always)]
+pub fn check_pending() {
+    // SAFETY: reads this vCPU's pending word.
+    if held() == 0 && unsafe { gs_read(PENDING_OFFSET) } != 0 {
+        release_slow();
+    }
+}
+
 /// This vCPU's hold count (non-zero: the interrupted code must not be preempted).
 #[inline(always)]
 pub fn held() -> u64 {

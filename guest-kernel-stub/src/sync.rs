@@ -53,6 +53,7 @@ impl<T: ?Sized> SpinLock<T> {
             let mut spins = 0u32;
             while self.locked.load(Ordering::Relaxed) {
                 core::hint::spin_loop();
+                preempt::check_pending();
                 spins = spins.wrapping_add(1);
                 if spins.is_multiple_of(1 << 16) {
                     preempt::waiting();

@@ -15,6 +15,16 @@ use crate::tcb::Tcb;
 /// Entries of a vCPU's run queue ring (Go uses 256 too).
 pub const RQ_CAP: usize = 256;
 
+/// Adds one to a per-vCPU counter without a locked instruction (an interrupt racing with it on
+/// the same vCPU may lose one count: these are statistics).
+#[inline(always)]
+pub fn bump(counter: &AtomicU64) {
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(1),
+        Ordering::Relaxed,
+    );
+}
+
 /// A cache line of its own.
 #[repr(C, align(64))]
 #[derive(Debug, Default)]
@@ -47,12 +57,17 @@ pub const T_TAKE: u64 = 13;
 pub const T_BUILD: u64 = 14;
 pub const T_LATER: u64 = 15;
 pub const T_RECINFO: u64 = 16;
+pub const T_SIM_SAW: u64 = 17;
 
 /// Records a scheduler event (`kind`, a 56-bit payload) in this vCPU's trace ring.
 #[inline(always)]
 pub fn trace(kind: u64, payload: u64) {
     let p = this();
-    let i = p.trace_at.fetch_add(1, Ordering::Relaxed) as usize % TRACE;
+    // Per vCPU, diagnostics only: a plain increment (an interrupt racing with it may overwrite
+    // one entry, nothing worse).
+    let at = p.trace_at.load(Ordering::Relaxed);
+    p.trace_at.store(at.wrapping_add(1), Ordering::Relaxed);
+    let i = at as usize % TRACE;
     p.trace[i].store(
         (kind << 56) | (payload & ((1 << 56) - 1)),
         Ordering::Relaxed,
@@ -61,9 +76,14 @@ pub fn trace(kind: u64, payload: u64) {
 
 /// Prints every vCPU's trace ring, oldest first (diagnostics).
 pub fn print_trace() {
+    print_trace_last(TRACE);
+}
+
+/// Prints the last `n` entries of every vCPU's trace ring.
+pub fn print_trace_last(n: usize) {
     for p in crate::start::pcpus() {
         let at = p.trace_at.load(Ordering::Relaxed) as usize;
-        for i in 0..TRACE {
+        for i in TRACE - n.min(TRACE)..TRACE {
             let e = p.trace[(at + i) % TRACE].load(Ordering::Relaxed);
             if e != 0 {
                 activm_stub::println!(

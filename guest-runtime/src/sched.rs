@@ -171,6 +171,9 @@ pub fn runnable_elsewhere() -> bool {
 
 /// If vCPUs are halted and none is spinning, wakes one with a reschedule IPI (Go's `wakep`).
 pub fn wake_idle_vcpu() {
+    if start::nr_vcpus() == 1 {
+        return;
+    }
     fence(Ordering::SeqCst);
     if SPINNING.load(Ordering::Relaxed) != 0 {
         return;
@@ -185,10 +188,7 @@ pub fn wake_idle_vcpu() {
     if HALTED.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
         preempt::hold();
         cpu::send_ipi(percpu::of(v).apic_id, VECTOR_RESCHEDULE);
-        percpu::this()
-            .counters
-            .ipis_sent
-            .fetch_add(1, Ordering::Relaxed);
+        percpu::bump(&percpu::this().counters.ipis_sent);
         preempt::release();
     }
 }
@@ -213,10 +213,7 @@ pub fn yield_current() {
 /// Puts the current thread at the back of the run queue (a preemption).
 pub fn preempt_current() {
     let me = current();
-    percpu::this()
-        .counters
-        .preemptions
-        .fetch_add(1, Ordering::Relaxed);
+    percpu::bump(&percpu::this().counters.preemptions);
     switch_out(me, ACT_PREEMPTED);
 }
 
@@ -284,7 +281,8 @@ pub fn sched_loop() -> ! {
 /// the global queue, and other vCPUs' rings (steal half).
 fn find_runnable() -> *const Tcb {
     let p = percpu::this();
-    let tick = p.tick.fetch_add(1, Ordering::Relaxed);
+    let tick = p.tick.load(Ordering::Relaxed);
+    p.tick.store(tick.wrapping_add(1), Ordering::Relaxed);
     if tick % 61 == 60 {
         let t = global_pop(1);
         if !t.is_null() {
@@ -320,10 +318,7 @@ fn steal() -> *const Tcb {
         if got == 0 {
             continue;
         }
-        percpu::this()
-            .counters
-            .steals
-            .fetch_add(1, Ordering::Relaxed);
+        percpu::bump(&percpu::this().counters.steals);
         for &t in batch.iter().take(got).skip(1) {
             // SAFETY: runnable TCBs we just took.
             if !unsafe { rseq::rq_push(t) } {
@@ -368,10 +363,7 @@ pub fn run_now(t: &Tcb) -> ! {
     let now = cpu::rdtsc();
     tcb::event(t, tcb::EV_RUNNING);
     t.slice_start.store(now, Ordering::Relaxed);
-    percpu::this()
-        .counters
-        .switches
-        .fetch_add(1, Ordering::Relaxed);
+    percpu::bump(&percpu::this().counters.switches);
     timer::on_switch_in(now);
     percpu::trace(percpu::T_SWITCH_IN, t as *const Tcb as u64);
     // SAFETY: scheduler context; `t` is ours (popped), fully saved, with a valid frame.
@@ -417,10 +409,7 @@ fn idle() {
     upcall::set_idle(me, true);
     if !work_visible() {
         timer::arm_for_sleepers();
-        percpu::this()
-            .counters
-            .halts
-            .fetch_add(1, Ordering::Relaxed);
+        percpu::bump(&percpu::this().counters.halts);
         if config::use_halt() {
             rseq::idle_halt();
         } else {
@@ -449,23 +438,14 @@ pub fn clear_idle_bits(vcpu: u32) {
 pub fn irq_prologue(frame: &mut IrqFrame) -> bool {
     if let Some(abort) = rseq::fixup(frame.rip) {
         frame.rip = abort;
-        percpu::this()
-            .counters
-            .rseq_rewinds
-            .fetch_add(1, Ordering::Relaxed);
+        percpu::bump(&percpu::this().counters.rseq_rewinds);
     }
     if preempt::held() != 0 {
-        percpu::this()
-            .counters
-            .deferred_held
-            .fetch_add(1, Ordering::Relaxed);
+        percpu::bump(&percpu::this().counters.deferred_held);
         return false;
     }
     if cpu::get(Word::InSched) != 0 || current_raw().is_null() {
-        percpu::this()
-            .counters
-            .deferred_sched
-            .fetch_add(1, Ordering::Relaxed);
+        percpu::bump(&percpu::this().counters.deferred_sched);
         return false;
     }
     if upcall::in_unsafe_window(frame.rip) {
@@ -477,7 +457,10 @@ pub fn irq_prologue(frame: &mut IrqFrame) -> bool {
 
 /// The reschedule IPI: it only has to wake a halted vCPU (whose scheduler then looks for work).
 pub fn on_resched(frame: &mut IrqFrame) {
-    if !irq_prologue(frame) {
+    if irq_prologue(frame) {
+        // A clean context: also act on anything a nested interrupt had to defer.
+        safepoint();
+    } else {
         preempt::defer(PEND_RESCHED);
     }
 }

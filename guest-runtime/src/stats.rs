@@ -144,5 +144,6 @@ pub fn dump() {
     }
     crate::sched::dump();
     crate::upcall::dump();
+    crate::percpu::print_trace_last(24);
     println!("activm-rt stats: {:?}", snapshot());
 }

@@ -194,10 +194,7 @@ pub fn wake_due() {
 pub fn on_timer(frame: &mut IrqFrame) {
     cpu::set(Word::Armed, 0);
     crate::stats::check_watchdog(frame.rip);
-    percpu::this()
-        .counters
-        .timer_irqs
-        .fetch_add(1, Ordering::Relaxed);
+    percpu::bump(&percpu::this().counters.timer_irqs);
     crate::upcall::sim_on_interrupt(frame);
     if !sched::irq_prologue(frame) {
         preempt::defer(PEND_TIMER);
@@ -208,6 +205,8 @@ pub fn on_timer(frame: &mut IrqFrame) {
         return;
     }
     tick_in_thread();
+    // Anything a nested interrupt deferred meanwhile.
+    sched::safepoint();
 }
 
 /// A timer tick for the running thread (clean thread context): wake sleepers, then preempt the
@@ -257,6 +256,7 @@ pub fn sleep(d: Duration) {
             sched::yield_current();
         } else {
             core::hint::spin_loop();
+            preempt::check_pending();
         }
     }
 }

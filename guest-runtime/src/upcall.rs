@@ -529,10 +529,7 @@ extern "C" fn activation_start(_vcpu: u64, _activation: u64, _top: u64, old: *co
     file_old_state(me, &old);
     sched::clear_idle_bits(me);
     percpu::trace(percpu::T_ACTIVATION, _activation);
-    percpu::this()
-        .counters
-        .activations
-        .fetch_add(1, Ordering::Relaxed);
+    percpu::bump(&percpu::this().counters.activations);
     sched::sched_loop()
 }
 
@@ -541,10 +538,7 @@ extern "C" fn activation_start(_vcpu: u64, _activation: u64, _top: u64, old: *co
 
 /// `VECTOR_UPCALL`: the scheduler drains the queue; preempt the thread to get there.
 pub fn on_upcall(frame: &mut IrqFrame) {
-    percpu::this()
-        .counters
-        .upcalls
-        .fetch_add(1, Ordering::Relaxed);
+    percpu::bump(&percpu::this().counters.upcalls);
     if sched::irq_prologue(frame) {
         sched::preempt_current();
         return;
@@ -623,10 +617,7 @@ fn drain_records(nested: bool) {
         last_seq = r.seq;
         MAX_SEQ.fetch_max(r.seq, Ordering::AcqRel);
         RECORDS.fetch_add(1, Ordering::Relaxed);
-        percpu::this()
-            .counters
-            .records
-            .fetch_add(1, Ordering::Relaxed);
+        percpu::bump(&percpu::this().counters.records);
         if let Some(slot) = BY_KIND.get(r.kind as usize) {
             slot.fetch_add(1, Ordering::Relaxed);
         }
@@ -724,10 +715,7 @@ fn blocked(r: &UpcallRecord) {
 fn fix_rip(ctx: &mut UserContext) -> bool {
     if let Some(abort) = rseq::fixup(ctx.rip) {
         ctx.rip = abort;
-        percpu::this()
-            .counters
-            .rseq_rewinds
-            .fetch_add(1, Ordering::Relaxed);
+        percpu::bump(&percpu::this().counters.rseq_rewinds);
     }
     let (trap_start, trap_end) = activm_stub::trap_eoi_window();
     if (trap_start..trap_end).contains(&ctx.rip) {
@@ -767,10 +755,7 @@ fn resolve_entry_context(r: &UpcallRecord) -> bool {
     }
     sched::clear_idle_bits(r.vcpu);
     release_act_stack(top);
-    percpu::this()
-        .counters
-        .dropped_idle_contexts
-        .fetch_add(1, Ordering::Relaxed);
+    percpu::bump(&percpu::this().counters.dropped_idle_contexts);
     true
 }
 
@@ -815,10 +800,7 @@ fn resume_context_in(r: &UpcallRecord, nested: bool) {
             percpu::trace(percpu::T_DROP_IDLE, ctx.rip);
             sched::clear_idle_bits(st.vcpu);
             release_act_stack(st.sched_top);
-            percpu::this()
-                .counters
-                .dropped_idle_contexts
-                .fetch_add(1, Ordering::Relaxed);
+            percpu::bump(&percpu::this().counters.dropped_idle_contexts);
             return;
         }
         adopt(&ctx, st);
@@ -842,10 +824,7 @@ fn resume_context_in(r: &UpcallRecord, nested: bool) {
     unsafe { *t.sp.get() = sp };
     percpu::trace(percpu::T_BUILD, t as *const Tcb as u64);
     percpu::trace(percpu::T_BUILD, sp as u64);
-    percpu::this()
-        .counters
-        .resumed_contexts
-        .fetch_add(1, Ordering::Relaxed);
+    percpu::bump(&percpu::this().counters.resumed_contexts);
     tcb::event(t, tcb::EV_RESUMED);
     percpu::trace(percpu::T_RESUME, ctx.rip);
     if st.hold > 0 {
@@ -875,11 +854,10 @@ static CONTINUE_LEN: AtomicU32 = AtomicU32::new(0);
 /// with its holds moved here, until its last release (seed 000, section 6); the safepoint then
 /// switches it out (`PEND_CONT`) and this vCPU's scheduler starts afresh.
 fn continue_holder(t: &Tcb, hold: u64) -> ! {
+    // Leaving the scheduler (and whatever drain called this) for good.
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
     percpu::trace(percpu::T_CONTINUE, t as *const Tcb as u64);
-    percpu::this()
-        .counters
-        .continuations
-        .fetch_add(1, Ordering::Relaxed);
+    percpu::bump(&percpu::this().counters.continuations);
     cpu::set_hold(hold);
     preempt::defer(PEND_CONT);
     sched::run_now(t)
@@ -958,10 +936,7 @@ fn adopt_pending() {
         Some(Adopt::Context(st, ctx)) => adopt(&ctx, st),
         Some(Adopt::Suspended { sp, sched_top }) => {
             percpu::trace(percpu::T_ADOPT_SUSPENDED, sp);
-            percpu::this()
-                .counters
-                .adoptions
-                .fetch_add(1, Ordering::Relaxed);
+            percpu::bump(&percpu::this().counters.adoptions);
             let own = cpu::get(Word::SchedTop);
             let old = percpu::this().retired_stack.swap(own, Ordering::AcqRel);
             release_act_stack(old);
@@ -980,11 +955,10 @@ fn adopt_pending() {
 
 /// Continues another activation's scheduler context as this vCPU's scheduler.
 fn adopt(ctx: &UserContext, st: ActState) -> ! {
+    // This scheduler (and its drain) is abandoned; the adopted one was not draining.
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
     percpu::trace(percpu::T_ADOPT_CTX, ctx.rip);
-    percpu::this()
-        .counters
-        .adoptions
-        .fetch_add(1, Ordering::Relaxed);
+    percpu::bump(&percpu::this().counters.adoptions);
     sched::clear_idle_bits(st.vcpu);
     // This scheduler's own stack is given up; the adopted one's becomes this vCPU's. The own
     // one is still in use until the jump: it is retired, and given back by the next fresh
@@ -1253,6 +1227,9 @@ pub mod sim {
     /// The simulated VMM's interrupt.
     pub fn on_sim(frame: &mut IrqFrame) {
         super::sim_on_interrupt(frame);
+        if sched::irq_prologue(frame) {
+            sched::safepoint();
+        }
     }
 
     /// Interrupt context on vCPU `me`, before the handler's own work: captures the interrupted
@@ -1266,6 +1243,7 @@ pub mod sim {
         }
         // SAFETY: requests are leaked; this one is pending for this vCPU.
         let r = unsafe { &*req };
+        percpu::trace(percpu::T_SIM_SAW, frame.rip);
         let current = sched::current_raw() as u64;
         let hold = preempt::held();
         let suitable = cpu::get(Word::InSched) == 0

@@ -109,6 +109,7 @@ impl Condvar {
                 crate::sched::yield_current();
             } else {
                 core::hint::spin_loop();
+                activm_stub::preempt::check_pending();
             }
         }
         mutex.raw().lock();

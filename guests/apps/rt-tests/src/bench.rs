@@ -113,6 +113,18 @@ fn mutex_uncontended() {
     report("mutex lock+unlock, uncontended", N, t);
 }
 
+fn atomic_rmw() {
+    const N: u64 = 10_000_000;
+    let a = core::sync::atomic::AtomicU64::new(0);
+    let t = timed(|| {
+        for _ in 0..N {
+            a.fetch_add(1, core::sync::atomic::Ordering::AcqRel);
+        }
+    });
+    black_box(&a);
+    report("one locked RMW (lock xadd), for scale", N, t);
+}
+
 fn channel_pingpong() {
     const N: u64 = 100_000;
     let (tx1, rx1) = mpsc::channel::<u64>();
@@ -144,7 +156,8 @@ fn sleep_short() {
 }
 
 pub fn run(names: &[&str]) -> i32 {
-    let all: [(&str, fn()); 7] = [
+    let all: [(&str, fn()); 8] = [
+        ("rmw", atomic_rmw),
         ("null-fork", null_fork),
         ("spawn-burst", spawn_burst),
         ("yield", yield_pingpong),

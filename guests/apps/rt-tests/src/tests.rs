@@ -984,7 +984,7 @@ fn capture_times(
             Some(victim),
             held,
         );
-        let done = wait_until(Duration::from_secs(2), || {
+        let done = wait_until(Duration::from_secs(10), || {
             if !req.is_done() {
                 sim::kick_all();
             }
@@ -992,6 +992,7 @@ fn capture_times(
         });
         if !done {
             req.cancel();
+            stats::dump();
             return Err(format!("capture {i} never happened"));
         }
         if held == Some(true) {
@@ -1083,7 +1084,9 @@ fn upcall_continuation() -> TestResult {
     *LOCK.lock() = 0;
     let stop = Arc::new(AtomicBool::new(false));
     let before = stats::snapshot();
-    let spawn_locker = |stop: Arc<AtomicBool>| {
+    // `backoff`: spins outside the lock after each release, so that a test-and-test-and-set
+    // spinlock does not starve the other thread under host overcommit.
+    let spawn_locker = |stop: Arc<AtomicBool>, backoff: u32| {
         thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(Ordering::Acquire) {
@@ -1094,13 +1097,16 @@ fn upcall_continuation() -> TestResult {
                 *g += 1;
                 drop(g);
                 n += 1;
+                for _ in 0..backoff {
+                    core::hint::spin_loop();
+                }
             }
             n
         })
     };
-    let victim = spawn_locker(stop.clone());
+    let victim = spawn_locker(stop.clone(), 0);
     // A second thread contends for the same lock.
-    let other = spawn_locker(stop.clone());
+    let other = spawn_locker(stop.clone(), 20_000);
     capture_times(&victim.thread(), 3, Some(true), false)?;
     thread::sleep(Duration::from_millis(5));
     stop.store(true, Ordering::Release);
