@@ -65,6 +65,15 @@ pub enum QueueError {
     Memory(String),
 }
 
+/// Why a new activation could not start.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StartError {
+    /// The guest's stack pool is empty right now; it may refill it.
+    NoStack,
+    /// A protocol violation.
+    Fatal(String),
+}
+
 /// A new activation's start.
 #[derive(Clone, Copy, Debug)]
 pub struct NewActivation {
@@ -87,6 +96,9 @@ struct State {
     /// Consumer index of the stack pool; the VMM's copy is the authoritative one.
     stack_cons: u32,
     pending: VecDeque<Event>,
+    /// Since when a pending event has found no room in a queue (a guest that does not keep up
+    /// with its upcalls, or does not consume them at all).
+    stalled_since: Option<std::time::Instant>,
 }
 
 /// One guest's activation state.
@@ -124,6 +136,7 @@ impl Activations {
                 heads: vec![0; nr_vcpus as usize],
                 stack_cons: 0,
                 pending: VecDeque::new(),
+                stalled_since: None,
             }),
             allowed,
         }
@@ -228,28 +241,20 @@ impl Activations {
         target: Option<u32>,
     ) -> Result<Option<u32>, QueueError> {
         let mut state = self.lock();
-        let Some(target) = target else {
-            state.pending.push_back(event);
-            return if state.pending.len() > MAX_PENDING {
-                Err(QueueError::Full)
-            } else {
-                Ok(None)
-            };
+        state.pending.push_back(event);
+        let written = match target {
+            Some(target) => drain_into(&mut state, ram, plan, target)?,
+            None => 0,
         };
-        // Older events first, so a target sees them in sequence order.
-        while let Some(old) = state.pending.pop_front() {
-            if let Err(e) = write_record(&mut state, ram, plan, target, old.clone()) {
-                state.pending.push_front(old);
-                state.pending.push_back(event);
-                return Err(e);
-            }
+        if state.pending.len() > MAX_PENDING {
+            return Err(QueueError::Full);
         }
-        write_record(&mut state, ram, plan, target, event)?;
-        Ok(Some(target))
+        Ok(if written > 0 { target } else { None })
     }
 
-    /// Write the pending events into the queue of `target`, which is about to run; returns
-    /// how many went out (the caller raises the upcall interrupt if any did).
+    /// Write the pending events into the queue of `target`, which is about to run or runs;
+    /// returns how many went out (the caller raises the upcall interrupt if any did). What does
+    /// not fit stays pending.
     pub fn flush_pending(
         &self,
         ram: &GuestRam,
@@ -257,15 +262,12 @@ impl Activations {
         target: u32,
     ) -> Result<usize, QueueError> {
         let mut state = self.lock();
-        let mut sent = 0;
-        while let Some(event) = state.pending.pop_front() {
-            if let Err(e) = write_record(&mut state, ram, plan, target, event.clone()) {
-                state.pending.push_front(event);
-                return if sent > 0 { Ok(sent) } else { Err(e) };
-            }
-            sent += 1;
-        }
-        Ok(sent)
+        drain_into(&mut state, ram, plan, target)
+    }
+
+    /// How long the guest's queues have had no room for a pending event (`None`: they had).
+    pub fn stalled_for(&self) -> Option<std::time::Duration> {
+        self.lock().stalled_since.map(|since| since.elapsed())
     }
 
     /// Start a new activation on `vcpu`: take a stack from the guest's pool, write NEWPROC and
@@ -275,11 +277,11 @@ impl Activations {
         ram: &GuestRam,
         plan: &Plan,
         vcpu: u32,
-    ) -> Result<NewActivation, String> {
+    ) -> Result<NewActivation, StartError> {
         let mut state = self.lock();
-        let entry = state
-            .entry
-            .ok_or("a new activation is due but no upcall entry is registered")?;
+        let entry = state.entry.ok_or_else(|| {
+            StartError::Fatal("a new activation is due but no upcall entry is registered".into())
+        })?;
         let stack_top = pop_stack(&mut state, ram, plan)?;
         let activation = state.next_activation;
         state.next_activation = state.next_activation.wrapping_add(1).max(1);
@@ -294,7 +296,7 @@ impl Activations {
         );
         let newproc = Event::new(UpcallKind::NewProc, activation, vcpu, 0);
         write_record(&mut state, ram, plan, vcpu, newproc)
-            .map_err(|e| format!("cannot write the NEWPROC record: {e:?}"))?;
+            .map_err(|e| StartError::Fatal(format!("cannot write the NEWPROC record: {e:?}")))?;
         while let Some(event) = state.pending.pop_front() {
             if write_record(&mut state, ram, plan, vcpu, event.clone()).is_err() {
                 state.pending.push_front(event);
@@ -311,6 +313,35 @@ impl Activations {
     pub fn pending(&self) -> usize {
         self.lock().pending.len()
     }
+}
+
+/// Move pending events, oldest first, into `target`'s queue until it is full; records whether
+/// the queues are stalled. Returns how many were written.
+fn drain_into(
+    state: &mut State,
+    ram: &GuestRam,
+    plan: &Plan,
+    target: u32,
+) -> Result<usize, QueueError> {
+    let mut written = 0;
+    while let Some(event) = state.pending.pop_front() {
+        match write_record(state, ram, plan, target, event.clone()) {
+            Ok(()) => written += 1,
+            Err(QueueError::Full) => {
+                state.pending.push_front(event);
+                state
+                    .stalled_since
+                    .get_or_insert_with(std::time::Instant::now);
+                return Ok(written);
+            }
+            Err(e) => {
+                state.pending.push_front(event);
+                return Err(e);
+            }
+        }
+    }
+    state.stalled_since = None;
+    Ok(written)
 }
 
 /// Guest-physical address of record slot `slot` of vCPU `vcpu`'s queue.
@@ -370,33 +401,37 @@ fn write_record(
     .map_err(|e| QueueError::Memory(e.to_string()))
 }
 
-fn pop_stack(state: &mut State, ram: &GuestRam, plan: &Plan) -> Result<u64, String> {
+fn pop_stack(state: &mut State, ram: &GuestRam, plan: &Plan) -> Result<u64, StartError> {
+    let fatal = |e: crate::Error| StartError::Fatal(e.to_string());
     let prod = ram
         .read_bytes(header_field(plan, offset_of!(SharedHeader, stack_prod)), 4)
         .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-        .map_err(|e| e.to_string())?;
+        .map_err(fatal)?;
     let available = prod.wrapping_sub(state.stack_cons);
-    if available == 0 || available as usize > STACK_POOL_CAPACITY {
-        return Err(format!(
-            "a new activation is due but the upcall stack pool is empty (stack_prod {prod}, stack_cons {})",
+    if available == 0 {
+        return Err(StartError::NoStack);
+    }
+    if available as usize > STACK_POOL_CAPACITY {
+        return Err(StartError::Fatal(format!(
+            "the upcall stack pool's indices are corrupt (stack_prod {prod}, stack_cons {})",
             state.stack_cons
-        ));
+        )));
     }
     let slot = state.stack_cons as usize % STACK_POOL_CAPACITY;
     let top = ram
         .read_u64(header_field(plan, offset_of!(SharedHeader, stacks)) + 8 * slot as u64)
-        .map_err(|e| e.to_string())?;
+        .map_err(fatal)?;
     if top % 16 != 0 || top < plan.image.start + 64 || top > plan.mem_size {
-        return Err(format!(
+        return Err(StartError::Fatal(format!(
             "upcall stack pool entry {slot} holds a bad stack top {top:#x}"
-        ));
+        )));
     }
     state.stack_cons = state.stack_cons.wrapping_add(1);
     ram.write_u32(
         header_field(plan, offset_of!(SharedHeader, stack_cons)),
         state.stack_cons,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(fatal)?;
     Ok(top)
 }
 

@@ -74,6 +74,8 @@ pub struct GuestStats {
     pub yields: AtomicU64,
     /// Preemptions deferred because the guest set `defer_preemption`.
     pub deferrals: AtomicU64,
+    /// Times a new activation waited for the guest to refill its stack pool.
+    pub stack_waits: AtomicU64,
     /// Kick-to-context-captured delays of preemptions, in TSC ticks.
     pub preempt_delays: Mutex<Vec<u64>>,
 }
@@ -335,7 +337,7 @@ impl Guest {
 }
 
 impl Guest {
-    /// Events that waited for a running vCPU go to `vcpu`, which is about to run.
+    /// Events that waited for a running vCPU go to `vcpu`, which is about to run or runs.
     pub fn flush_pending(&self, vcpu: u32) {
         if self.acts.pending() == 0 {
             return;
@@ -350,17 +352,36 @@ impl Guest {
                     ));
                 }
             }
-            Err(_) => self.finish(Outcome::fault(
-                vcpu,
-                format!(
-                    "the guest does not consume its upcalls, or corrupted its queue indices: \
-                     no room in vCPU {vcpu}'s queue for {} pending events",
-                    self.acts.pending()
-                ),
-            )),
+            Err(e) => self.finish(Outcome::fault(vcpu, format!("upcall queue: {e:?}"))),
+        }
+    }
+
+    /// Called every quantum: retry events that found no room, and stop a guest whose queues
+    /// have had no room for a second (it does not consume its upcalls, or corrupted them).
+    pub fn retry_pending(&self) {
+        if !self.acts.enabled() || self.acts.pending() == 0 || self.outcome().is_some() {
+            return;
+        }
+        if let Some(vcpu) = self.running_vcpu(None) {
+            self.flush_pending(vcpu);
+        }
+        if let Some(stalled) = self.acts.stalled_for() {
+            if stalled > UPCALL_STALL_LIMIT {
+                self.finish(Outcome::fault(
+                    self.running_vcpu(None).unwrap_or(0),
+                    format!(
+                        "the guest does not consume its upcalls, or corrupted its queue indices: \
+                         no room in its queues for {stalled:?} ({} events pending)",
+                        self.acts.pending()
+                    ),
+                ));
+            }
         }
     }
 }
+
+/// How long a guest's upcall queues may stay without room before the guest is stopped.
+pub const UPCALL_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub fn upcall_name(kind: UpcallKind) -> &'static str {
     match kind {

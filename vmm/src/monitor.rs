@@ -148,6 +148,7 @@ pub fn run_guests(
         let procs = Arc::clone(&procs);
         let stop = Arc::clone(&stop_dispatcher);
         let chaos = options.chaos_seed;
+        let guests = guests.clone();
         let max_budget = configs
             .iter()
             .map(|c| c.vcpus as usize)
@@ -160,6 +161,7 @@ pub fn run_guests(
                 None => {
                     while !stop.load(Ordering::Acquire) {
                         procs.revoke(procs.alloc.rebalance());
+                        guests.iter().for_each(|g| g.retry_pending());
                         std::thread::sleep(procs.alloc.quantum().max(Duration::from_micros(100)));
                     }
                 }
@@ -176,6 +178,7 @@ pub fn run_guests(
                         let pcpus = 1 + (next() as usize % max_budget.min(budget.max(1)));
                         procs.revoke(procs.alloc.set_budget(pcpus));
                         procs.revoke(procs.alloc.rebalance());
+                        guests.iter().for_each(|g| g.retry_pending());
                         std::thread::sleep(Duration::from_micros(100 + next() % 1900));
                     }
                 }

@@ -40,12 +40,13 @@ pub fn render(guest: &Guest) -> String {
     }
     let _ = write!(
         out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} deferred={}",
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} deferred={} waits for an upcall stack={}",
         n(&s.preemptions),
         n(&s.deschedules),
         n(&s.run_forwards),
         n(&s.yields),
-        n(&s.deferrals)
+        n(&s.deferrals),
+        n(&s.stack_waits)
     );
     let mut delays = s
         .preempt_delays

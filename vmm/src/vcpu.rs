@@ -23,7 +23,7 @@ use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 use protocol::shared::{UpcallKind, VcpuRunState};
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
-use crate::activation::Event;
+use crate::activation::{Event, StartError};
 use crate::allocator::{Acquired, Release};
 use crate::arch::current::vcpu as arch;
 use crate::guest::Guest;
@@ -228,6 +228,8 @@ fn copy_exit(exit: VcpuExit<'_>) -> Exit {
 const MAX_RUN_FORWARD: u32 = 64;
 /// Time the vCPU runs on between two looks while it is run forward.
 const RUN_FORWARD_US: i64 = 20;
+/// How long a new activation waits for the guest to put a stack into its empty pool.
+const STACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long a preemption is deferred when the guest sets `defer_preemption` (once per revoke).
 const DEFER_GRACE_US: i64 = 100;
 
@@ -521,11 +523,30 @@ impl VcpuThread {
     /// Start a new activation here: NEWPROC (and pending events) in this vCPU's queue, then
     /// enter the guest's upcall entry on a stack from its pool.
     fn start_activation(&mut self) -> Result<(), Outcome> {
-        let start = self
-            .guest
-            .acts
-            .start_activation(&self.guest.ram, &self.guest.plan, self.index)
-            .map_err(|e| Outcome::fault(self.index, e))?;
+        // An empty stack pool is a guest that has not recycled its upcall stacks yet: wait for
+        // it (its other vCPUs run), up to a bound; a pool that stays empty is a guest bug.
+        let waiting_since = std::time::Instant::now();
+        let start = loop {
+            match self.guest.acts.start_activation(&self.guest.ram, &self.guest.plan, self.index) {
+                Ok(start) => break start,
+                Err(StartError::NoStack) if waiting_since.elapsed() < STACK_WAIT => {
+                    if self.control.stop_requested.load(Ordering::Acquire) {
+                        return Err(self.guest.outcome().unwrap_or(Outcome::AllStopped));
+                    }
+                    self.guest.stats.stack_waits.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                Err(StartError::NoStack) => {
+                    return Err(Outcome::fault(
+                        self.index,
+                        format!(
+                            "a new activation has waited {STACK_WAIT:?} for an upcall stack: the guest's stack pool stays empty"
+                        ),
+                    ))
+                }
+                Err(StartError::Fatal(why)) => return Err(Outcome::fault(self.index, why)),
+            }
+        };
         // A zero return address above the entry's stack frame.
         let _ = self.guest.ram.write_u64(start.stack_top - 8, 0);
         arch::enter_activation(
