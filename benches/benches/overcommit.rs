@@ -74,13 +74,19 @@ fn main() {
     let workloads = [
         Workload {
             name: "N-body (O(N^2), 2 threads, 2 barriers/step)",
-            args: ["nbody", if quick { "512" } else { "1536" }, "8", "2"]
+            args: ["nbody", "2048", if quick { "4" } else { "20" }, "2"]
                 .map(String::from)
                 .to_vec(),
         },
         Workload {
             name: "lock-heavy (32 threads, 4 locks)",
-            args: ["locks", "32", if quick { "40000" } else { "200000" }, "4"]
+            args: ["locks", "32", if quick { "100000" } else { "1000000" }, "4"]
+                .map(String::from)
+                .to_vec(),
+        },
+        Workload {
+            name: "lock-heavy (32 threads, 1 lock)",
+            args: ["locks", "32", if quick { "100000" } else { "1000000" }, "1"]
                 .map(String::from)
                 .to_vec(),
         },

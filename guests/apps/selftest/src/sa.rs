@@ -90,6 +90,8 @@ fn drain(expected_activation: Option<u32>) {
                 PREEMPTED.fetch_add(1, Ordering::AcqRel);
             }
             Some(UpcallKind::NewProc) => {
+                // The new activation took a stack from the pool: put a fresh one back.
+                push_stack();
                 check(Some(record.activation) == expected_activation, "NEWPROC names the new activation");
                 check(record.vcpu == vcpu, "NEWPROC is for this vCPU");
                 NEWPROC.fetch_add(1, Ordering::AcqRel);
@@ -228,18 +230,24 @@ fn finish() -> ! {
     exit(if ok { 0 } else { 1 })
 }
 
+/// Put a fresh 16 KiB upcall stack (from the heap, never freed) into the pool.
+fn push_stack() {
+    // SAFETY: the header is the shared area's first page; the guest produces the pool, and
+    // only one vCPU at a time runs this (the NEWPROC handler of a new activation, or `enable`).
+    let header = unsafe { &mut *header() };
+    let stack = vec![0u8; 16384].leak();
+    let top = (stack.as_ptr() as u64 + stack.len() as u64) & !15;
+    let prod = header.stack_prod.0.load(Ordering::Relaxed);
+    header.stacks[prod as usize % STACK_POOL_CAPACITY] = top;
+    header.stack_prod.0.store(prod.wrapping_add(1), Ordering::Release);
+}
+
 /// Register the upcall entry, fill the stack pool, enable upcalls.
 fn enable() {
     activm_stub::register_irq_handler(VECTOR_UPCALL, on_upcall);
-    // Upcall stacks: 8 of 16 KiB, from the heap.
-    // SAFETY: the header is the shared area's first page; the guest produces the pool.
-    let header = unsafe { &mut *header() };
-    for i in 0..8usize {
-        let stack = vec![0u8; 16384].leak();
-        let top = (stack.as_ptr() as u64 + stack.len() as u64) & !15;
-        header.stacks[i % STACK_POOL_CAPACITY] = top;
+    for _ in 0..8 {
+        push_stack();
     }
-    header.stack_prod.0.store(8, Ordering::Release);
     if call(Hypercall::SaRegister, upcall_entry as *const () as u64) == HC_UNSUPPORTED
         || call(Hypercall::SaEnable, 0) == HC_UNSUPPORTED
     {
