@@ -142,6 +142,18 @@ pub fn dump() {
             p.counters.records.load(Ordering::Relaxed),
         );
     }
+    {
+        use activm_stub::protocol::arch::x86_64::{VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL};
+        let state = |v: u8| activm_stub::lapic::vector_state(v);
+        println!(
+            "activm-rt: this vCPU ({}) APIC: timer count {} in-service/requested timer {:?} resched {:?} upcall {:?}",
+            activm_stub::vcpu_id(),
+            activm_stub::lapic::timer_count(),
+            state(VECTOR_TIMER),
+            state(VECTOR_RESCHEDULE),
+            state(VECTOR_UPCALL),
+        );
+    }
     crate::sched::dump();
     crate::upcall::dump();
     crate::percpu::print_trace_last(24);

@@ -9,6 +9,8 @@ const REG_ID: u64 = 0x20;
 pub(crate) const REG_EOI: u64 = 0xB0;
 /// In-service register: eight 32-bit words, 16 bytes apart.
 const REG_ISR: u64 = 0x100;
+/// Interrupt request register: eight 32-bit words, 16 bytes apart.
+const REG_IRR: u64 = 0x200;
 /// Spurious-interrupt vector register; bit 8 software-enables the APIC.
 const REG_SVR: u64 = 0xF0;
 /// Interrupt command register, low half (writing it sends the IPI) and high half (destination).
@@ -71,6 +73,13 @@ pub fn clear_in_service(vectors: &[u8]) -> u32 {
         sent += 1;
     }
     sent
+}
+
+/// Diagnostics: this vCPU's in-service and request bits for `vector` (two APIC reads).
+pub fn vector_state(vector: u8) -> (bool, bool) {
+    let word = 16 * u64::from(vector / 32);
+    let bit = 1 << (vector % 32);
+    (read(REG_ISR + word) & bit != 0, read(REG_IRR + word) & bit != 0)
 }
 
 /// This vCPU's APIC ID.

@@ -1187,6 +1187,13 @@ fn upcall_blocked() -> TestResult {
 
 /// The VMM's real activations: processors taken away and given back while threads work.
 fn sa_real() -> TestResult {
+    stats::set_watchdog(Some(Duration::from_secs(30)));
+    let r = sa_real_inner();
+    stats::set_watchdog(None);
+    r
+}
+
+fn sa_real_inner() -> TestResult {
     static M: Mutex<u64> = Mutex::new(0);
     *M.lock().unwrap() = 0;
     let n = rt::nr_vcpus();
