@@ -99,6 +99,8 @@ struct State {
     /// Since when a pending event has found no room in a queue (a guest that does not keep up
     /// with its upcalls, or does not consume them at all).
     stalled_since: Option<std::time::Instant>,
+    /// Pool stacks of activations canceled before they ran: reused before the pool.
+    spare_stacks: Vec<u64>,
 }
 
 /// One guest's activation state.
@@ -137,6 +139,7 @@ impl Activations {
                 stack_cons: 0,
                 pending: VecDeque::new(),
                 stalled_since: None,
+                spare_stacks: Vec::new(),
             }),
             allowed,
         }
@@ -217,7 +220,11 @@ impl Activations {
         for i in 0..unconsumed {
             let slot = (tail.wrapping_add(i) as usize) % UPCALL_QUEUE_CAPACITY;
             if let Ok(record) = ram.read_struct::<RecordRaw>(record_addr(plan, vcpu, slot)) {
-                taken.push(record.into_event());
+                // A NEWPROC belongs to the activation that started here and to no other vCPU.
+                let event = record.into_event();
+                if event.kind != UpcallKind::NewProc {
+                    taken.push(event);
+                }
             }
         }
         state.heads[vcpu as usize] = tail;
@@ -229,6 +236,14 @@ impl Activations {
         for event in taken.into_iter().rev() {
             state.pending.push_front(event);
         }
+    }
+
+    /// Cancel the activation `start` just started on `vcpu`, which lost its processor before it
+    /// ran one instruction: no PREEMPTED record (there is no context), its NEWPROC is dropped
+    /// with the other unconsumed records taken back, its stack is kept for the next one.
+    pub fn cancel_activation(&self, ram: &GuestRam, plan: &Plan, vcpu: u32, start: NewActivation) {
+        self.end_activation(ram, plan, vcpu, VcpuRunState::Stopped);
+        self.lock().spare_stacks.push(start.stack_top);
     }
 
     /// Write `event` into the queue of running vCPU `target` (the caller then raises the
@@ -402,6 +417,9 @@ fn write_record(
 }
 
 fn pop_stack(state: &mut State, ram: &GuestRam, plan: &Plan) -> Result<u64, StartError> {
+    if let Some(top) = state.spare_stacks.pop() {
+        return Ok(top);
+    }
     let fatal = |e: crate::Error| StartError::Fatal(e.to_string());
     let prod = ram
         .read_bytes(header_field(plan, offset_of!(SharedHeader, stack_prod)), 4)

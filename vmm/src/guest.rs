@@ -76,6 +76,8 @@ pub struct GuestStats {
     pub deferrals: AtomicU64,
     /// Times a new activation waited for the guest to refill its stack pool.
     pub stack_waits: AtomicU64,
+    /// New activations canceled because they lost their processor before running.
+    pub canceled: AtomicU64,
     /// Kick-to-context-captured delays of preemptions, in TSC ticks.
     pub preempt_delays: Mutex<Vec<u64>>,
 }

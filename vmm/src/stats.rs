@@ -40,13 +40,14 @@ pub fn render(guest: &Guest) -> String {
     }
     let _ = write!(
         out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} deferred={} waits for an upcall stack={}",
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} deferred={} waits for an upcall stack={} canceled activations={}",
         n(&s.preemptions),
         n(&s.deschedules),
         n(&s.run_forwards),
         n(&s.yields),
         n(&s.deferrals),
-        n(&s.stack_waits)
+        n(&s.stack_waits),
+        n(&s.canceled)
     );
     let mut delays = s
         .preempt_delays

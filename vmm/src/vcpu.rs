@@ -23,7 +23,7 @@ use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 use protocol::shared::{UpcallKind, VcpuRunState};
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
-use crate::activation::{Event, StartError};
+use crate::activation::{Event, NewActivation, StartError};
 use crate::allocator::{Acquired, Release};
 use crate::arch::current::vcpu as arch;
 use crate::guest::Guest;
@@ -239,6 +239,8 @@ struct VcpuThread {
     guest: Arc<Guest>,
     control: Arc<VcpuControl>,
     timer: Option<KickTimer>,
+    /// The activation last started here, until the processor is next given back.
+    fresh: Option<NewActivation>,
 }
 
 /// What one `KVM_RUN` led to.
@@ -264,6 +266,7 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
         guest,
         control,
         timer: KickTimer::new(),
+        fresh: None,
     };
     vcpu.run();
     KVM_RUN_PTR.with(|p| p.set(null_mut()));
@@ -401,6 +404,22 @@ impl VcpuThread {
             self.guest.stats.deschedules.fetch_add(1, Ordering::Relaxed);
             self.release(Release::Descheduled);
             return;
+        }
+        // Revoked before the new activation ran a single instruction: there is no context to
+        // hand over, and its NEWPROC must not reach another vCPU. Cancel it.
+        if let Some(fresh) = self.fresh.take() {
+            let regs = self.fd.sync_regs().regs;
+            if regs.rip == fresh.entry && regs.rsp == fresh.stack_top - 8 {
+                self.guest.acts.cancel_activation(
+                    &self.guest.ram,
+                    &self.guest.plan,
+                    self.index,
+                    fresh,
+                );
+                self.guest.stats.canceled.fetch_add(1, Ordering::Relaxed);
+                self.release(Release::Preempted);
+                return;
+            }
         }
         // The guest asked for a short reprieve (it holds a lock): grant it once, bounded, and
         // tell it to yield when it can (`preempt_pending`).
@@ -556,6 +575,7 @@ impl VcpuThread {
             self.index,
             start.activation,
         );
+        self.fresh = Some(start);
         self.guest.stats.upcalls[UpcallKind::NewProc as usize].fetch_add(1, Ordering::Relaxed);
         if let Some(trace) = &self.guest.trace {
             trace.instant(
