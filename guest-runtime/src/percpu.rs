@@ -58,6 +58,8 @@ pub const T_BUILD: u64 = 14;
 pub const T_LATER: u64 = 15;
 pub const T_RECINFO: u64 = 16;
 pub const T_SIM_SAW: u64 = 17;
+pub const T_ARM: u64 = 18;
+pub const T_TIMER: u64 = 19;
 
 /// Records a scheduler event (`kind`, a 56-bit payload) in this vCPU's trace ring.
 #[inline(always)]

@@ -156,6 +156,6 @@ pub fn dump() {
     }
     crate::sched::dump();
     crate::upcall::dump();
-    crate::percpu::print_trace_last(24);
+    crate::percpu::print_trace_last(64);
     println!("activm-rt stats: {:?}", snapshot());
 }

@@ -84,6 +84,7 @@ fn ensure_armed_by(deadline: u64) {
     }
     let now = cpu::rdtsc();
     let ns = ticks_to_ns(deadline.saturating_sub(now)).max(MIN_ARM_NS);
+    percpu::trace(percpu::T_ARM, ns);
     cpu::set(Word::Armed, deadline.max(now + 1));
     cpu::arm_timer_ns(ns);
 }
@@ -193,6 +194,7 @@ pub fn wake_due() {
 /// The timer interrupt.
 pub fn on_timer(frame: &mut IrqFrame) {
     cpu::set(Word::Armed, 0);
+    percpu::trace(percpu::T_TIMER, frame.rip);
     crate::stats::check_watchdog(frame.rip);
     percpu::bump(&percpu::this().counters.timer_irqs);
     crate::upcall::sim_on_interrupt(frame);

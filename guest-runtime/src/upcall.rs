@@ -591,6 +591,10 @@ pub fn drain() {
     p.in_drain.store(1, Ordering::Relaxed);
     drain_records(false);
     percpu::this().in_drain.store(0, Ordering::Relaxed);
+    // Re-arm the time-slice timer at the next switch-in: on our hosts a vCPU's armed one-shot
+    // timer was seen never to fire after an upcall interrupt reached it under heavy host load
+    // (docs/runtime.md); one APIC write per upcall is cheap insurance.
+    cpu::set(Word::Armed, 0);
     refill_pool();
 }
 
@@ -601,6 +605,8 @@ fn drain_nested() {
     p.in_drain.store(1, Ordering::Relaxed);
     drain_records(true);
     percpu::this().in_drain.store(0, Ordering::Relaxed);
+    // As in `drain`: re-arm the slice timer at the next switch-in.
+    cpu::set(Word::Armed, 0);
     preempt::defer(PEND_UPCALL);
 }
 

@@ -79,7 +79,10 @@ pub fn clear_in_service(vectors: &[u8]) -> u32 {
 pub fn vector_state(vector: u8) -> (bool, bool) {
     let word = 16 * u64::from(vector / 32);
     let bit = 1 << (vector % 32);
-    (read(REG_ISR + word) & bit != 0, read(REG_IRR + word) & bit != 0)
+    (
+        read(REG_ISR + word) & bit != 0,
+        read(REG_IRR + word) & bit != 0,
+    )
 }
 
 /// This vCPU's APIC ID.
