@@ -62,8 +62,15 @@ pub const T_ARM: u64 = 18;
 pub const T_TIMER: u64 = 19;
 
 /// Records a scheduler event (`kind`, a 56-bit payload) in this vCPU's trace ring.
+/// Tracing stops for good once a diagnostics dump starts (the rings are printed as they were).
+pub static TRACE_FROZEN: core::sync::atomic::AtomicBool =
+    core::sync::atomic::AtomicBool::new(false);
+
 #[inline(always)]
 pub fn trace(kind: u64, payload: u64) {
+    if TRACE_FROZEN.load(Ordering::Relaxed) {
+        return;
+    }
     let p = this();
     // Per vCPU, diagnostics only: a plain increment (an interrupt racing with it may overwrite
     // one entry, nothing worse).
@@ -83,6 +90,7 @@ pub fn print_trace() {
 
 /// Prints the last `n` entries of every vCPU's trace ring.
 pub fn print_trace_last(n: usize) {
+    TRACE_FROZEN.store(true, Ordering::Release);
     for p in crate::start::pcpus() {
         let at = p.trace_at.load(Ordering::Relaxed) as usize;
         for i in TRACE - n.min(TRACE)..TRACE {

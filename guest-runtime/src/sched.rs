@@ -352,6 +352,7 @@ pub fn run_now(t: &Tcb) -> ! {
     match t.stack.get() {
         Some(s) if sp >= s.lo && sp < s.hi => {}
         s => {
+            percpu::trace(percpu::T_BAD_SP, t as *const Tcb as u64);
             percpu::trace(percpu::T_BAD_SP, sp as u64);
             percpu::print_trace();
             panic!(
