@@ -322,6 +322,15 @@ fn kvm_tests() -> Vec<Trial> {
                 .stdout_has("1 passed, 0 failed\n")?;
             Ok(())
         }),
+        Trial::test("rt_allocation_chaos_keeps_threads_exact", || {
+            // The guest itself revokes and grants processors every 0.1-2 ms under the stress
+            // workload (random preemptions, locks, spawns, messages): counters stay exact.
+            activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["sa-chaos"])?
+                .expect_code(0)?
+                .stdout_has("test sa-chaos ... ok")?
+                .stdout_has("1 passed, 0 failed\n")?;
+            Ok(())
+        }),
         Trial::test("rt_stack_overflow_is_caught_by_the_guard_page", || {
             activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["overflow"])?
                 .expect_code(101)?

@@ -60,6 +60,9 @@ pub const T_RECINFO: u64 = 16;
 pub const T_SIM_SAW: u64 = 17;
 pub const T_ARM: u64 = 18;
 pub const T_TIMER: u64 = 19;
+/// An interrupt whose frame is not on the current thread's stack (nested in a handler that
+/// interrupted an activation entry).
+pub const T_FOREIGN_STACK: u64 = 20;
 
 /// Records a scheduler event (`kind`, a 56-bit payload) in this vCPU's trace ring.
 /// Tracing stops for good once a diagnostics dump starts (the rings are printed as they were).
@@ -77,6 +80,7 @@ pub fn trace(kind: u64, payload: u64) {
     let at = p.trace_at.load(Ordering::Relaxed);
     p.trace_at.store(at.wrapping_add(1), Ordering::Relaxed);
     let i = at as usize % TRACE;
+    p.trace_tsc[i].store(activm_stub::rdtsc(), Ordering::Relaxed);
     p.trace[i].store(
         (kind << 56) | (payload & ((1 << 56) - 1)),
         Ordering::Relaxed,
@@ -95,9 +99,11 @@ pub fn print_trace_last(n: usize) {
         let at = p.trace_at.load(Ordering::Relaxed) as usize;
         for i in TRACE - n.min(TRACE)..TRACE {
             let e = p.trace[(at + i) % TRACE].load(Ordering::Relaxed);
+            let tsc = p.trace_tsc[(at + i) % TRACE].load(Ordering::Relaxed);
             if e != 0 {
                 activm_stub::println!(
-                    "activm-rt:   vCPU {} trace {:>2}: kind {} payload {:#x}",
+                    "activm-rt: TSC {} vCPU {} trace {:>2}: kind {} payload {:#x}",
+                    tsc,
                     p.vcpu,
                     i,
                     e >> 56,
@@ -165,6 +171,7 @@ pub struct Pcpu {
     pub in_drain: AtomicU32,
     /// Diagnostics: the last scheduler events (`trace`), printed on a fatal exception.
     pub trace: [AtomicU64; TRACE],
+    pub trace_tsc: [AtomicU64; TRACE],
     pub trace_at: AtomicU32,
     pub counters: Counters,
 }
@@ -191,6 +198,7 @@ impl Pcpu {
             retired_stack: AtomicU64::new(0),
             in_drain: AtomicU32::new(0),
             trace: [const { AtomicU64::new(0) }; TRACE],
+            trace_tsc: [const { AtomicU64::new(0) }; TRACE],
             trace_at: AtomicU32::new(0),
             counters: Counters::default(),
         }

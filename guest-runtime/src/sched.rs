@@ -453,7 +453,23 @@ pub fn irq_prologue(frame: &mut IrqFrame) -> bool {
         // Before the trampoline's EOI, or in an activation entry.
         return false;
     }
-    true
+    // The frame must be on the current thread's stack. It is not when this interrupt nests in a
+    // handler that interrupted an activation entry: that handler runs on the new activation's
+    // stack while `Current` still names the previous activation's thread (whose context the
+    // VMM may have handed to another vCPU). Switching "that thread" out here would file the
+    // activation stack as its stack pointer.
+    // SAFETY: `Current` is non-null (checked above); TCBs are never freed (pooled), and a
+    // thread's stack bounds change only while it does not run.
+    let cur = unsafe { &*current_raw() };
+    let at = frame as *const IrqFrame as usize;
+    match cur.stack.get() {
+        Some(s) if at >= s.lo && at < s.hi => true,
+        _ => {
+            percpu::trace(percpu::T_FOREIGN_STACK, frame.rip);
+            percpu::bump(&percpu::this().counters.deferred_sched);
+            false
+        }
+    }
 }
 
 /// The reschedule IPI: it only has to wake a halted vCPU (whose scheduler then looks for work).

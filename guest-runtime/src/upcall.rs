@@ -36,8 +36,9 @@
 //!   which only ever uses `%gs` afresh, so it simply goes on as this vCPU's scheduler.
 
 use alloc::boxed::Box;
+use core::cell::UnsafeCell;
 use core::mem::{offset_of, MaybeUninit};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use activm_stub::arch::x86_64::percpu::{HOLD_OFFSET, PENDING_OFFSET};
 use activm_stub::protocol::arch::x86_64::{
@@ -63,46 +64,152 @@ pub const VECTOR_SIM: u8 = 0x41;
 /// Size of an activation (scheduler) stack from the pool.
 const ACT_STACK_SIZE: usize = 64 * 1024;
 
-/// A fixed-capacity list: the upcall path never allocates under a lock (the thread whose
-/// context it handles may hold the heap lock).
-struct Fixed<T, const N: usize> {
-    items: [Option<T>; N],
-    len: usize,
+/// A fixed-capacity, lock-free bag for the upcall path's bookkeeping. The path from an upcall
+/// record to continuing a preempted lock holder must take no lock (the holder may hold it: seed
+/// 000 section 6) and allocate nothing (it may hold the heap lock). Each slot goes FREE ->
+/// WRITING -> FULL -> READING -> FREE, claimed by compare-and-swap; a slot also carries a key
+/// (an activation id, or 0) so takers can look for an item without claiming others.
+struct Bag<T, const N: usize> {
+    state: [AtomicU8; N],
+    key: [AtomicU64; N],
+    items: [UnsafeCell<MaybeUninit<T>>; N],
+    len: AtomicU32,
 }
 
-impl<T, const N: usize> Fixed<T, N> {
+// SAFETY: a slot's item is written only by the CPU that moved it FREE -> WRITING and read only
+// by the one that moved it FULL -> READING; the state's release/acquire orders the accesses.
+unsafe impl<T: Send, const N: usize> Sync for Bag<T, N> {}
+
+const SLOT_FREE: u8 = 0;
+const SLOT_WRITING: u8 = 1;
+const SLOT_FULL: u8 = 2;
+const SLOT_READING: u8 = 3;
+
+impl<T: Copy, const N: usize> Bag<T, N> {
     const fn new() -> Self {
-        Fixed {
-            items: [const { None }; N],
-            len: 0,
+        Bag {
+            state: [const { AtomicU8::new(SLOT_FREE) }; N],
+            key: [const { AtomicU64::new(0) }; N],
+            items: [const { UnsafeCell::new(MaybeUninit::uninit()) }; N],
+            len: AtomicU32::new(0),
         }
     }
 
-    fn push(&mut self, item: T) {
-        match self.items.iter_mut().find(|i| i.is_none()) {
-            Some(slot) => {
-                *slot = Some(item);
-                self.len += 1;
+    fn len(&self) -> u32 {
+        self.len.load(Ordering::Acquire)
+    }
+
+    fn push(&self, key: u64, item: T) {
+        preempt::hold();
+        for i in 0..N {
+            if self.state[i]
+                .compare_exchange(
+                    SLOT_FREE,
+                    SLOT_WRITING,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                // SAFETY: the slot is ours (WRITING) until we publish it.
+                unsafe { (*self.items[i].get()).write(item) };
+                self.key[i].store(key, Ordering::Relaxed);
+                self.len.fetch_add(1, Ordering::AcqRel);
+                self.state[i].store(SLOT_FULL, Ordering::Release);
+                preempt::release();
+                return;
             }
-            None => panic!("activm-rt: upcall bookkeeping full ({N} entries)"),
         }
+        panic!("activm-rt: upcall bookkeeping full ({N} entries)");
     }
 
-    fn take_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Option<T> {
-        let slot = self
-            .items
-            .iter_mut()
-            .find(|i| i.as_ref().is_some_and(&mut pred))?;
-        self.len -= 1;
-        slot.take()
+    fn take_at(&self, i: usize) -> Option<T> {
+        if self.state[i]
+            .compare_exchange(
+                SLOT_FULL,
+                SLOT_READING,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return None;
+        }
+        // SAFETY: FULL means written and published; the slot is ours (READING).
+        let item = unsafe { (*self.items[i].get()).assume_init_read() };
+        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.state[i].store(SLOT_FREE, Ordering::Release);
+        Some(item)
     }
 
-    fn pop(&mut self) -> Option<T> {
-        self.take_where(|_| true)
+    /// Takes an item filed under `key`.
+    fn take_key(&self, key: u64) -> Option<T> {
+        preempt::hold();
+        let mut found = None;
+        for i in 0..N {
+            if self.state[i].load(Ordering::Acquire) == SLOT_FULL
+                && self.key[i].load(Ordering::Relaxed) == key
+            {
+                // The slot may have been refilled since: the key is checked again once ours.
+                if let Some(item) = self.take_if_key(i, key) {
+                    found = Some(item);
+                    break;
+                }
+            }
+        }
+        preempt::release();
+        found
     }
 
-    fn iter(&self) -> impl Iterator<Item = &T> {
-        self.items.iter().flatten()
+    fn take_if_key(&self, i: usize, key: u64) -> Option<T> {
+        if self.state[i]
+            .compare_exchange(
+                SLOT_FULL,
+                SLOT_READING,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return None;
+        }
+        if self.key[i].load(Ordering::Relaxed) != key {
+            self.state[i].store(SLOT_FULL, Ordering::Release);
+            return None;
+        }
+        // SAFETY: FULL means written and published; the slot is ours (READING).
+        let item = unsafe { (*self.items[i].get()).assume_init_read() };
+        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.state[i].store(SLOT_FREE, Ordering::Release);
+        Some(item)
+    }
+
+    /// Takes any item.
+    fn pop(&self) -> Option<T> {
+        if self.len() == 0 {
+            return None;
+        }
+        preempt::hold();
+        let mut found = None;
+        for i in 0..N {
+            if self.state[i].load(Ordering::Relaxed) == SLOT_FULL {
+                if let Some(item) = self.take_at(i) {
+                    found = Some(item);
+                    break;
+                }
+            }
+        }
+        preempt::release();
+        found
+    }
+
+    /// Calls `f` on a copy of every item (diagnostics: racy, items may change meanwhile).
+    fn for_each_key(&self, mut f: impl FnMut(u64)) {
+        for i in 0..N {
+            if self.state[i].load(Ordering::Acquire) == SLOT_FULL {
+                f(self.key[i].load(Ordering::Relaxed));
+            }
+        }
     }
 }
 
@@ -179,16 +286,41 @@ pub fn queue_nonempty() -> bool {
 // ---------------------------------------------------------------------------------------------
 // Activation stacks (the seed's sa_stacks pool).
 
-struct StackPool {
-    /// Stack tops not in the shared pool.
-    spare: [u64; 256],
-    nr_spare: usize,
+/// Activation stacks not in the shared pool (tops; 0: empty slot). Lock-free: stacks are given
+/// back and taken on upcall paths, which must not wait for a lock a preempted context may hold.
+static SPARES: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
+static NR_SPARE: AtomicU32 = AtomicU32::new(0);
+/// Serialises producing into the shared pool (only `refill_pool`, after records are handled).
+static PRODUCE: SpinLock<()> = SpinLock::new(());
+
+fn put_spare(top: u64) {
+    for s in &SPARES {
+        if s.compare_exchange(0, top, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            NR_SPARE.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
+    }
+    // Otherwise the stack is leaked (64 KiB); 256 spares is plenty.
 }
 
-static STACKS: SpinLock<StackPool> = SpinLock::new(StackPool {
-    spare: [0; 256],
-    nr_spare: 0,
-});
+fn take_spare() -> Option<u64> {
+    if NR_SPARE.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    for s in &SPARES {
+        let top = s.load(Ordering::Relaxed);
+        if top != 0
+            && s.compare_exchange(top, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            NR_SPARE.fetch_sub(1, Ordering::AcqRel);
+            return Some(top);
+        }
+    }
+    None
+}
 
 fn new_act_stack() -> u64 {
     let stack = alloc::vec![0u8; ACT_STACK_SIZE].leak();
@@ -204,25 +336,17 @@ pub fn release_retired_stack() {
     }
 }
 
-/// Gives back an activation stack nobody runs on any more.
+/// Gives back an activation stack nobody runs on any more (lock-free; the shared pool is
+/// refilled after the records are handled).
 pub fn release_act_stack(top: u64) {
-    if top == 0 {
-        return;
+    if top != 0 {
+        put_spare(top);
     }
-    {
-        let mut pool = STACKS.lock();
-        let n = pool.nr_spare;
-        if n < pool.spare.len() {
-            pool.spare[n] = top;
-            pool.nr_spare = n + 1;
-        }
-        // Otherwise the stack is leaked (64 KiB); 256 spares is plenty.
-    }
-    refill_pool();
 }
 
 /// Keeps the shared stack pool full (the VMM takes one per new activation). New stacks are
-/// allocated with no lock held.
+/// allocated with no lock held. Not on the path that continues lock holders (it may wait for
+/// the pool lock and the heap lock).
 fn refill_pool() {
     if !activations_enabled() {
         return;
@@ -230,21 +354,21 @@ fn refill_pool() {
     let h = header();
     loop {
         let need_new = {
-            let mut pool = STACKS.lock();
+            let _produce = PRODUCE.lock();
             let prod = h.stack_prod.load(Ordering::Relaxed);
             let cons = h.stack_cons.load(Ordering::Acquire);
             let queued = prod.wrapping_sub(cons);
             if queued as usize >= STACK_POOL_CAPACITY {
                 return;
             }
-            let top = if pool.nr_spare > SPARE_RESERVE {
-                pool.nr_spare -= 1;
-                pool.spare[pool.nr_spare]
-            } else if queued < 2 * start::nr_vcpus() + 4 {
-                0
+            let top = if NR_SPARE.load(Ordering::Acquire) as usize > SPARE_RESERVE {
+                take_spare().unwrap_or(0)
             } else {
-                return;
+                0
             };
+            if top == 0 && queued >= 2 * start::nr_vcpus() + 4 {
+                return;
+            }
             if top != 0 {
                 let slot = prod as usize % STACK_POOL_CAPACITY;
                 let stacks = core::ptr::addr_of!(h.stacks) as *mut u64;
@@ -256,13 +380,7 @@ fn refill_pool() {
             top == 0
         };
         if need_new {
-            let top = new_act_stack();
-            let mut pool = STACKS.lock();
-            let n = pool.nr_spare;
-            if n < pool.spare.len() {
-                pool.spare[n] = top;
-                pool.nr_spare = n + 1;
-            }
+            put_spare(new_act_stack());
         }
     }
 }
@@ -340,7 +458,8 @@ struct ActState {
     sched_top: u64,
 }
 
-static TABLE: SpinLock<Fixed<ActState, 256>> = SpinLock::new(Fixed::new());
+/// States filed by new activations (and BLOCKED records), keyed by activation id.
+static TABLE: Bag<ActState, 256> = Bag::new();
 
 /// The words `__rt_activation_entry` saves before it claims the vCPU (layout used by the
 /// assembly and by `resolve_entry_context`).
@@ -370,7 +489,7 @@ fn file_old_state(vcpu: u32, old: &OldWords) {
         sched_idle: old.sched_idle != 0,
         sched_top: old.sched_top,
     });
-    TABLE.lock().push(st);
+    TABLE.push(u64::from(st.activation), st);
 }
 
 /// Decides who keeps a taken state's scheduler stack: a scheduler context, or nobody (a thread
@@ -387,7 +506,7 @@ fn own_stack(st: ActState) -> ActState {
 /// Takes the state of `activation` (on `vcpu`): from the table, or straight from the vCPU's
 /// words if its next activation has not started. `None`: not available yet.
 fn take_state(activation: u32, vcpu: u32) -> Option<ActState> {
-    if let Some(st) = TABLE.lock().take_where(|s| s.activation == activation) {
+    if let Some(st) = TABLE.take_key(u64::from(activation)) {
         return Some(st);
     }
     if vcpu >= start::nr_vcpus() {
@@ -560,28 +679,21 @@ pub fn on_upcall(frame: &mut IrqFrame) {
 }
 
 /// Records that could not be handled yet (their activation's state was not filed yet).
-static LATER: SpinLock<Fixed<UpcallRecord, 64>> = SpinLock::new(Fixed::new());
-static LATER_LEN: AtomicU32 = AtomicU32::new(0);
+static LATER: Bag<UpcallRecord, 64> = Bag::new();
 
 /// Scheduler context: handles every record of this vCPU's queue (and any left for later). May
 /// not return (a continued lock holder, an adopted scheduler context).
 pub fn drain() {
-    if CONTINUE_LEN.load(Ordering::Acquire) != 0 {
-        let next = {
-            let mut list = CONTINUE.lock();
-            let next = list.pop();
-            CONTINUE_LEN.store(list.len as u32, Ordering::Release);
-            next
-        };
-        if let Some((t, hold)) = next {
+    if CONTINUE.len() != 0 {
+        if let Some((t, hold)) = CONTINUE.pop() {
             // SAFETY: a saved lock holder queued by `resume_context_in`; ours now.
             continue_holder(unsafe { tcb::from_raw(t as *const Tcb) }, hold);
         }
     }
-    if ADOPT_LEN.load(Ordering::Acquire) != 0 {
+    if ADOPT.len() != 0 {
         adopt_pending();
     }
-    if LATER_LEN.load(Ordering::Acquire) != 0 {
+    if LATER.len() != 0 {
         retry_later();
     }
     if !queue_nonempty() {
@@ -655,13 +767,7 @@ fn handle_nested(r: &UpcallRecord) {
 fn retry_later() {
     // Handle what was left for later (one pass: records left again wait for the next one).
     for _ in 0..64 {
-        let r = {
-            let mut later = LATER.lock();
-            let r = later.pop();
-            LATER_LEN.store(later.len as u32, Ordering::Release);
-            r
-        };
-        match r {
+        match LATER.pop() {
             Some(r) => handle(&r),
             None => return,
         }
@@ -695,9 +801,7 @@ fn handle(r: &UpcallRecord) {
 }
 
 fn later(r: &UpcallRecord) {
-    let mut later = LATER.lock();
-    later.push(*r);
-    LATER_LEN.store(later.len as u32, Ordering::Release);
+    LATER.push(0, *r);
 }
 
 fn blocked(r: &UpcallRecord) {
@@ -713,7 +817,7 @@ fn blocked(r: &UpcallRecord) {
         t.blocked_activation.store(r.activation, Ordering::Relaxed);
     }
     // Keep the state for the UNBLOCKED record.
-    TABLE.lock().push(st);
+    TABLE.push(u64::from(st.activation), st);
 }
 
 /// Fixes a handed-over context's instruction pointer; false if the context is a new
@@ -796,8 +900,7 @@ fn resume_context_in(r: &UpcallRecord, nested: bool) {
     let mut ctx = r.context;
     fix_rip(&mut ctx);
     if st.in_sched && nested && !st.sched_idle {
-        ADOPT.lock().push(Adopt::Context(st, ctx));
-        ADOPT_LEN.fetch_add(1, Ordering::Release);
+        ADOPT.push(0, Adopt::Context(st, ctx));
         return;
     }
     if st.in_sched {
@@ -841,11 +944,7 @@ fn resume_context_in(r: &UpcallRecord, nested: bool) {
         // On top of an interrupted scheduler (which may be spinning for this very holder's
         // lock): queue the continuation, which every scheduler loop serves first, and get the
         // interrupted scheduler out of the way; a scheduler adopts it back afterwards.
-        {
-            let mut list = CONTINUE.lock();
-            list.push((t as *const Tcb as u64, st.hold));
-            CONTINUE_LEN.store(list.len as u32, Ordering::Release);
-        }
+        CONTINUE.push(0, (t as *const Tcb as u64, st.hold));
         suspend_this_scheduler();
         return;
     }
@@ -853,8 +952,7 @@ fn resume_context_in(r: &UpcallRecord, nested: bool) {
 }
 
 /// Lock holders to continue before anything else: `(TCB, hold count)`.
-static CONTINUE: SpinLock<Fixed<(u64, u64), 64>> = SpinLock::new(Fixed::new());
-static CONTINUE_LEN: AtomicU32 = AtomicU32::new(0);
+static CONTINUE: Bag<(u64, u64), 64> = Bag::new();
 
 /// Scheduler context at its loop top: runs the lock holder `t` (its resume frame built) now,
 /// with its holds moved here, until its last release (seed 000, section 6); the safepoint then
@@ -884,33 +982,20 @@ fn suspend_this_scheduler() {
 
 /// The fresh scheduler after `suspend_this_scheduler`, on the spare stack.
 extern "C" fn suspended(sp: u64, sched_top: u64) -> ! {
-    {
-        let mut list = ADOPT.lock();
-        list.push(Adopt::Suspended { sp, sched_top });
-        ADOPT_LEN.store(list.len as u32, Ordering::Release);
-    }
+    ADOPT.push(0, Adopt::Suspended { sp, sched_top });
     percpu::this().in_drain.store(0, Ordering::Relaxed);
     sched::sched_loop()
 }
 
-/// A free activation stack from the spares (never allocates: this runs on upcall paths).
+/// A free activation stack from the spares (never allocates nor locks: upcall paths).
 fn take_spare_stack() -> Option<u64> {
-    let mut pool = STACKS.lock();
-    if pool.nr_spare == 0 {
-        return None;
-    }
-    pool.nr_spare -= 1;
-    Some(pool.spare[pool.nr_spare])
+    take_spare()
 }
 
 /// Makes sure a few spare activation stacks exist (boot; `suspend_this_scheduler` uses them).
 pub fn reserve_spare_stacks() {
     for _ in 0..SPARE_RESERVE {
-        let top = new_act_stack();
-        let mut pool = STACKS.lock();
-        let n = pool.nr_spare;
-        pool.spare[n] = top;
-        pool.nr_spare = n + 1;
+        put_spare(new_act_stack());
     }
 }
 
@@ -920,6 +1005,7 @@ const SPARE_RESERVE: usize = 4;
 /// A scheduler context to adopt at the loop top.
 // Stored inline in a fixed array on purpose: boxing the context would allocate on the upcall path.
 #[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy)]
 enum Adopt {
     /// Taken by the VMM with this state.
     Context(ActState, UserContext),
@@ -927,18 +1013,11 @@ enum Adopt {
     Suspended { sp: u64, sched_top: u64 },
 }
 
-static ADOPT: SpinLock<Fixed<Adopt, 16>> = SpinLock::new(Fixed::new());
-static ADOPT_LEN: AtomicU32 = AtomicU32::new(0);
+static ADOPT: Bag<Adopt, 16> = Bag::new();
 
 /// Loop top: adopts a pending scheduler context, if any (does not return then).
 fn adopt_pending() {
-    let next = {
-        let mut list = ADOPT.lock();
-        let next = list.pop();
-        ADOPT_LEN.store(list.len as u32, Ordering::Release);
-        next
-    };
-    match next {
+    match ADOPT.pop() {
         Some(Adopt::Context(st, ctx)) => adopt(&ctx, st),
         Some(Adopt::Suspended { sp, sched_top }) => {
             percpu::trace(percpu::T_ADOPT_SUSPENDED, sp);
@@ -1288,15 +1367,18 @@ pub mod sim {
         *r.context.lock() = Some(ctx);
         // The thread's state, as the new activation's entry would file it (it keeps this
         // vCPU's scheduler stack, which was free: a thread ran).
-        TABLE.lock().push(ActState {
-            activation: old_act as u32,
-            vcpu: me,
-            current,
-            hold,
-            in_sched: false,
-            sched_idle: false,
-            sched_top: 0,
-        });
+        TABLE.push(
+            old_act,
+            ActState {
+                activation: old_act as u32,
+                vcpu: me,
+                current,
+                hold,
+                in_sched: false,
+                sched_idle: false,
+                sched_top: 0,
+            },
+        );
         OUTBOX[me as usize].store(req, Ordering::Release);
         // SAFETY: the thread's stack now belongs to its context; this vCPU is in the scheduler.
         unsafe { context::abandon_to_scheduler(after_capture) }
@@ -1360,16 +1442,12 @@ pub fn dump() {
             a.queue_head.load(Ordering::Relaxed),
         );
     }
-    if let Some(table) = TABLE.try_lock() {
-        for st in table.iter() {
-            println!("activm-rt: filed state {st:?}");
-        }
-    }
+    TABLE.for_each_key(|a| println!("activm-rt: filed state of activation {a}"));
     println!(
         "activm-rt: continue {} later {} adopt {} enabled {}",
-        CONTINUE_LEN.load(Ordering::Relaxed),
-        LATER_LEN.load(Ordering::Relaxed),
-        ADOPT_LEN.load(Ordering::Relaxed),
+        CONTINUE.len(),
+        LATER.len(),
+        ADOPT.len(),
         activations_enabled()
     );
     for v in 0..start::nr_vcpus() {

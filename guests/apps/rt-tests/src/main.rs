@@ -7,9 +7,8 @@
 //!
 //! The `upcall-*` tests use the runtime's simulated VMM, which needs the VMM's own activations
 //! off (`activm run --no-activations`); with activations on they are skipped, and `sa-real`
-//! exercises the real ones instead. `sa-chaos` (random allocation changes under the stress
-//! workload) runs only when named: it currently trips a VMM race (a vCPU resumed in place after
-//! its context was handed over; see docs/runtime.md).
+//! and `sa-chaos` (allocation changes every 0.1-2 ms under the stress workload) exercise the
+//! real ones instead.
 #![no_std]
 #![no_main]
 
@@ -32,8 +31,6 @@ pub enum Needs {
     Sim,
     /// The VMM's activations.
     Activations,
-    /// The VMM's activations, and only when named (known to fail because of the VMM).
-    ActivationsExplicit,
 }
 
 fn run_selected(selected: &[&str]) -> i32 {
@@ -44,12 +41,7 @@ fn run_selected(selected: &[&str]) -> i32 {
             Some(prefix) => name.starts_with(prefix),
             None => *s == name,
         });
-        let wanted = if needs == Needs::ActivationsExplicit {
-            selected.contains(&name)
-        } else {
-            selected.is_empty() || named
-        };
-        if !wanted {
+        if !(selected.is_empty() || named) {
             continue;
         }
         let sa = activm_rt::upcall::activations_enabled();
@@ -58,12 +50,8 @@ fn run_selected(selected: &[&str]) -> i32 {
             Needs::Sim if sa => {
                 Some("needs the VMM's activations off: activm run --no-activations")
             }
-            Needs::Activations | Needs::ActivationsExplicit if !sa => {
-                Some("needs the VMM's activations on")
-            }
-            Needs::Activations | Needs::ActivationsExplicit if activm_rt::rt::nr_vcpus() < 2 => {
-                Some("needs 2 vCPUs or more")
-            }
+            Needs::Activations if !sa => Some("needs the VMM's activations on"),
+            Needs::Activations if activm_rt::rt::nr_vcpus() < 2 => Some("needs 2 vCPUs or more"),
             _ => None,
         };
         if let Some(why) = skip {

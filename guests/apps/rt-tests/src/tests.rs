@@ -46,7 +46,7 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("upcall-continuation", Needs::Sim, upcall_continuation),
     ("upcall-blocked", Needs::Sim, upcall_blocked),
     ("sa-real", Needs::Activations, sa_real),
-    ("sa-chaos", Needs::ActivationsExplicit, sa_chaos),
+    ("sa-chaos", Needs::Activations, sa_chaos),
 ];
 
 fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
