@@ -346,7 +346,183 @@ fn kvm_tests() -> Vec<Trial> {
         }),
     ]);
     // ---- end of activm-rt tests ----
+    trials.extend(blk_tests());
     trials
+}
+
+/// A zeroed disk image of `mib` MiB, removed when dropped.
+struct TempDisk(PathBuf);
+
+impl TempDisk {
+    fn new(name: &str, mib: u64) -> Result<TempDisk, Failed> {
+        let path =
+            std::env::temp_dir().join(format!("activm-test-{}-{name}.img", std::process::id()));
+        let file = std::fs::File::create(&path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        file.set_len(mib << 20)
+            .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
+        Ok(TempDisk(path))
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().expect("temp paths are UTF-8")
+    }
+}
+
+impl Drop for TempDisk {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `NAME=count` from the `--stats` upcall line.
+fn upcall_count(stderr: &str, name: &str) -> Option<u64> {
+    let line = stderr.lines().find(|l| l.starts_with("upcalls:"))?;
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .and_then(|n| n.parse().ok())
+}
+
+/// The block device: threads blocking in the VMM with and without activations, under
+/// allocation chaos, what lands on the host file, and every bad input.
+fn blk_tests() -> Vec<Trial> {
+    vec![
+        Trial::test(
+            "blk_blocked_threads_resume_through_unblocked_upcalls",
+            || {
+                // A slow device (1 ms a request) on 4 vCPUs sharing 2 processors: each read blocks
+                // its vCPU, the processor runs a new activation, the thread comes back in an
+                // UNBLOCKED record with the read's result.
+                let disk = TempDisk::new("blk-sa", 4)?;
+                let run = activm_run(
+                    &guest("rt-tests")?,
+                    &[
+                        "--vcpus",
+                        "4",
+                        "--pcpus",
+                        "2",
+                        "--disk",
+                        disk.arg(),
+                        "--io-latency",
+                        "1000",
+                        "--stats",
+                    ],
+                    &["blk", "blk-overlap"],
+                )?
+                .expect_code(0)?
+                .stdout_has("test blk ... ok")?
+                .stdout_has("test blk-overlap ... ok")?
+                .stdout_has("2 passed, 0 failed\n")?;
+                let blocked = upcall_count(&run.stderr, "BLOCKED").unwrap_or(0);
+                let unblocked = upcall_count(&run.stderr, "UNBLOCKED").unwrap_or(0);
+                if blocked < 40 || blocked != unblocked {
+                    return Err(format!(
+                        "{blocked} BLOCKED and {unblocked} UNBLOCKED upcalls\n{}",
+                        run.stderr
+                    )
+                    .into());
+                }
+                // What the guest wrote is on the host file: sector s byte o = (31 s) ^ (7 o).
+                let bytes = std::fs::read(&disk.0).map_err(|e| e.to_string())?;
+                for (sector, offset) in [(0usize, 0usize), (5, 17), (511, 511)] {
+                    let want = ((sector * 31) ^ (offset * 7)) as u8;
+                    let got = bytes[sector * 512 + offset];
+                    if got != want {
+                        return Err(format!(
+                            "host file sector {sector} byte {offset}: {got:#x}, want {want:#x}"
+                        )
+                        .into());
+                    }
+                }
+                Ok(())
+            },
+        ),
+        Trial::test("blk_oblivious_vcpus_block_without_upcalls", || {
+            let disk = TempDisk::new("blk-obl", 4)?;
+            let run = activm_run(
+                &guest("rt-tests")?,
+                &[
+                    "--vcpus",
+                    "2",
+                    "--no-activations",
+                    "--disk",
+                    disk.arg(),
+                    "--io-latency",
+                    "500",
+                    "--stats",
+                ],
+                &["blk", "blk-overlap"],
+            )?
+            .expect_code(0)?
+            .stdout_has("2 passed, 0 failed\n")?;
+            if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
+                return Err(format!("an oblivious guest got upcalls\n{}", run.stderr).into());
+            }
+            Ok(())
+        }),
+        Trial::test("blk_requests_survive_allocation_chaos", || {
+            // Processors revoked and granted every 0.1-2 ms while threads block on the device
+            // and the stress workload runs: data and counters stay exact.
+            let disk = TempDisk::new("blk-chaos", 4)?;
+            activm_run(
+                &guest("rt-tests")?,
+                &[
+                    "--vcpus",
+                    "4",
+                    "--pcpus",
+                    "2",
+                    "--chaos",
+                    "11",
+                    "--disk",
+                    disk.arg(),
+                    "--io-latency",
+                    "300",
+                ],
+                &["blk", "blk-overlap", "sa-chaos"],
+            )?
+            .expect_code(0)?
+            .stdout_has("test blk ... ok")?
+            .stdout_has("test blk-overlap ... ok")?
+            .stdout_has(" passed, 0 failed\n")?;
+            Ok(())
+        }),
+        Trial::test("blk_buffer_in_vmm_memory_is_a_protocol_violation", || {
+            let disk = TempDisk::new("blk-bad", 1)?;
+            selftest(&["--disk", disk.arg()], &["blk-bad-buffer"])?
+                .expect_code(125)?
+                .stderr_has("malformed hypercall blk_read: buffer 0x1000+512")?;
+            Ok(())
+        }),
+        Trial::test("blk_bad_disks_and_options_are_refused", || {
+            let demo = guest("demo")?;
+            activm_run(&demo, &["--disk", "/nonexistent/disk.img"], &[])?
+                .expect_code(1)?
+                .stderr_has("--disk /nonexistent/disk.img: No such file")?;
+            let odd = temp_image("odd.img", &[0u8; 1000])?;
+            activm_run(&demo, &["--disk", odd.to_str().unwrap()], &[])?
+                .expect_code(1)?
+                .stderr_has("not a non-zero multiple of 512 bytes")?;
+            let _ = std::fs::remove_file(&odd);
+            activm_run(&demo, &["--io-latency", "100"], &[])?
+                .expect_code(2)?
+                .stderr_has("need a --disk")?;
+            let disk = TempDisk::new("blk-shared", 1)?;
+            let mut cmd = Command::new(ACTIVM);
+            cmd.args(["run", "--disk", disk.arg()])
+                .arg(&demo)
+                .arg(&demo);
+            Run::from(cmd.output().map_err(|e| e.to_string())?)
+                .expect_code(2)?
+                .stderr_has("cannot share one writable --disk")?;
+            Ok(())
+        }),
+        Trial::test("blk_without_a_disk_reports_no_device", || {
+            activm_run(&guest("rt-tests")?, &["--vcpus", "1"], &["blk"])?
+                .expect_code(1)?
+                .stdout_has("test blk ... skipped (needs a disk")?;
+            Ok(())
+        }),
+    ]
 }
 
 /// Scheduler activations, the allocator and the host-facing services, end to end.

@@ -63,3 +63,38 @@ pub fn halt() {
     // SAFETY: halt takes no arguments.
     unsafe { raw(Hypercall::Halt as u64, 0, 0, 0, 0) };
 }
+
+/// `blk_info(what)`: the block device's capacity in sectors (`BLK_INFO_SECTORS`; 0 without a
+/// device) or its flags (`BLK_INFO_FLAGS`). See `protocol::blk`.
+pub fn blk_info(what: u64) -> u64 {
+    // SAFETY: blk_info only reads its selector.
+    unsafe { raw(Hypercall::BlkInfo as u64, what, 0, 0, 0) }
+}
+
+/// Reads `count` sectors from `sector` into `buf`; returns `BLK_OK` or a `BLK_ERR_*` code.
+/// May block this vCPU in the VMM.
+///
+/// # Safety
+/// `buf` is live, identity-mapped guest memory at or above the image base, writable for
+/// `count * SECTOR_SIZE` bytes that nothing else uses until the call returns; `count` is in
+/// `1..=BLK_MAX_SECTORS` (anything else stops the guest).
+pub unsafe fn blk_read(sector: u64, buf: *mut u8, count: u64) -> u64 {
+    // SAFETY: the caller upholds the buffer contract above.
+    unsafe { raw(Hypercall::BlkRead as u64, sector, buf as u64, count, 0) }
+}
+
+/// Writes `count` sectors from `buf` at `sector`; returns `BLK_OK` or a `BLK_ERR_*` code. May
+/// block this vCPU in the VMM.
+///
+/// # Safety
+/// As [`blk_read`], with `buf` readable.
+pub unsafe fn blk_write(sector: u64, buf: *const u8, count: u64) -> u64 {
+    // SAFETY: the caller upholds the buffer contract above.
+    unsafe { raw(Hypercall::BlkWrite as u64, sector, buf as u64, count, 0) }
+}
+
+/// Makes every completed write durable; returns `BLK_OK` or a `BLK_ERR_*` code. Blocks.
+pub fn blk_flush() -> u64 {
+    // SAFETY: blk_flush takes no arguments.
+    unsafe { raw(Hypercall::BlkFlush as u64, 0, 0, 0, 0) }
+}

@@ -11,6 +11,8 @@
 //!   vCPU 0 runs `main` as the first thread, every vCPU runs the scheduler, and the guest exits
 //!   with `main`'s value when it returns.
 //!
+//! * [`blk`]: the block device (`activm run --disk`); a request blocks only its thread.
+//!
 //! Also [`upcall`] (scheduler activations, the upcall handler, a simulated VMM for tests),
 //! [`config`] (time slice and such), [`stats`], and [`rt`] (low-level access for tests and
 //! benchmarks).
@@ -19,6 +21,7 @@
 extern crate alloc;
 
 pub mod arch;
+pub mod blk;
 pub mod config;
 mod fault;
 pub(crate) mod percpu;

@@ -804,9 +804,16 @@ fn later(r: &UpcallRecord) {
     LATER.push(0, *r);
 }
 
+/// Activations whose UNBLOCKED was handled before their BLOCKED (the VMM keeps both in one
+/// queue while it can, but a BLOCKED copied out by a scheduler that was then preempted is
+/// handled wherever that scheduler is adopted): their BLOCKED is dropped when it comes.
+static UNBLOCKED_EARLY: Bag<(), 64> = Bag::new();
+
 fn blocked(r: &UpcallRecord) {
     let Some(st) = take_state(r.activation, r.vcpu) else {
-        later(r);
+        if UNBLOCKED_EARLY.take_key(u64::from(r.activation)).is_none() {
+            later(r);
+        }
         return;
     };
     if st.current != 0 && !st.in_sched {
@@ -924,8 +931,14 @@ fn resume_context_in(r: &UpcallRecord, nested: bool) {
     // SAFETY: the thread that ran on that activation; nobody else resumes it (its state was
     // taken exactly once).
     let t = unsafe { tcb::from_raw(st.current as *const Tcb) };
-    t.flags
-        .fetch_and(!tcb::FLAG_BLOCKED_IN_VMM, Ordering::Relaxed);
+    let was_blocked = t
+        .flags
+        .fetch_and(!tcb::FLAG_BLOCKED_IN_VMM, Ordering::Relaxed)
+        & tcb::FLAG_BLOCKED_IN_VMM
+        != 0;
+    if r.kind == UpcallKind::Unblocked as u32 && !was_blocked {
+        UNBLOCKED_EARLY.push(u64::from(r.activation), ());
+    }
     // SAFETY: the context is this guest's, taken at CPL3 on the thread's own stack; below its
     // rsp is free (the thread is not running).
     let sp = unsafe { context::build_resume_frame(&ctx) };

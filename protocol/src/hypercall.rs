@@ -46,6 +46,17 @@ pub enum Hypercall {
     SaPreempt = 19,
     /// `sa_enable() -> 0`: start delivering upcalls (after the stack pool is filled).
     SaEnable = 20,
+    /// `blk_info(what) -> value`: the block device ([`crate::blk`]): `BLK_INFO_SECTORS` gives its
+    /// capacity in sectors (0: no device), `BLK_INFO_FLAGS` its `BLK_FLAG_*` bits.
+    BlkInfo = 32,
+    /// `blk_read(sector, gpa, count) -> BLK_OK | BLK_ERR_*`: read `count` sectors into guest
+    /// memory. May block this vCPU in the VMM (a BLOCKED upcall, then UNBLOCKED, with activations).
+    BlkRead = 33,
+    /// `blk_write(sector, gpa, count) -> BLK_OK | BLK_ERR_*`: write `count` sectors from guest
+    /// memory. May block like `blk_read`.
+    BlkWrite = 34,
+    /// `blk_flush() -> BLK_OK | BLK_ERR_*`: make every completed write durable. Blocks.
+    BlkFlush = 35,
 }
 
 impl Hypercall {
@@ -65,6 +76,10 @@ impl Hypercall {
             18 => Hypercall::SaYield,
             19 => Hypercall::SaPreempt,
             20 => Hypercall::SaEnable,
+            32 => Hypercall::BlkInfo,
+            33 => Hypercall::BlkRead,
+            34 => Hypercall::BlkWrite,
+            35 => Hypercall::BlkFlush,
             _ => return None,
         })
     }
@@ -87,6 +102,10 @@ impl Hypercall {
             Hypercall::SaYield => "sa_yield",
             Hypercall::SaPreempt => "sa_preempt",
             Hypercall::SaEnable => "sa_enable",
+            Hypercall::BlkInfo => "blk_info",
+            Hypercall::BlkRead => "blk_read",
+            Hypercall::BlkWrite => "blk_write",
+            Hypercall::BlkFlush => "blk_flush",
         }
     }
 }
@@ -125,6 +144,10 @@ mod tests {
         assert_eq!(Hypercall::Halt as u64, 6);
         assert_eq!(Hypercall::SaRegister as u64, 16);
         assert_eq!(Hypercall::SaEnable as u64, 20);
+        assert_eq!(Hypercall::BlkInfo as u64, 32);
+        assert_eq!(Hypercall::BlkRead as u64, 33);
+        assert_eq!(Hypercall::BlkWrite as u64, 34);
+        assert_eq!(Hypercall::BlkFlush as u64, 35);
     }
 
     #[test]

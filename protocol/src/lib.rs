@@ -5,6 +5,7 @@
 //!   memory behind it) and the numbers of the calls.
 //! * [`shared`]: the activation shared area: per-vCPU state and upcall event queues, and the
 //!   guest-to-VMM requests (concurrency, idle vCPUs, upcall stacks).
+//! * [`blk`]: the block device behind the `blk_*` hypercalls.
 //! * [`arch`]: per-architecture constants and the saved user context.
 //!
 //! Every type that crosses the boundary is `#[repr(C)]` with its layout pinned by tests.
@@ -12,13 +13,14 @@
 #![no_std]
 
 pub mod arch;
+pub mod blk;
 pub mod boot;
 pub mod hypercall;
 pub mod shared;
 
 /// The ABI version. Both sides refuse to run with a peer of another version.
 /// Bump it on any change to a `#[repr(C)]` type, a hypercall or a constant in this crate.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// The largest number of vCPUs a guest may have.
 pub const MAX_VCPUS: usize = 64;

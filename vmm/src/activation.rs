@@ -101,6 +101,9 @@ struct State {
     stalled_since: Option<std::time::Instant>,
     /// Pool stacks of activations canceled before they ran: reused before the pool.
     spare_stacks: Vec<u64>,
+    /// Where each BLOCKED record went: (blocked activation, vCPU queue, activation running
+    /// there), so its UNBLOCKED can follow it into the same queue.
+    blocked_records: Vec<(u32, u32, u32)>,
 }
 
 /// One guest's activation state.
@@ -140,6 +143,7 @@ impl Activations {
                 pending: VecDeque::new(),
                 stalled_since: None,
                 spare_stacks: Vec::new(),
+                blocked_records: Vec::new(),
             }),
             allowed,
         }
@@ -328,6 +332,19 @@ impl Activations {
     pub fn pending(&self) -> usize {
         self.lock().pending.len()
     }
+
+    /// The vCPU whose queue got the BLOCKED record of `activation`, if that vCPU still runs
+    /// the activation that queue belongs to: the UNBLOCKED goes there too, behind it (a
+    /// vCPU's queue is consumed in order). Forgets the record either way.
+    pub fn blocked_record_queue(&self, activation: u32) -> Option<u32> {
+        let mut state = self.lock();
+        let at = state
+            .blocked_records
+            .iter()
+            .position(|&(blocked, _, _)| blocked == activation)?;
+        let (_, vcpu, there) = state.blocked_records.swap_remove(at);
+        (state.current[vcpu as usize] == there).then_some(vcpu)
+    }
 }
 
 /// Move pending events, oldest first, into `target`'s queue until it is full; records whether
@@ -402,6 +419,13 @@ fn write_record(
         _reserved: [0; 2],
         context: event.context.map(|c| *c).unwrap_or_default(),
     };
+    if event.kind == UpcallKind::Blocked {
+        let there = state.current[vcpu as usize];
+        state
+            .blocked_records
+            .retain(|&(a, _, _)| a != event.activation);
+        state.blocked_records.push((event.activation, vcpu, there));
+    }
     let slot = head as usize % UPCALL_QUEUE_CAPACITY;
     ram.write_struct(record_addr(plan, vcpu, slot), &record)
         .map_err(|e| QueueError::Memory(e.to_string()))?;

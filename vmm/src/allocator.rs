@@ -36,6 +36,9 @@ pub enum Slot {
     /// Of an activation guest, waiting to resume with no processor for it: its thread must
     /// hand its context to the guest (PREEMPTED) and park.
     HandOff,
+    /// Blocked in the VMM on a device request: holds no processor and cannot take one until
+    /// the request completes ([`Allocator::unblock`]).
+    Blocked,
     /// Done for good.
     Stopped,
 }
@@ -63,6 +66,8 @@ pub enum Release {
     Yielded,
     /// Taken away without a hand-off: wait to resume where it was, whatever the guest's mode.
     Descheduled,
+    /// The vCPU blocks in the VMM on a device request: its processor is free meanwhile.
+    Blocked,
     /// The vCPU stopped for good.
     Stopped,
 }
@@ -106,7 +111,13 @@ impl GuestState {
         if self.removed {
             return 0;
         }
-        let live = self.vcpus.iter().filter(|s| **s != Slot::Stopped).count();
+        // A vCPU blocked in the VMM cannot run; the guest's other threads still can, on its
+        // other vCPUs (new activations).
+        let live = self
+            .vcpus
+            .iter()
+            .filter(|s| !matches!(s, Slot::Stopped | Slot::Blocked))
+            .count();
         if self.activations {
             self.concurrency.min(live)
         } else {
@@ -114,7 +125,7 @@ impl GuestState {
             // (`activm ctl set-vcpus`): its vCPUs then take turns on fewer processors.
             self.vcpus
                 .iter()
-                .filter(|s| !matches!(s, Slot::Stopped | Slot::Parked))
+                .filter(|s| !matches!(s, Slot::Stopped | Slot::Parked | Slot::Blocked))
                 .count()
                 .min(self.concurrency)
         }
@@ -240,7 +251,7 @@ impl Allocator {
                     *slot = Slot::Revoking;
                     return Acquired::HandOff;
                 }
-                Slot::Revoking | Slot::Runnable(_) | Slot::Parked => {
+                Slot::Revoking | Slot::Runnable(_) | Slot::Parked | Slot::Blocked => {
                     state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
                 }
             }
@@ -261,8 +272,25 @@ impl Allocator {
             *slot = match why {
                 Release::Stopped => Slot::Stopped,
                 Release::Yielded => Slot::Parked,
+                Release::Blocked => Slot::Blocked,
                 Release::Preempted if activations => Slot::Parked,
                 Release::Preempted | Release::Descheduled => Slot::Runnable(Instant::now()),
+            };
+        }
+        self.rebalance_locked(&mut state, Instant::now())
+    }
+
+    /// The device request `vcpu` blocked on completed: an activation guest got its context
+    /// (UNBLOCKED), so the vCPU parks; an oblivious vCPU waits to resume where it was. Returns
+    /// the vCPUs to kick.
+    pub fn unblock(&self, guest: GuestId, vcpu: usize, handed_over: bool) -> Vec<(GuestId, usize)> {
+        let mut state = self.lock();
+        let slot = &mut state.guests[guest].vcpus[vcpu];
+        if *slot == Slot::Blocked {
+            *slot = if handed_over {
+                Slot::Parked
+            } else {
+                Slot::Runnable(Instant::now())
             };
         }
         self.rebalance_locked(&mut state, Instant::now())
@@ -589,6 +617,46 @@ mod tests {
             "three of its four vCPUs lose their processor"
         );
         assert_eq!(alloc.view(g).share, 1);
+    }
+
+    #[test]
+    fn a_blocked_vcpu_frees_its_processor_for_a_new_activation() {
+        let alloc = Allocator::new(1, Duration::from_millis(10));
+        let g = alloc.add_guest(2);
+        alloc.set_activations(g, true);
+        let running = if alloc.view(g).vcpus[0] == Slot::GrantedResume {
+            0
+        } else {
+            1
+        };
+        assert_eq!(alloc.acquire(g, running), Acquired::Resume);
+        alloc.release(g, 1 - running, Release::Yielded);
+        assert_eq!(alloc.view(g).vcpus[1 - running], Slot::Parked);
+        // It blocks on I/O: the processor goes to the parked vCPU as a new activation.
+        alloc.release(g, running, Release::Blocked);
+        assert_eq!(alloc.view(g).vcpus[running], Slot::Blocked);
+        assert_eq!(alloc.acquire(g, 1 - running), Acquired::NewActivation);
+        // Its request completes: its context went to the guest, it parks.
+        alloc.unblock(g, running, true);
+        assert_eq!(alloc.view(g).vcpus[running], Slot::Parked);
+    }
+
+    #[test]
+    fn an_oblivious_blocked_vcpu_resumes_after_its_request() {
+        let alloc = Allocator::new(2, Duration::from_millis(10));
+        let g = alloc.add_guest(1);
+        let h = alloc.add_guest(2);
+        alloc.rebalance();
+        assert_eq!(alloc.acquire(g, 0), Acquired::Resume);
+        alloc.release(g, 0, Release::Blocked);
+        // Meanwhile the other guest may use both processors.
+        assert_eq!(alloc.view(h).share, 2);
+        alloc.unblock(g, 0, false);
+        alloc.rebalance();
+        assert!(matches!(
+            alloc.view(g).vcpus[0],
+            Slot::Runnable(_) | Slot::GrantedResume
+        ));
     }
 
     #[test]

@@ -99,6 +99,7 @@ fn slot_name(slot: &Slot) -> &'static str {
         Slot::Revoking | Slot::HandOff => "revoking",
         Slot::Runnable(_) => "waiting",
         Slot::Parked => "parked",
+        Slot::Blocked => "blocked",
         Slot::GrantedNew | Slot::GrantedResume => "starting",
         Slot::Stopped => "stopped",
     }

@@ -12,6 +12,7 @@ use crate::activation::{Activations, Event, QueueError};
 use crate::allocator::{Allocator, GuestId, Slot};
 use crate::arch::current as arch;
 use crate::bootinfo::{self, HostFacts};
+use crate::devices::blk::Disk;
 use crate::error::Error;
 use crate::memory::{GuestRam, Plan, StackSlots};
 use crate::trace::Trace;
@@ -95,6 +96,8 @@ pub struct Guest {
     pub procs: Arc<Processors>,
     pub stats: GuestStats,
     pub trace: Option<Arc<Trace>>,
+    /// The block device (`--disk`).
+    pub disk: Option<Disk>,
     pub tsc_khz: u64,
     pub phases: Vec<(&'static str, u64)>,
     outcome: Mutex<Option<Outcome>>,
@@ -160,6 +163,7 @@ impl Guest {
         }
         let mut phases = Vec::new();
         let image = loader::inspect(&config.image, config.mem_size)?;
+        let disk = config.disk.as_ref().map(Disk::open).transpose()?;
         phases.push(("image read and checked", rdtsc()));
         let kvm = open_kvm()?;
         let vm = kvm.create_vm().map_err(Error::kvm("KVM_CREATE_VM"))?;
@@ -238,6 +242,7 @@ impl Guest {
             procs: Arc::clone(procs),
             stats: GuestStats::default(),
             trace,
+            disk,
             tsc_khz,
             phases,
             outcome: Mutex::new(None),
@@ -306,11 +311,27 @@ impl Guest {
             // USER goes to the vCPU it names (the caller checked it runs).
             UpcallKind::User => Some(event.vcpu),
             UpcallKind::Signal => self.running_vcpu(None),
+            // Behind its BLOCKED record, in the same queue, while that queue's vCPU runs.
+            UpcallKind::Unblocked => self
+                .acts
+                .blocked_record_queue(event.activation)
+                .filter(|&v| {
+                    v != event.vcpu
+                        && matches!(
+                            self.procs.alloc.view(self.id).vcpus.get(v as usize),
+                            Some(Slot::Running(_))
+                        )
+                })
+                .or_else(|| self.running_vcpu(Some(event.vcpu))),
             _ => self.running_vcpu(Some(event.vcpu)),
         };
-        match self.acts.post(&self.ram, &self.plan, event, target) {
+        let posted = self.acts.post(&self.ram, &self.plan, event, target);
+        if posted.is_ok() {
+            // Counted once, when it is written now or pending for the next activation.
+            self.stats.upcalls[kind as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        match posted {
             Ok(Some(vcpu)) => {
-                self.stats.upcalls[kind as usize].fetch_add(1, Ordering::Relaxed);
                 if let Some(trace) = &self.trace {
                     trace.instant(self.id, vcpu, upcall_name(kind), 0);
                 }

@@ -4,6 +4,7 @@
 
 use kvm_bindings::{kvm_mp_state, kvm_regs, KVM_MP_STATE_HALTED};
 use kvm_ioctls::VcpuFd;
+use protocol::blk::BLK_ERR_NO_DEVICE;
 use protocol::hypercall::{decode, Hypercall, HC_UNSUPPORTED, MAX_WRITE_LEN};
 use protocol::shared::UpcallKind;
 
@@ -11,6 +12,7 @@ use crate::activation::Event;
 use crate::allocator::Slot;
 use crate::arch::current::abi::HYPERCALL_BASE;
 use crate::arch::current::vcpu::{dump, fatal_trap_report, hypercall_args};
+use crate::devices::blk::{Op, Request};
 use crate::guest::Guest;
 use crate::vcpu::{Exit, EXIT_HYPERCALL, EXIT_OTHER};
 use crate::vm::Outcome;
@@ -25,6 +27,9 @@ pub enum HcAction {
     StopVcpu,
     /// The whole guest is done.
     Finish(Outcome),
+    /// A device request that must wait: the vCPU blocks in the VMM (see `vcpu.rs`); the
+    /// load's result is set when the request completes.
+    Block(Request),
 }
 
 fn violation(index: u32, fd: &VcpuFd, what: String) -> HcAction {
@@ -42,11 +47,7 @@ pub fn handle_exit(fd: &mut VcpuFd, index: u32, guest: &Guest, exit: Exit) -> Hc
             let regs = fd.sync_regs().regs;
             match handle_load(fd, index, guest, addr, len, &regs) {
                 Ok(value) => {
-                    let bytes = value.to_le_bytes();
-                    let run = fd.get_kvm_run();
-                    // SAFETY: the last exit was KVM_EXIT_MMIO, so `mmio` is the active union
-                    // field; `len` came from it and is 8 (checked in `handle_load`).
-                    unsafe { run.__bindgen_anon_1.mmio.data[..len].copy_from_slice(&bytes[..len]) };
+                    set_load_result(fd, value);
                     HcAction::Continue
                 }
                 Err(action) => action,
@@ -98,6 +99,14 @@ pub fn handle_exit(fd: &mut VcpuFd, index: u32, guest: &Guest, exit: Exit) -> Hc
     }
 }
 
+/// Set the result of the hypercall load the vCPU last exited on; KVM writes it to the load's
+/// destination register when the vCPU next runs.
+pub fn set_load_result(fd: &mut VcpuFd, value: u64) {
+    // Only called after a KVM_EXIT_MMIO for a hypercall (`mmio` is the active union field) and
+    // hypercall loads are 8 bytes (checked in `handle_load`).
+    fd.get_kvm_run().__bindgen_anon_1.mmio.data = value.to_le_bytes();
+}
+
 /// Handle an MMIO load at `addr`; `Ok(value)` is the load's result.
 fn handle_load(
     fd: &VcpuFd,
@@ -139,7 +148,7 @@ fn handle_load(
     if let Some(trace) = &guest.trace {
         trace.instant(guest.id, index, call.name(), regs.rdi);
     }
-    let [a0, a1, _a2, _a3] = hypercall_args(regs);
+    let [a0, a1, a2, _a3] = hypercall_args(regs);
     match call {
         Hypercall::ConsoleWrite => {
             let bytes = read_buffer(guest, call, a0, a1).map_err(|e| violation(index, fd, e))?;
@@ -239,6 +248,38 @@ fn handle_load(
                 }
                 // Not running (or no such vCPU): nothing to interrupt.
                 _ => Ok(1),
+            }
+        }
+        Hypercall::BlkInfo => Ok(match &guest.disk {
+            None => 0,
+            Some(disk) => disk.info(a0).unwrap_or(HC_UNSUPPORTED),
+        }),
+        Hypercall::BlkRead | Hypercall::BlkWrite | Hypercall::BlkFlush => {
+            let Some(disk) = &guest.disk else {
+                return Ok(BLK_ERR_NO_DEVICE);
+            };
+            let op = match call {
+                Hypercall::BlkRead => Op::Read,
+                Hypercall::BlkWrite => Op::Write,
+                _ => Op::Flush,
+            };
+            let req = Request {
+                op,
+                sector: a0,
+                gpa: a1,
+                count: a2,
+            };
+            match disk.check(&guest.plan, &req) {
+                Err(why) => Err(violation(
+                    index,
+                    fd,
+                    format!("malformed hypercall {}: {why}", call.name()),
+                )),
+                Ok(Err(code)) => Ok(code),
+                Ok(Ok(())) => match disk.try_now(&guest.ram, &req) {
+                    Some(result) => Ok(result),
+                    None => Err(HcAction::Block(req)),
+                },
             }
         }
     }

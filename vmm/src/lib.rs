@@ -13,6 +13,7 @@ pub mod allocator;
 pub mod arch;
 pub mod bootinfo;
 pub mod ctl;
+pub mod devices;
 pub mod error;
 pub mod guest;
 pub mod hypercall;

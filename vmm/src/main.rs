@@ -76,6 +76,18 @@ struct RunArgs {
     /// at most 256 MiB and 4096).
     #[arg(long, value_name = "N")]
     thread_stacks: Option<u32>,
+    /// A disk image (a file of whole 512-byte sectors) for the guest's block device. Give it
+    /// once per guest, in guest order; one image is shared by several guests only with
+    /// --disk-read-only. The image is locked while activm runs.
+    #[arg(long, value_name = "IMAGE")]
+    disk: Vec<PathBuf>,
+    /// Attach the disks read-only (writes fail with BLK_ERR_READ_ONLY).
+    #[arg(long)]
+    disk_read_only: bool,
+    /// Emulate a slow device: every disk read and write takes at least this long, and blocks
+    /// the vCPU in the VMM (BLOCKED / UNBLOCKED upcalls). At most 10 s.
+    #[arg(long, default_value_t = 0, value_name = "MICROSECONDS")]
+    io_latency: u64,
     /// Stop the guests after this many seconds (exit status 124).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
@@ -148,10 +160,43 @@ fn run(args: RunArgs, start_tsc: u64) -> ExitCode {
     if !(args.quantum > 0.0 && args.quantum.is_finite()) {
         return usage_error("--quantum must be a positive number of milliseconds");
     }
+    let disks: Vec<Option<activm::devices::blk::DiskConfig>> = {
+        let n = args.guests.len();
+        let shared = args.disk.len() == 1 && n > 1;
+        if shared && !args.disk_read_only {
+            return usage_error(
+                "several guests cannot share one writable --disk: give one image per guest, or add --disk-read-only",
+            );
+        }
+        if args.disk.len() > 1 && args.disk.len() != n {
+            return usage_error(&format!(
+                "{} --disk images for {n} guests: give one, or one per guest",
+                args.disk.len()
+            ));
+        }
+        (0..n)
+            .map(|i| {
+                let path = if shared {
+                    args.disk.first()
+                } else {
+                    args.disk.get(i)
+                };
+                path.map(|path| activm::devices::blk::DiskConfig {
+                    path: path.clone(),
+                    read_only: args.disk_read_only,
+                    latency: Duration::from_micros(args.io_latency),
+                })
+            })
+            .collect()
+    };
+    if args.disk.is_empty() && (args.disk_read_only || args.io_latency > 0) {
+        return usage_error("--disk-read-only and --io-latency need a --disk");
+    }
     let configs: Vec<activm::VmConfig> = args
         .guests
         .iter()
-        .map(|image| activm::VmConfig {
+        .zip(disks)
+        .map(|(image, disk)| activm::VmConfig {
             image: image.clone(),
             vcpus: args.vcpus,
             mem_size: args.mem,
@@ -161,6 +206,7 @@ fn run(args: RunArgs, start_tsc: u64) -> ExitCode {
             start_tsc,
             thread_stack_size: args.thread_stack,
             thread_stacks: args.thread_stacks,
+            disk,
         })
         .collect();
     let options = activm::MonitorOptions {

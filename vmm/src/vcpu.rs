@@ -26,6 +26,7 @@ use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 use crate::activation::{Event, NewActivation, StartError};
 use crate::allocator::{Acquired, Release};
 use crate::arch::current::vcpu as arch;
+use crate::devices::blk::Request;
 use crate::guest::Guest;
 use crate::hypercall::{self, HcAction};
 use crate::vm::Outcome;
@@ -33,9 +34,10 @@ use crate::vm::Outcome;
 /// The lifecycle of a vCPU thread.
 ///
 /// ```text
-/// Created ─► WaitingForCpu ─► Running ⇄ HandlingExit
-///                 ▲               │
-///                 └── Preempting ◄┘ (revoked: context handed over, or simply descheduled)
+/// Created ─► WaitingForCpu ─► Running ⇄ HandlingExit ─► Blocked (device request) ─┐
+///                 ▲               │                                                │
+///                 ├── Preempting ◄┘ (revoked: context handed over, or descheduled)   │
+///                 └─────────────────────────── (request done: UNBLOCKED, or resume) ◄┘
 /// any ─► Stopped (the guest stopped this vCPU) / Finished (the thread ended)
 /// ```
 #[repr(u8)]
@@ -54,6 +56,8 @@ pub enum VcpuState {
     Stopped = 5,
     /// The thread has ended.
     Finished = 6,
+    /// Blocked in the VMM on a device request, holding no processor.
+    Blocked = 7,
 }
 
 impl VcpuState {
@@ -65,6 +69,7 @@ impl VcpuState {
             3 => VcpuState::HandlingExit,
             4 => VcpuState::Preempting,
             5 => VcpuState::Stopped,
+            7 => VcpuState::Blocked,
             _ => VcpuState::Finished,
         }
     }
@@ -250,6 +255,8 @@ enum Step {
     Yield,
     Stop,
     Finish(Outcome),
+    /// A device request that must wait.
+    Block(Request),
 }
 
 /// The body of vCPU thread `index` of `guest`.
@@ -333,6 +340,7 @@ impl VcpuThread {
                     self.guest.finish(outcome);
                     break;
                 }
+                Step::Block(req) => self.block_on_request(req),
                 Step::Continue => unreachable!("run_until_revoked returns only on a change"),
             }
         }
@@ -382,6 +390,7 @@ impl VcpuThread {
             HcAction::Yield => Step::Yield,
             HcAction::StopVcpu => Step::Stop,
             HcAction::Finish(outcome) => Step::Finish(outcome),
+            HcAction::Block(req) => Step::Block(req),
         };
         self.control.set_state(VcpuState::Running);
         step
@@ -437,6 +446,16 @@ impl VcpuThread {
                     Step::Continue => {}
                     Step::Kicked => break,
                     Step::Finish(outcome) => return self.guest.finish(outcome),
+                    Step::Block(req) => {
+                        // It blocks: that frees the processor too.
+                        self.guest.acts.set_preempt_pending(
+                            &self.guest.ram,
+                            &self.guest.plan,
+                            self.index,
+                            false,
+                        );
+                        return self.block_on_request(req);
+                    }
                     Step::Stop | Step::Yield => {
                         // It gave the processor up itself: nothing to hand over.
                         self.guest.acts.set_preempt_pending(
@@ -479,6 +498,7 @@ impl VcpuThread {
             match self.step() {
                 Step::Continue | Step::Kicked => {}
                 Step::Finish(outcome) => return self.guest.finish(outcome),
+                Step::Block(req) => return self.block_on_request(req),
                 Step::Stop | Step::Yield => {
                     // The guest gave the processor up itself meanwhile: nothing to hand over.
                     self.complete_pending_io();
@@ -523,6 +543,73 @@ impl VcpuThread {
         // Give the processor back first, so the record goes to a vCPU that keeps running.
         self.release(Release::Preempted);
         self.guest.deliver(event);
+    }
+
+    /// A device request must wait: give the processor back, do the I/O on this thread, then
+    /// hand the context over (UNBLOCKED) or wait to resume where the vCPU was.
+    ///
+    /// With activations (and the request made at CPL3, as the runtime does) the guest learns
+    /// at once: a BLOCKED record names the activation, the processor goes to a new activation
+    /// if the guest has a parked vCPU and wants it, and when the request completes its result is
+    /// put in the thread's result register and that context travels in an UNBLOCKED record (to
+    /// the queue that got the BLOCKED, if it still lives, so it cannot overtake it), while this
+    /// vCPU parks. Otherwise (oblivious guests) the vCPU just loses its processor meanwhile.
+    fn block_on_request(&mut self, req: Request) {
+        let Some(disk) = &self.guest.disk else {
+            unreachable!("only device requests block")
+        };
+        self.control.set_state(VcpuState::Blocked);
+        self.trace_state("blocked", true);
+        let handing_over = self.guest.acts.enabled() && arch::at_user_level(&self.fd);
+        let (ram, plan) = (&self.guest.ram, &self.guest.plan);
+        let activation = self.guest.acts.current(self.index);
+        if handing_over {
+            self.fresh = None;
+            self.guest
+                .acts
+                .end_activation(ram, plan, self.index, VcpuRunState::Blocked);
+        }
+        self.release(Release::Blocked);
+        if handing_over {
+            self.guest
+                .deliver(Event::new(UpcallKind::Blocked, activation, self.index, 0));
+        }
+        let result = disk.perform(ram, &req, &self.control.stop_requested);
+        self.trace_state("blocked", false);
+        hypercall::set_load_result(&mut self.fd, result);
+        if self.control.stop_requested.load(Ordering::Acquire) {
+            return;
+        }
+        if !handing_over {
+            let procs = &self.guest.procs;
+            procs.revoke(
+                procs
+                    .alloc
+                    .unblock(self.guest.id, self.index as usize, false),
+            );
+            return;
+        }
+        self.complete_pending_io();
+        let context = match arch::capture_user_context(&self.fd) {
+            Ok(context) => context,
+            Err(e) => {
+                return self.guest.finish(Outcome::fault(
+                    self.index,
+                    format!("cannot take the context of an unblocked vCPU: {e}"),
+                ))
+            }
+        };
+        let mut event = Event::new(UpcallKind::Unblocked, activation, self.index, result);
+        event.context = Some(Box::new(context));
+        // Out to the guest before the vCPU parks: if the guest has no running vCPU, the event
+        // is pending when the processor it is owed starts a new activation.
+        self.guest.deliver(event);
+        let procs = &self.guest.procs;
+        procs.revoke(
+            procs
+                .alloc
+                .unblock(self.guest.id, self.index as usize, true),
+        );
     }
 
     /// The guest gave the processor up itself (`sa_yield`), possibly while the VMM was taking

@@ -33,6 +33,8 @@ pub struct VmConfig {
     /// Usable bytes of each guard-paged thread stack, and how many (default: a quarter of RAM).
     pub thread_stack_size: u64,
     pub thread_stacks: Option<u32>,
+    /// The guest's block device, if any.
+    pub disk: Option<crate::devices::blk::DiskConfig>,
 }
 
 impl VmConfig {
@@ -48,6 +50,7 @@ impl VmConfig {
             start_tsc: crate::rdtsc(),
             thread_stack_size: DEFAULT_THREAD_STACK,
             thread_stacks: None,
+            disk: None,
         }
     }
 }

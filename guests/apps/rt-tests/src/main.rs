@@ -8,7 +8,9 @@
 //! The `upcall-*` tests use the runtime's simulated VMM, which needs the VMM's own activations
 //! off (`activm run --no-activations`); with activations on they are skipped, and `sa-real`
 //! and `sa-chaos` (allocation changes every 0.1-2 ms under the stress workload) exercise the
-//! real ones instead.
+//! real ones instead. The `blk*` tests need a disk (`--disk IMAGE`, at least 1 MiB); with
+//! `--io-latency` the device is slow and `blk-overlap` checks that threads keep computing
+//! while others wait for it (with activations: BLOCKED / UNBLOCKED upcalls).
 #![no_std]
 #![no_main]
 
@@ -31,6 +33,8 @@ pub enum Needs {
     Sim,
     /// The VMM's activations.
     Activations,
+    /// A block device (`activm run --disk IMAGE`).
+    Disk,
 }
 
 fn run_selected(selected: &[&str]) -> i32 {
@@ -52,6 +56,9 @@ fn run_selected(selected: &[&str]) -> i32 {
             }
             Needs::Activations if !sa => Some("needs the VMM's activations on"),
             Needs::Activations if activm_rt::rt::nr_vcpus() < 2 => Some("needs 2 vCPUs or more"),
+            Needs::Disk if activm_rt::blk::capacity() == 0 => {
+                Some("needs a disk: activm run --disk IMAGE")
+            }
             _ => None,
         };
         if let Some(why) = skip {

@@ -47,6 +47,8 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("upcall-blocked", Needs::Sim, upcall_blocked),
     ("sa-real", Needs::Activations, sa_real),
     ("sa-chaos", Needs::Activations, sa_chaos),
+    ("blk", Needs::Disk, blk),
+    ("blk-overlap", Needs::Disk, blk_overlap),
 ];
 
 fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
@@ -1309,4 +1311,145 @@ pub fn panic_mode() -> i32 {
         .join();
     println!("panic: the thread returned {r:?}?");
     1
+}
+
+/// The byte stored at `offset` of sector `sector` by the block tests.
+fn blk_pattern(sector: u64, offset: usize) -> u8 {
+    (sector.wrapping_mul(31) as usize ^ offset.wrapping_mul(7)) as u8
+}
+
+/// Threads write distinct sectors, read them back (in pieces and in multi-request spans), and
+/// every device error comes back as an error.
+fn blk() -> TestResult {
+    use activm_rt::blk::{self, Error, SECTOR_SIZE};
+    let sectors = blk::capacity();
+    ensure(sectors >= 2048, || format!("the disk has {sectors} sectors; give it 1 MiB"))?;
+    if blk::read_only() {
+        return Err("skipped: the disk is read-only".into());
+    }
+    const THREADS: u64 = 8;
+    const PER_THREAD: u64 = 64;
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            thread::spawn(move || -> Result<(), String> {
+                let mut buf = alloc::vec![0u8; SECTOR_SIZE as usize];
+                for i in 0..PER_THREAD {
+                    let sector = t * PER_THREAD + i;
+                    for (o, b) in buf.iter_mut().enumerate() {
+                        *b = blk_pattern(sector, o);
+                    }
+                    blk::write(sector, &buf).map_err(|e| format!("write {sector}: {e}"))?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap()?;
+    }
+    blk::flush().map_err(|e| format!("flush: {e}"))?;
+    // One read spanning several requests (BLK_MAX_SECTORS each).
+    let total = THREADS * PER_THREAD;
+    let mut all = alloc::vec![0u8; (total * SECTOR_SIZE) as usize];
+    blk::read(0, &mut all).map_err(|e| format!("read: {e}"))?;
+    for sector in 0..total {
+        for o in 0..SECTOR_SIZE as usize {
+            let got = all[(sector * SECTOR_SIZE) as usize + o];
+            ensure(got == blk_pattern(sector, o), || {
+                format!("sector {sector} byte {o}: {got:#x}, expected {:#x}", blk_pattern(sector, o))
+            })?;
+        }
+    }
+    let mut one = [0u8; 512];
+    ensure(blk::read(sectors, &mut one) == Err(Error::OutOfRange), || {
+        "a read past the end did not fail with OutOfRange".into()
+    })?;
+    ensure(blk::read(sectors - 1, &mut [0u8; 1024]) == Err(Error::OutOfRange), || {
+        "a read straddling the end did not fail".into()
+    })?;
+    ensure(blk::read(0, &mut [0u8; 100]) == Err(Error::BadLength), || {
+        "a partial-sector buffer was accepted".into()
+    })?;
+    Ok(format!("{total} sectors written by {THREADS} threads, read back exact; errors reported"))
+}
+
+/// Threads wait for a slow device (`--io-latency`) while others compute: the computing threads
+/// must keep running. With activations every blocking request is a BLOCKED then UNBLOCKED
+/// upcall, and the blocked thread resumes with the request's result.
+fn blk_overlap() -> TestResult {
+    use activm_rt::blk::{self, SECTOR_SIZE};
+    const READERS: u64 = 4;
+    const READS: u64 = 10;
+    let sa = upcall::activations_enabled();
+    let blocked_before = kind_count(UpcallKind::Blocked);
+    let unblocked_before = kind_count(UpcallKind::Unblocked);
+    // Known contents (sectors 4096.. so `blk` may run before or after).
+    let base = 4096;
+    ensure(blk::capacity() >= base + READERS * READS, || "the disk is too small".into())?;
+    let mut buf = alloc::vec![0u8; SECTOR_SIZE as usize];
+    for i in 0..READERS * READS {
+        for (o, b) in buf.iter_mut().enumerate() {
+            *b = blk_pattern(base + i, o);
+        }
+        blk::write(base + i, &buf).map_err(|e| format!("write: {e}"))?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let computed = Arc::new(AtomicU64::new(0));
+    let computers: Vec<_> = (0..rt::nr_vcpus())
+        .map(|_| {
+            let (stop, computed) = (stop.clone(), computed.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    black_box((0..1000u64).fold(0u64, |a, b| a.wrapping_mul(31).wrapping_add(b)));
+                    computed.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let start = rt::rdtsc();
+    let readers: Vec<_> = (0..READERS)
+        .map(|r| {
+            thread::spawn(move || -> Result<u64, String> {
+                let mut buf = alloc::vec![0u8; SECTOR_SIZE as usize];
+                let mut waited = 0;
+                for i in 0..READS {
+                    let sector = base + r * READS + i;
+                    let t = rt::rdtsc();
+                    blk::read(sector, &mut buf).map_err(|e| format!("read {sector}: {e}"))?;
+                    waited += rt::rdtsc() - t;
+                    for (o, b) in buf.iter().enumerate() {
+                        if *b != blk_pattern(sector, o) {
+                            return Err(format!("sector {sector} byte {o} wrong after the read"));
+                        }
+                    }
+                }
+                Ok(waited)
+            })
+        })
+        .collect();
+    let mut waited = 0;
+    for r in readers {
+        waited += r.join().unwrap()?;
+    }
+    let elapsed = rt::rdtsc() - start;
+    let during = computed.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Release);
+    for c in computers {
+        c.join().unwrap();
+    }
+    let per_read_us = rt::ticks_to_ns(waited) / 1000 / (READERS * READS);
+    let blocked = kind_count(UpcallKind::Blocked) - blocked_before;
+    let unblocked = kind_count(UpcallKind::Unblocked) - unblocked_before;
+    ensure(during > 0, || "no computation ran while the readers waited".into())?;
+    if sa && per_read_us >= 500 {
+        // A slow device: every read blocked its vCPU in the VMM.
+        ensure(blocked >= READERS * READS && unblocked >= READERS * READS, || {
+            format!("{} slow reads but {blocked} BLOCKED and {unblocked} UNBLOCKED records", READERS * READS)
+        })?;
+    }
+    Ok(format!(
+        "{} reads of {per_read_us} us each in {} ms; {during} units computed meanwhile; {blocked} BLOCKED, {unblocked} UNBLOCKED",
+        READERS * READS,
+        ms(elapsed)
+    ))
 }

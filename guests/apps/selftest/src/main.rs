@@ -22,7 +22,7 @@ const USAGE: &str = concat!(
     "usage: selftest MODE [ARGS]\n",
     "modes: exit N | panic | cpl | privileged | null | unknown-hypercall | misaligned-hypercall |\n",
     "       bad-pointer | store-hypercall | fp | smp | args | spin | heap | irq | irq-stress | sa |\n",
-    "       sa-signal | sa-hostile | sa-spin | sa-defer | ipi-latency",
+    "       sa-signal | sa-hostile | sa-spin | sa-defer | ipi-latency | blk-bad-buffer",
 );
 
 /// vCPUs that have finished their part of `cpl` or `smp`.
@@ -73,6 +73,12 @@ fn main(vcpu: u32) -> ! {
             panic!("console_write with a bad pointer returned");
         }
         "store-hypercall" => store_hypercall(),
+        "blk-bad-buffer" => {
+            // SAFETY: the VMM must refuse a buffer in its own memory (page tables at 0x1000)
+            // and stop the guest before writing anything.
+            unsafe { hypercall::blk_read(0, 0x1000 as *mut u8, 1) };
+            panic!("blk_read into VMM memory returned");
+        }
         "fp" => fp(),
         "args" => print_args(),
         "spin" => loop {
