@@ -1,0 +1,164 @@
+//! Keeping processors busy while I/O is in flight (seed 001, section 3.1): a guest serves
+//! requests that each wait for a slow block device (`--io-latency`) and then compute, on 2
+//! physical CPUs. With scheduler activations a vCPU blocked in the VMM hands its processor to a
+//! new activation (BLOCKED / UNBLOCKED upcalls); an oblivious guest loses the vCPU while it waits,
+//! unless it has more vCPUs than processors (which the VMM then time-slices behind its back).
+//! The baseline is the same computation without the device, measured in the same run. Then
+//! the cost of one blocking request.
+//!
+//! `cargo xtask bench io`; `ACTIVM_BENCH_QUICK=1` for a short smoke run.
+
+use std::time::Duration;
+
+use activm::devices::blk::DiskConfig;
+use activm::{MonitorOptions, Outcome, VmConfig};
+use activm_benches::{field, guest, stats::summary, Captured};
+
+/// A sparse disk image, removed when dropped.
+struct Disk(std::path::PathBuf);
+
+impl Disk {
+    fn new() -> Disk {
+        let path = std::env::temp_dir().join(format!("activm-bench-io-{}.img", std::process::id()));
+        let file = std::fs::File::create(&path).expect("create the disk image");
+        file.set_len(64 << 20).expect("size the disk image");
+        Disk(path)
+    }
+}
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// One guest of `iobench` with `args`; returns the `key=` value of its RESULT line.
+fn run(
+    disk: Option<(&Disk, u64)>,
+    vcpus: u32,
+    activations: bool,
+    args: &[&str],
+    key: &str,
+) -> Result<f64, String> {
+    let config = VmConfig {
+        vcpus,
+        args: args.iter().map(|s| s.to_string()).collect(),
+        disk: disk.map(|(disk, latency_us)| DiskConfig {
+            path: disk.0.clone(),
+            read_only: false,
+            latency: Duration::from_micros(latency_us),
+        }),
+        ..VmConfig::new(guest("iobench"))
+    };
+    let console = Captured::default();
+    let options = MonitorOptions {
+        pcpus: 2,
+        activations,
+        timeout: Some(Duration::from_secs(120)),
+        ..MonitorOptions::default()
+    };
+    let reports = activm::run_guests(&[config], vec![Box::new(console.clone())], &options)
+        .map_err(|e| e.to_string())?;
+    if reports[0].outcome != Outcome::Exited(0) {
+        return Err(format!("{:?}: {}", reports[0].outcome, console.text()));
+    }
+    field(&console.text(), key).ok_or_else(|| format!("no {key}= in {:?}", console.text()))
+}
+
+fn main() {
+    let quick = std::env::var_os("ACTIVM_BENCH_QUICK").is_some();
+    let rounds = if quick { 1 } else { 3 };
+    let disk = Disk::new();
+    let latency_us = 1000;
+    let requests = if quick { "100" } else { "400" };
+    let serve = ["serve", "16", requests, "100", "20"];
+    let cpu_only = ["serve-cpu", "16", requests, "100", "20"];
+    println!("I/O overlap on 2 physical CPUs: 16 threads serve {requests} requests; each reads 4 KiB from a device");
+    println!("with {latency_us} us latency, hashes it (~0.5 ms), then updates a table under one mutex (~5 us)");
+    println!("baseline: the same work without the device; utilization = baseline / time; medians of {rounds} rounds\n");
+    let configs: [(&str, u32, bool); 3] = [
+        ("activations, 8 vCPUs (activations to spare)", 8, true),
+        ("oblivious, 2 vCPUs (one per processor)", 2, false),
+        ("oblivious, 8 vCPUs (time-sliced by the VMM)", 8, false),
+    ];
+    let mut baseline = Vec::new();
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for _ in 0..rounds {
+        match run(None, 2, true, &cpu_only, "ms") {
+            Ok(ms) => baseline.push(ms),
+            Err(e) => println!("  baseline failed: {e}"),
+        }
+        for (i, &(_, vcpus, activations)) in configs.iter().enumerate() {
+            match run(Some((&disk, latency_us)), vcpus, activations, &serve, "ms") {
+                Ok(ms) => times[i].push(ms),
+                Err(e) => println!("  {} failed: {e}", configs[i].0),
+            }
+        }
+    }
+    if baseline.is_empty() {
+        println!("  no baseline: the guest without a device failed");
+        return;
+    }
+    let base = summary(&mut baseline).0;
+    println!(
+        "  {:<52} {:>9} {:>12}",
+        "configuration", "ms", "utilization"
+    );
+    println!(
+        "  {:<52} {base:>9.1} {:>11.0}%",
+        "no device (2 vCPUs)", 100.0
+    );
+    let mut medians = Vec::new();
+    for (i, (name, _, _)) in configs.iter().enumerate() {
+        if times[i].is_empty() {
+            println!("  {name:<52} n/a");
+            medians.push(f64::NAN);
+            continue;
+        }
+        let ms = summary(&mut times[i]).0;
+        medians.push(ms);
+        println!("  {name:<52} {ms:>9.1} {:>11.0}%", 100.0 * base / ms);
+    }
+    println!(
+        "  activations vs oblivious: {:.2}x faster than 2 vCPUs, {:.2}x than 8 time-sliced vCPUs",
+        medians[1] / medians[0],
+        medians[2] / medians[0]
+    );
+
+    // One thread, an idle guest: what a blocking request costs beyond the device's own time.
+    let reads = if quick { "200" } else { "1000" };
+    println!("\none blocking 4 KiB read, 1 thread on 2 vCPUs (us per read, medians of {rounds})");
+    println!(
+        "  {:<52} {:>12} {:>12}",
+        "device", "activations", "oblivious"
+    );
+    for (name, latency) in [
+        ("in the host page cache (completes in the exit)", None),
+        ("1 us latency (blocks: BLOCKED + UNBLOCKED)", Some(1)),
+        ("1 ms latency", Some(1000)),
+    ] {
+        let mut row = [Vec::new(), Vec::new()];
+        for _ in 0..rounds {
+            for (j, activations) in [true, false].into_iter().enumerate() {
+                let reads = if latency == Some(1000) { "100" } else { reads };
+                if let Ok(us) = run(
+                    Some((&disk, latency.unwrap_or(0))),
+                    2,
+                    activations,
+                    &["latency", reads],
+                    "per_read_us",
+                ) {
+                    row[j].push(us);
+                }
+            }
+        }
+        let [a, o] = row.map(|mut v| {
+            if v.is_empty() {
+                "n/a".to_string()
+            } else {
+                format!("{:.1}", summary(&mut v).0)
+            }
+        });
+        println!("  {name:<52} {a:>12} {o:>12}");
+    }
+}

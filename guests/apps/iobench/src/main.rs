@@ -1,0 +1,136 @@
+//! I/O overlap workload, for `cargo xtask bench io`:
+//!
+//! * `serve THREADS REQUESTS WORK [LOCKED]`: THREADS threads serve REQUESTS requests in total; a
+//!   request reads 4 KiB from a pseudo-random place on the disk (`activm run --disk`, slowed down
+//!   with `--io-latency`), hashes it WORK times (pure computation), then updates a shared table
+//!   under one mutex, hashing 256 bytes LOCKED times inside the critical section (default 0: no
+//!   lock). While one thread waits for the device the others should keep the processors busy.
+//! * `serve-cpu THREADS REQUESTS WORK [LOCKED]`: the same without the reads (the computation
+//!   alone).
+//! * `latency READS`: one thread reads 4 KiB READS times; the mean time of one read.
+//!
+//! Each prints one `RESULT name ms=... check=...` line and exits 0.
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use activm_rt::blk;
+use activm_rt::sync::Mutex;
+use activm_rt::thread;
+use activm_stub::{println, rdtsc, tsc_khz};
+
+activm_rt::main!(main);
+
+fn main(args: &[&str]) -> i32 {
+    let number = |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+    match args.first().copied() {
+        Some("serve") => serve(number(1, 16), number(2, 400), number(3, 100), number(4, 0), true),
+        Some("serve-cpu") => serve(number(1, 16), number(2, 400), number(3, 100), number(4, 0), false),
+        Some("latency") => latency(number(1, 100)),
+        _ => {
+            println!("usage: serve THREADS REQUESTS WORK | serve-cpu THREADS REQUESTS WORK | latency READS");
+            2
+        }
+    }
+}
+
+fn elapsed_ms(start: u64) -> f64 {
+    (rdtsc() - start) as f64 / tsc_khz() as f64
+}
+
+/// Sectors per request (4 KiB).
+const SECTORS: u64 = 8;
+
+/// Where request `i` reads: spread over the disk, 4 KiB aligned.
+fn place(i: u64, disk_sectors: u64) -> u64 {
+    let slots = (disk_sectors / SECTORS).max(1);
+    (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 17) % slots * SECTORS
+}
+
+/// FNV-1a over `buf`, `rounds` times, chained.
+fn hash(buf: &[u8], rounds: u64) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for r in 0..rounds {
+        h ^= r;
+        for &b in buf {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The shared table the requests update under one lock.
+static TABLE: Mutex<[u64; 32]> = Mutex::new([0; 32]);
+
+fn serve(threads: u64, requests: u64, work: u64, locked: u64, io: bool) -> i32 {
+    let disk_sectors = blk::capacity();
+    if io && disk_sectors < SECTORS {
+        println!("iobench: serve needs a disk (activm run --disk IMAGE)");
+        return 2;
+    }
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static CHECK: AtomicU64 = AtomicU64::new(0);
+    NEXT.store(0, Ordering::Relaxed);
+    CHECK.store(0, Ordering::Relaxed);
+    let start = rdtsc();
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            thread::spawn(move || {
+                let mut buf = alloc::vec![0u8; (SECTORS * blk::SECTOR_SIZE) as usize];
+                loop {
+                    let i = NEXT.fetch_add(1, Ordering::Relaxed);
+                    if i >= requests {
+                        break;
+                    }
+                    if io {
+                        blk::read(place(i, disk_sectors), &mut buf).expect("disk read");
+                    } else {
+                        buf[0] = i as u8;
+                    }
+                    let h = hash(&buf, work);
+                    if locked > 0 {
+                        let mut table = TABLE.lock().unwrap();
+                        let slot = (h % 32) as usize;
+                        table[slot] = table[slot].wrapping_add(hash(&buf[..256], locked) | 1);
+                    }
+                    CHECK.fetch_add(h & 0xffff, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let ms = elapsed_ms(start);
+    let updates = TABLE.lock().unwrap().iter().filter(|&&v| v != 0).count();
+    println!(
+        "RESULT {} ms={ms:.2} requests={requests} check={} table_slots={updates}",
+        if io { "serve" } else { "serve-cpu" },
+        CHECK.load(Ordering::Relaxed)
+    );
+    0
+}
+
+fn latency(reads: u64) -> i32 {
+    let disk_sectors = blk::capacity();
+    if disk_sectors < SECTORS {
+        println!("iobench: latency needs a disk (activm run --disk IMAGE)");
+        return 2;
+    }
+    let mut buf = alloc::vec![0u8; (SECTORS * blk::SECTOR_SIZE) as usize];
+    let start = rdtsc();
+    for i in 0..reads {
+        blk::read(place(i, disk_sectors), &mut buf).expect("disk read");
+    }
+    let ms = elapsed_ms(start);
+    println!(
+        "RESULT latency ms={ms:.2} per_read_us={:.1} check={}",
+        ms * 1000.0 / reads as f64,
+        hash(&buf, 1)
+    );
+    0
+}
