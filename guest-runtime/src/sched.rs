@@ -331,6 +331,31 @@ fn steal() -> *const Tcb {
     core::ptr::null()
 }
 
+/// Moves the threads queued on `vcpu`'s ring to this vCPU's: `vcpu` lost its activation
+/// (PREEMPTED, BLOCKED), and while the vCPUs that run are busy nobody would steal them, so
+/// they would wait until `vcpu` runs again. Safe in the upcall handler: stealing is lock-free
+/// (only a full ring of ours spills into the global queue, as `make_runnable` does).
+pub fn rescue_ring_of(vcpu: u32) {
+    if vcpu == activm_stub::vcpu_id() || vcpu >= start::nr_vcpus() {
+        return;
+    }
+    let mut batch = [core::ptr::null::<Tcb>(); RQ_CAP / 2];
+    loop {
+        let got = percpu::of(vcpu).steal_half(&mut batch);
+        if got == 0 {
+            return;
+        }
+        percpu::bump(&percpu::this().counters.steals);
+        for &t in batch.iter().take(got) {
+            // SAFETY: runnable TCBs we just took off that ring.
+            if !unsafe { rseq::rq_push(t) } {
+                // SAFETY: as above.
+                global_push(unsafe { tcb::from_raw(t) });
+            }
+        }
+    }
+}
+
 /// Scheduler context: switches to `t` (binding a stack first if it never ran).
 pub fn run_now(t: &Tcb) -> ! {
     if t.stack.get().is_none() {

@@ -810,6 +810,7 @@ fn later(r: &UpcallRecord) {
 static UNBLOCKED_EARLY: Bag<(), 64> = Bag::new();
 
 fn blocked(r: &UpcallRecord) {
+    sched::rescue_ring_of(r.vcpu);
     let Some(st) = take_state(r.activation, r.vcpu) else {
         if UNBLOCKED_EARLY.take_key(u64::from(r.activation)).is_none() {
             later(r);
@@ -884,6 +885,9 @@ fn resume_context(r: &UpcallRecord) {
 /// `nested`: on top of an interrupted scheduler, which must get control back: lock holders are
 /// continued with `cont_swap`, and scheduler contexts wait for the loop top to be adopted.
 fn resume_context_in(r: &UpcallRecord, nested: bool) {
+    if r.kind == UpcallKind::Preempted as u32 {
+        sched::rescue_ring_of(r.vcpu);
+    }
     if resolve_entry_context(r) {
         return;
     }

@@ -139,6 +139,8 @@ struct State {
     guests: Vec<GuestState>,
     /// Rotates which guests get the processors left over when shares do not divide evenly.
     rotation: usize,
+    /// A parked vCPU to start first if its guest gets a new activation (one rebalance only).
+    prefer_new: Option<(GuestId, usize)>,
 }
 
 /// The processor allocator (see the module comment).
@@ -165,6 +167,7 @@ impl Allocator {
                 quantum,
                 guests: Vec::new(),
                 rotation: 0,
+                prefer_new: None,
             }),
             changed: Condvar::new(),
         }
@@ -280,10 +283,16 @@ impl Allocator {
         self.rebalance_locked(&mut state, Instant::now())
     }
 
-    /// The device request `vcpu` blocked on completed: an activation guest got its context
-    /// (UNBLOCKED), so the vCPU parks; an oblivious vCPU waits to resume where it was. Returns
-    /// the vCPUs to kick.
-    pub fn unblock(&self, guest: GuestId, vcpu: usize, handed_over: bool) -> Vec<(GuestId, usize)> {
+    /// The device request `vcpu` blocked on completed: an activation guest gets its context
+    /// (UNBLOCKED), so the vCPU parks, and if the guest is owed a processor this very vCPU
+    /// starts the new activation (returned `true`: the UNBLOCKED can ride in its queue); an
+    /// oblivious vCPU waits to resume where it was. Also returns the vCPUs to kick.
+    pub fn unblock(
+        &self,
+        guest: GuestId,
+        vcpu: usize,
+        handed_over: bool,
+    ) -> (Vec<(GuestId, usize)>, bool) {
         let mut state = self.lock();
         let slot = &mut state.guests[guest].vcpus[vcpu];
         if *slot == Slot::Blocked {
@@ -293,7 +302,10 @@ impl Allocator {
                 Slot::Runnable(Instant::now())
             };
         }
-        self.rebalance_locked(&mut state, Instant::now())
+        state.prefer_new = Some((guest, vcpu));
+        let kicks = self.rebalance_locked(&mut state, Instant::now());
+        state.prefer_new = None;
+        (kicks, state.guests[guest].vcpus[vcpu] == Slot::GrantedNew)
     }
 
     /// Recompute the shares and act on them; call every quantum. Returns the vCPUs to kick.
@@ -403,12 +415,14 @@ impl Allocator {
             .budget
             .saturating_sub(state.guests.iter().map(GuestState::holding).sum());
         let mut granted = false;
+        let prefer = state.prefer_new;
         while free > 0 {
-            let Some(g) = state
+            let Some((id, g)) = state
                 .guests
                 .iter_mut()
-                .filter(|g| g.holding() < g.share)
-                .max_by_key(|g| g.share - g.holding())
+                .enumerate()
+                .filter(|(_, g)| g.holding() < g.share)
+                .max_by_key(|(_, g)| g.share - g.holding())
             else {
                 break;
             };
@@ -426,10 +440,10 @@ impl Allocator {
                 .map(|(i, _)| i);
             let slot = match waiter {
                 Some(i) => Some((i, Slot::GrantedResume)),
-                None if g.activations => g
-                    .vcpus
-                    .iter()
-                    .position(|s| *s == Slot::Parked)
+                None if g.activations => prefer
+                    .filter(|&(pg, pv)| pg == id && g.vcpus[pv] == Slot::Parked)
+                    .map(|(_, pv)| pv)
+                    .or_else(|| g.vcpus.iter().position(|s| *s == Slot::Parked))
                     .map(|i| (i, Slot::GrantedNew)),
                 None => None,
             };
@@ -636,9 +650,36 @@ mod tests {
         alloc.release(g, running, Release::Blocked);
         assert_eq!(alloc.view(g).vcpus[running], Slot::Blocked);
         assert_eq!(alloc.acquire(g, 1 - running), Acquired::NewActivation);
-        // Its request completes: its context went to the guest, it parks.
-        alloc.unblock(g, running, true);
+        // Its request completes: its context goes to the guest, it parks.
+        let (_, restarts) = alloc.unblock(g, running, true);
+        assert!(!restarts, "the guest holds its whole share");
         assert_eq!(alloc.view(g).vcpus[running], Slot::Parked);
+        // The other activation yields: the processor goes to a parked vCPU.
+        alloc.release(g, 1 - running, Release::Yielded);
+        assert!(alloc.view(g).vcpus.contains(&Slot::GrantedNew));
+    }
+
+    #[test]
+    fn an_unblocked_vcpu_starts_the_activation_it_is_owed() {
+        let alloc = Allocator::new(1, Duration::from_millis(10));
+        let g = alloc.add_guest(2);
+        alloc.set_activations(g, true);
+        let a = if alloc.view(g).vcpus[0] == Slot::GrantedResume {
+            0
+        } else {
+            1
+        };
+        let b = 1 - a;
+        assert_eq!(alloc.acquire(g, a), Acquired::Resume);
+        alloc.release(g, b, Release::Yielded);
+        // A blocks: B takes its processor; then B blocks too.
+        alloc.release(g, a, Release::Blocked);
+        assert_eq!(alloc.acquire(g, b), Acquired::NewActivation);
+        alloc.release(g, b, Release::Blocked);
+        // A's request completes: A itself starts the new activation the guest is owed.
+        let (_, restarts) = alloc.unblock(g, a, true);
+        assert!(restarts);
+        assert_eq!(alloc.view(g).vcpus[a], Slot::GrantedNew);
     }
 
     #[test]
@@ -651,7 +692,8 @@ mod tests {
         alloc.release(g, 0, Release::Blocked);
         // Meanwhile the other guest may use both processors.
         assert_eq!(alloc.view(h).share, 2);
-        alloc.unblock(g, 0, false);
+        let (_, restarts) = alloc.unblock(g, 0, false);
+        assert!(!restarts);
         alloc.rebalance();
         assert!(matches!(
             alloc.view(g).vcpus[0],

@@ -548,12 +548,14 @@ impl VcpuThread {
     /// A device request must wait: give the processor back, do the I/O on this thread, then
     /// hand the context over (UNBLOCKED) or wait to resume where the vCPU was.
     ///
-    /// With activations (and the request made at CPL3, as the runtime does) the guest learns
-    /// at once: a BLOCKED record names the activation, the processor goes to a new activation
-    /// if the guest has a parked vCPU and wants it, and when the request completes its result is
-    /// put in the thread's result register and that context travels in an UNBLOCKED record (to
-    /// the queue that got the BLOCKED, if it still lives, so it cannot overtake it), while this
-    /// vCPU parks. Otherwise (oblivious guests) the vCPU just loses its processor meanwhile.
+    /// With activations (and the request made at CPL3, as the runtime does): the activation
+    /// ends, the processor goes to a new activation if the guest has a parked vCPU and wants it,
+    /// and a BLOCKED record names the ended activation. When the request completes its result is
+    /// put in the thread's result register and that context travels in an UNBLOCKED record,
+    /// while this vCPU parks; if the guest is owed a processor, this vCPU starts that new
+    /// activation itself with the UNBLOCKED in its own queue. Otherwise the UNBLOCKED goes to a
+    /// running vCPU (into the queue that got the BLOCKED, if it still lives, so it cannot
+    /// overtake it). Oblivious guests' vCPUs just lose their processor meanwhile.
     fn block_on_request(&mut self, req: Request) {
         let Some(disk) = &self.guest.disk else {
             unreachable!("only device requests block")
@@ -571,8 +573,10 @@ impl VcpuThread {
         }
         self.release(Release::Blocked);
         if handing_over {
+            // No interrupt for it: it goes out with the NEWPROC of the activation that takes
+            // the processor, or ahead of the UNBLOCKED, or with the next quantum's retry.
             self.guest
-                .deliver(Event::new(UpcallKind::Blocked, activation, self.index, 0));
+                .post_pending(Event::new(UpcallKind::Blocked, activation, self.index, 0));
         }
         let result = disk.perform(ram, &req, &self.control.stop_requested);
         self.trace_state("blocked", false);
@@ -582,11 +586,10 @@ impl VcpuThread {
         }
         if !handing_over {
             let procs = &self.guest.procs;
-            procs.revoke(
-                procs
-                    .alloc
-                    .unblock(self.guest.id, self.index as usize, false),
-            );
+            let (kicks, _) = procs
+                .alloc
+                .unblock(self.guest.id, self.index as usize, false);
+            procs.revoke(kicks);
             return;
         }
         self.complete_pending_io();
@@ -601,15 +604,19 @@ impl VcpuThread {
         };
         let mut event = Event::new(UpcallKind::Unblocked, activation, self.index, result);
         event.context = Some(Box::new(context));
-        // Out to the guest before the vCPU parks: if the guest has no running vCPU, the event
-        // is pending when the processor it is owed starts a new activation.
-        self.guest.deliver(event);
         let procs = &self.guest.procs;
-        procs.revoke(
-            procs
-                .alloc
-                .unblock(self.guest.id, self.index as usize, true),
-        );
+        let (kicks, restarts_here) = procs
+            .alloc
+            .unblock(self.guest.id, self.index as usize, true);
+        procs.revoke(kicks);
+        if restarts_here {
+            // This vCPU starts the new activation the guest is owed next (the run loop picks
+            // up the grant): the record rides in its own queue, after its NEWPROC, and no
+            // other vCPU has to be interrupted.
+            self.guest.post_pending(event);
+        } else {
+            self.guest.deliver(event);
+        }
     }
 
     /// The guest gave the processor up itself (`sa_yield`), possibly while the VMM was taking

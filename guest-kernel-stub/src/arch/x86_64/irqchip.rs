@@ -59,13 +59,18 @@ pub fn eoi() {
 /// which then went to another vCPU's APIC (see `traps::trap_eoi_window`). Returns how many EOIs
 /// it sent.
 pub fn clear_in_service(vectors: &[u8]) -> u32 {
+    // One mask per in-service word, so each word is read once per pass (0x30/0x31 share one).
+    let mut masks = [0u32; 8];
+    for &v in vectors {
+        masks[usize::from(v / 32)] |= 1 << (v % 32);
+    }
     let mut sent = 0;
     // At most one EOI per vector class; each clears the highest in-service vector.
     for _ in 0..16 {
-        let stale = vectors.iter().any(|&v| {
-            let word = read(REG_ISR + 16 * u64::from(v / 32));
-            word & (1 << (v % 32)) != 0
-        });
+        let stale = masks
+            .iter()
+            .enumerate()
+            .any(|(word, &mask)| mask != 0 && read(REG_ISR + 16 * word as u64) & mask != 0);
         if !stale {
             break;
         }
