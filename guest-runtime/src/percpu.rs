@@ -7,7 +7,7 @@
 //! happen; it goes through [`this`] each time, or uses the restartable sequences, which read
 //! `%gs` themselves.
 
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use crate::arch::cpu::{self, Word};
 use crate::tcb::Tcb;
@@ -162,6 +162,11 @@ pub struct Pcpu {
     /// Run queue consumer index (owner and thieves, by CAS).
     pub head: AtomicU32,
     _pad1: [u8; 60],
+    /// The thread to run next here (Go's `runnext`), on a line of its own: one the running
+    /// thread just spawned or woke, so it runs when that thread blocks (a hand-off, usually at
+    /// once) instead of crossing to another vCPU. Taken by this vCPU's scheduler first (or by a
+    /// joiner here); other vCPUs take it only after it stayed there for `sched::NEXT_GRACE_NS`.
+    pub next: Line<AtomicPtr<Tcb>>,
     pub ring: [AtomicPtr<Tcb>; RQ_CAP],
     /// The counter `rseq::probe_increment` adds to (tests).
     pub probe: Line<AtomicU64>,
@@ -171,6 +176,18 @@ pub struct Pcpu {
     pub tick: AtomicU64,
     /// xorshift state for victim selection and test randomness.
     pub rng: AtomicU64,
+    /// When the current time slice began (TSC): a thread run from `next` inherits it (Go's
+    /// `inheritTime`), so hand-off chains cannot keep the ring's threads waiting beyond a slice.
+    pub slice_start: AtomicU64,
+    /// Idle scheduler: another vCPU's `next` thread seen there (vCPU, thread, since when); it
+    /// may be taken once it stayed longer than the grace period.
+    pub seen_next_vcpu: AtomicU32,
+    pub seen_next: AtomicPtr<Tcb>,
+    pub seen_next_at: AtomicU64,
+    /// Set by the idle loop when the thread in `seen_next` may be taken.
+    pub steal_next: AtomicU32,
+    /// Slots taken minus slots given back on this vCPU (see `stack::slots_in_use`).
+    pub slots_in_use: AtomicI64,
     /// Stack cache (slot indices), used in scheduler context only.
     pub stacks: [AtomicU32; STACK_CACHE],
     pub nr_stacks: AtomicU32,
@@ -195,6 +212,7 @@ impl Pcpu {
             _pad0: [0; 60],
             head: AtomicU32::new(0),
             _pad1: [0; 60],
+            next: Line(AtomicPtr::new(core::ptr::null_mut())),
             ring: [const { AtomicPtr::new(core::ptr::null_mut()) }; RQ_CAP],
             probe: Line(AtomicU64::new(0)),
             vcpu,
@@ -203,6 +221,12 @@ impl Pcpu {
             rng: AtomicU64::new(
                 0x9E37_79B9_7F4A_7C15 ^ ((u64::from(vcpu) + 1) * 0xBF58_476D_1CE4_E5B9),
             ),
+            slice_start: AtomicU64::new(0),
+            seen_next_vcpu: AtomicU32::new(0),
+            seen_next: AtomicPtr::new(core::ptr::null_mut()),
+            seen_next_at: AtomicU64::new(0),
+            steal_next: AtomicU32::new(0),
+            slots_in_use: AtomicI64::new(0),
             stacks: [const { AtomicU32::new(0) }; STACK_CACHE],
             nr_stacks: AtomicU32::new(0),
             tcbs: [const { AtomicPtr::new(core::ptr::null_mut()) }; TCB_CACHE],

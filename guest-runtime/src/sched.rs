@@ -39,10 +39,18 @@ pub const PEND_RESCHED: u64 = 1 << 2;
 /// A lock holder continued by the upcall handler: switch back at the last release.
 pub const PEND_CONT: u64 = 1 << 3;
 
-/// vCPUs spinning in the scheduler looking for work (bit per vCPU).
-pub static SPINNING: AtomicU64 = AtomicU64::new(0);
-/// vCPUs halted, or about to halt (bit per vCPU).
-pub static HALTED: AtomicU64 = AtomicU64::new(0);
+/// The idle vCPUs, on a line of their own (every spawn and wake-up reads it; idle vCPUs write
+/// it): `spinning` looking for work, `halted` (or about to halt), a bit per vCPU.
+pub struct IdleBits {
+    pub spinning: AtomicU64,
+    pub halted: AtomicU64,
+}
+pub static IDLE: percpu::Line<IdleBits> = percpu::Line(IdleBits {
+    spinning: AtomicU64::new(0),
+    halted: AtomicU64::new(0),
+});
+pub static SPINNING: &AtomicU64 = &IDLE.0.spinning;
+pub static HALTED: &AtomicU64 = &IDLE.0.halted;
 
 /// The global run queue: an intrusive FIFO through `Tcb::link`.
 struct GlobalQueue {
@@ -53,11 +61,13 @@ struct GlobalQueue {
 // SAFETY: the raw pointers are TCBs (never freed), accessed under the lock.
 unsafe impl Send for GlobalQueue {}
 
-static GLOBAL: SpinLock<GlobalQueue> = SpinLock::new(GlobalQueue {
+/// The global queue's lock and length share a line (written together), away from read-mostly
+/// words.
+static GLOBAL: percpu::Line<SpinLock<GlobalQueue>> = percpu::Line(SpinLock::new(GlobalQueue {
     head: core::ptr::null(),
     tail: core::ptr::null(),
-});
-static GLOBAL_LEN: AtomicUsize = AtomicUsize::new(0);
+}));
+static GLOBAL_LEN: percpu::Line<AtomicUsize> = percpu::Line(AtomicUsize::new(0));
 
 /// The thread running this code (null in scheduler context).
 #[inline(always)]
@@ -142,6 +152,55 @@ pub fn make_runnable(t: &Tcb, wake_others: bool) {
     }
 }
 
+/// A thread the running thread just spawned or woke (thread context): it runs next on this
+/// vCPU, when the running thread blocks or yields (Go's `runnext`). A thread it displaces there
+/// goes to the ring. Idle vCPUs take it only after [`NEXT_GRACE_NS`]: a thread spawned or woken
+/// here is usually the one the running thread is about to wait for, and running it here, at
+/// once, is a hand-off that moves no cache lines.
+pub fn make_next(t: &Tcb) {
+    tcb::event(t, tcb::EV_QUEUED);
+    // SeqCst: the swap publishes the work before `wake_idle_vcpu` reads `HALTED` (the idle
+    // side sets `HALTED`, then looks at `next`; see `idle`).
+    let old = percpu::this()
+        .next
+        .swap(t as *const Tcb as *mut Tcb, Ordering::SeqCst);
+    if old.is_null() {
+        if cpu::get(Word::InSched) == 0 {
+            timer::ensure_slice_timer();
+        }
+        wake_idle_vcpu_after_rmw();
+    } else {
+        // SAFETY: a runnable TCB that was in `next`: ours now that we swapped it out.
+        make_runnable(unsafe { tcb::from_raw(old) }, true);
+    }
+}
+
+/// Takes this vCPU's `next` thread if it is `t` (a joiner about to wait for `t`).
+pub fn take_next_if(t: &Tcb) -> bool {
+    percpu::this()
+        .next
+        .compare_exchange(
+            t as *const Tcb as *mut Tcb,
+            core::ptr::null_mut(),
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+}
+
+/// Takes this vCPU's `next` thread (scheduler context), or null.
+fn take_next() -> *const Tcb {
+    let next = &percpu::this().next;
+    if next.load(Ordering::Relaxed).is_null() {
+        return core::ptr::null();
+    }
+    next.swap(core::ptr::null_mut(), Ordering::Acquire)
+}
+
+/// How long another vCPU's `next` thread must stay there before an idle vCPU takes it (Go waits
+/// 3 us): the running thread there is probably about to block and run it itself.
+pub const NEXT_GRACE_NS: u64 = 4_000;
+
 /// The ring is full: move half of it and `t` to the global queue (Go's `runqputslow`).
 #[cold]
 fn overflow_to_global(t: &Tcb) {
@@ -166,7 +225,10 @@ fn overflow_to_global(t: &Tcb) {
 
 /// Whether another thread is waiting for this vCPU (its ring or the global queue).
 pub fn runnable_elsewhere() -> bool {
-    !percpu::this().is_empty() || GLOBAL_LEN.load(Ordering::Relaxed) != 0
+    let p = percpu::this();
+    !p.is_empty()
+        || !p.next.load(Ordering::Relaxed).is_null()
+        || GLOBAL_LEN.load(Ordering::Relaxed) != 0
 }
 
 /// If vCPUs are halted and none is spinning, wakes one with a reschedule IPI (Go's `wakep`).
@@ -175,11 +237,20 @@ pub fn wake_idle_vcpu() {
         return;
     }
     fence(Ordering::SeqCst);
-    if SPINNING.load(Ordering::Relaxed) != 0 {
+    wake_idle_vcpu_after_rmw();
+}
+
+/// [`wake_idle_vcpu`] after the work was published by a SeqCst read-modify-write (a full
+/// barrier already: no fence needed).
+fn wake_idle_vcpu_after_rmw() {
+    if start::nr_vcpus() == 1 {
+        return;
+    }
+    if SPINNING.load(Ordering::SeqCst) != 0 {
         return;
     }
     let me = 1u64 << activm_stub::vcpu_id();
-    let halted = HALTED.load(Ordering::Relaxed) & !me;
+    let halted = HALTED.load(Ordering::SeqCst) & !me;
     if halted == 0 {
         return;
     }
@@ -222,6 +293,22 @@ pub fn park_current(me: &Tcb) {
     switch_out(me, ACT_PARK);
 }
 
+/// Parks `me` (after `prepare_wait`) and runs `t` (runnable, ours: taken off a queue) on this
+/// vCPU at once, in its time slice: a joiner handing the processor to the thread it waits for.
+/// Returns when `me` is woken and runs again.
+pub fn park_and_run(me: &Tcb, t: &Tcb) {
+    debug_assert_eq!(preempt::held(), 0);
+    // SAFETY: as in `switch_out`; `t` is a runnable TCB nobody else may run (the caller took it
+    // off a queue), handed to the scheduler entry as the switch argument.
+    unsafe {
+        context::switch_out(
+            me as *const Tcb as *mut u8,
+            ACT_PARK,
+            t as *const Tcb as usize,
+        )
+    }
+}
+
 /// The current thread `me` is done: never returns.
 pub fn exit_current(me: &Tcb) -> ! {
     switch_out(me, ACT_EXIT);
@@ -229,13 +316,16 @@ pub fn exit_current(me: &Tcb) -> ! {
 }
 
 /// Where `switch_out` lands, on this activation's stack, with `prev` fully saved.
-pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, _arg: usize) -> ! {
+pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, arg: usize) -> ! {
     cpu::set(Word::Current, 0);
     // SAFETY: `switch_out` passes the TCB of the thread that just left.
     let prev = unsafe { tcb::from_raw(prev) };
+    // A thread to hand the processor to (ours: runnable and in no queue), skipping the loop.
+    let mut hand_to: *const Tcb = core::ptr::null();
     match action {
         ACT_YIELD | ACT_PREEMPTED => make_runnable(prev, false),
         ACT_PARK => {
+            hand_to = arg as *const Tcb;
             tcb::event(prev, tcb::EV_PARKED);
             if prev
                 .wake
@@ -251,11 +341,36 @@ pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, _arg: usize) -> !
                 make_runnable(prev, false);
             }
         }
-        ACT_EXIT => crate::thread::retire(prev),
+        ACT_EXIT => hand_to = crate::thread::retire(prev),
         _ => unreachable!("unknown switch action {action}"),
     }
     upcall::release_retired_stack();
+    if action == ACT_PARK || action == ACT_EXIT {
+        // A blocking switch: hand the processor over directly (the thread given, the joiner the
+        // exit woke, or this vCPU's `next`) unless the loop has work of its own first.
+        if loop_has_work() {
+            if !hand_to.is_null() {
+                // SAFETY: ours (see above); it runs first once the loop's work is done.
+                make_next(unsafe { tcb::from_raw(hand_to) });
+            }
+        } else {
+            if hand_to.is_null() {
+                hand_to = take_next();
+            }
+            if !hand_to.is_null() {
+                // SAFETY: ours (see above, or just taken off `next`).
+                run_now(unsafe { tcb::from_raw(hand_to) }, true);
+            }
+        }
+    }
     sched_loop()
+}
+
+/// Whether the scheduler loop must run before any thread (deferred interrupt work, upcall
+/// records or continuations, due sleepers): a direct hand-off must not skip it.
+#[inline]
+fn loop_has_work() -> bool {
+    cpu::pending() != 0 || upcall::loop_work() || timer::sleepers_due()
 }
 
 /// The scheduler loop, on this activation's stack. Never returns: it switches to a thread.
@@ -268,10 +383,10 @@ pub fn sched_loop() -> ! {
         if pending & PEND_TIMER != 0 || timer::sleepers_due() {
             timer::wake_due();
         }
-        let t = find_runnable();
+        let (t, inherit) = find_runnable();
         if !t.is_null() {
             // SAFETY: a runnable TCB taken off a queue: ours now.
-            run_now(unsafe { tcb::from_raw(t) });
+            run_now(unsafe { tcb::from_raw(t) }, inherit);
         }
         idle();
     }
@@ -279,26 +394,31 @@ pub fn sched_loop() -> ! {
 
 /// Finds a thread to run: sometimes the global queue first (fairness), then this vCPU's ring,
 /// the global queue, and other vCPUs' rings (steal half).
-fn find_runnable() -> *const Tcb {
+/// The thread, and whether it inherits the current time slice (it came from `next`).
+fn find_runnable() -> (*const Tcb, bool) {
     let p = percpu::this();
     let tick = p.tick.load(Ordering::Relaxed);
     p.tick.store(tick.wrapping_add(1), Ordering::Relaxed);
     if tick % 61 == 60 {
         let t = global_pop(1);
         if !t.is_null() {
-            return t;
+            return (t, false);
         }
+    }
+    let t = take_next();
+    if !t.is_null() {
+        return (t, true);
     }
     let t = rseq::rq_pop();
     if !t.is_null() {
-        return t;
+        return (t, false);
     }
     let n = start::nr_vcpus() as usize;
     let t = global_pop(GLOBAL_LEN.load(Ordering::Relaxed) / n + 1);
     if !t.is_null() {
-        return t;
+        return (t, false);
     }
-    steal()
+    (steal(), false)
 }
 
 fn steal() -> *const Tcb {
@@ -328,6 +448,29 @@ fn steal() -> *const Tcb {
         }
         return batch[0];
     }
+    steal_next()
+}
+
+/// Takes the `next` thread the idle loop saw staying on another vCPU beyond the grace period.
+fn steal_next() -> *const Tcb {
+    let p = percpu::this();
+    if p.steal_next.swap(0, Ordering::Relaxed) == 0 {
+        return core::ptr::null();
+    }
+    let t = p.seen_next.swap(core::ptr::null_mut(), Ordering::Relaxed);
+    let v = p.seen_next_vcpu.load(Ordering::Relaxed);
+    if t.is_null() || v >= start::nr_vcpus() {
+        return core::ptr::null();
+    }
+    // If another thread took its place meanwhile, nothing is taken (the idle loop looks again).
+    if percpu::of(v)
+        .next
+        .compare_exchange(t, core::ptr::null_mut(), Ordering::Acquire, Ordering::Relaxed)
+        .is_ok()
+    {
+        percpu::bump(&percpu::this().counters.steals);
+        return t;
+    }
     core::ptr::null()
 }
 
@@ -356,8 +499,42 @@ pub fn rescue_ring_of(vcpu: u32) {
     }
 }
 
+/// Idle loop: looks at the other vCPUs' `next` threads. Returns `Some(true)` when one stayed
+/// beyond the grace period (`steal_next` will try to take it), `Some(false)` when one is there
+/// (the vCPU is busy handing off: keep spinning), `None` when there is none.
+fn watch_next(now: u64) -> Option<bool> {
+    let me = activm_stub::vcpu_id();
+    let p = percpu::this();
+    let mut busy = None;
+    for v in 0..start::nr_vcpus() {
+        if v == me {
+            continue;
+        }
+        let t = percpu::of(v).next.load(Ordering::SeqCst);
+        if t.is_null() {
+            continue;
+        }
+        if p.seen_next.load(Ordering::Relaxed) == t && p.seen_next_vcpu.load(Ordering::Relaxed) == v
+        {
+            if now.saturating_sub(p.seen_next_at.load(Ordering::Relaxed))
+                >= timer::ns_to_ticks(NEXT_GRACE_NS)
+            {
+                p.steal_next.store(1, Ordering::Relaxed);
+                return Some(true);
+            }
+        } else {
+            p.seen_next_vcpu.store(v, Ordering::Relaxed);
+            p.seen_next.store(t, Ordering::Relaxed);
+            p.seen_next_at.store(now, Ordering::Relaxed);
+        }
+        busy = Some(false);
+    }
+    busy
+}
+
 /// Scheduler context: switches to `t` (binding a stack first if it never ran).
-pub fn run_now(t: &Tcb) -> ! {
+/// `inherit`: `t` came from `next` and runs in the current time slice.
+pub fn run_now(t: &Tcb, inherit: bool) -> ! {
     if t.stack.get().is_none() {
         let Some(s) = stack::alloc(t.stack_size.get()) else {
             panic!(
@@ -386,11 +563,18 @@ pub fn run_now(t: &Tcb) -> ! {
             );
         }
     }
-    let now = cpu::rdtsc();
+    let p = percpu::this();
+    let start = if inherit {
+        p.slice_start.load(Ordering::Relaxed)
+    } else {
+        let now = cpu::rdtsc();
+        p.slice_start.store(now, Ordering::Relaxed);
+        now
+    };
     tcb::event(t, tcb::EV_RUNNING);
-    t.slice_start.store(now, Ordering::Relaxed);
-    percpu::bump(&percpu::this().counters.switches);
-    timer::on_switch_in(now);
+    t.slice_start.store(start, Ordering::Relaxed);
+    percpu::bump(&p.counters.switches);
+    timer::on_switch_in(start);
     percpu::trace(percpu::T_SWITCH_IN, t as *const Tcb as u64);
     // SAFETY: scheduler context; `t` is ours (popped), fully saved, with a valid frame.
     unsafe { context::switch_in(t as *const Tcb as *const u8) }
@@ -401,7 +585,11 @@ fn work_visible() -> bool {
     if cpu::pending() != 0 || upcall::queue_nonempty() || timer::sleepers_due() {
         return true;
     }
-    if !percpu::this().is_empty() || GLOBAL_LEN.load(Ordering::Acquire) != 0 {
+    let p = percpu::this();
+    if !p.is_empty()
+        || !p.next.load(Ordering::SeqCst).is_null()
+        || GLOBAL_LEN.load(Ordering::Acquire) != 0
+    {
         return true;
     }
     let me = activm_stub::vcpu_id();
@@ -415,14 +603,30 @@ fn idle() {
     let bit = 1u64 << me;
     cpu::set(Word::SchedIdle, 1);
     SPINNING.fetch_or(bit, Ordering::AcqRel);
-    let spin_until = cpu::rdtsc() + config::idle_spin_ticks();
+    let start = cpu::rdtsc();
+    let spin = config::idle_spin_ticks();
+    let mut spin_until = start + spin;
+    // While another vCPU hands threads off through its `next` slot, keep spinning (up to this
+    // long), ready to take one that stays there: halting would make its next spawn or wake-up
+    // pay for a reschedule IPI (~13 us here).
+    let spin_limit = start + 20 * spin;
     loop {
         if work_visible() {
             SPINNING.fetch_and(!bit, Ordering::AcqRel);
             cpu::set(Word::SchedIdle, 0);
             return;
         }
-        if cpu::rdtsc() > spin_until {
+        let now = cpu::rdtsc();
+        match watch_next(now) {
+            Some(true) => {
+                SPINNING.fetch_and(!bit, Ordering::AcqRel);
+                cpu::set(Word::SchedIdle, 0);
+                return;
+            }
+            Some(false) => spin_until = spin_until.max((now + spin).min(spin_limit)),
+            None => {}
+        }
+        if now > spin_until {
             break;
         }
         crate::stats::watchdog_tick();
@@ -433,7 +637,7 @@ fn idle() {
     HALTED.fetch_or(bit, Ordering::SeqCst);
     SPINNING.fetch_and(!bit, Ordering::AcqRel);
     upcall::set_idle(me, true);
-    if !work_visible() {
+    if !work_visible() && watch_next(cpu::rdtsc()).is_none() {
         timer::arm_for_sleepers();
         percpu::bump(&percpu::this().counters.halts);
         if config::use_halt() {

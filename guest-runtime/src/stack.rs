@@ -20,7 +20,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use activm_stub::preempt;
 use activm_stub::sync::SpinLock;
 
-use crate::percpu::{self, STACK_CACHE};
+use crate::percpu::{self, Line, STACK_CACHE};
 
 /// Size of the guard page under every slot.
 pub const GUARD: usize = 4096;
@@ -51,16 +51,24 @@ static NR_SLOTS: AtomicU32 = AtomicU32::new(0);
 static NEXT_FRESH: AtomicU32 = AtomicU32::new(0);
 /// Free slots beyond the per-vCPU caches: an intrusive list, each free slot's next index
 /// stored in its own (unused) top word, `u32::MAX` = end (no allocation under the lock).
-static FREE: SpinLock<u32> = SpinLock::new(u32::MAX);
+static FREE: Line<SpinLock<u32>> = Line(SpinLock::new(u32::MAX));
 
 /// The word of a free slot that holds the next free slot's index.
 fn free_link(slot: u32) -> *mut u32 {
     (slot_stack(slot).hi - 8) as *mut u32
 }
 /// Heap stacks currently allocated (statistics, tests).
-pub static HEAP_STACKS: AtomicU32 = AtomicU32::new(0);
-/// Slots currently in use.
-pub static SLOTS_IN_USE: AtomicU32 = AtomicU32::new(0);
+pub static HEAP_STACKS: Line<AtomicU32> = Line(AtomicU32::new(0));
+
+/// Slots currently in use (statistics, tests): the sum of the per-vCPU counts (each vCPU's
+/// count alone may be negative; a vCPU only ever writes its own, so no line bounces).
+pub fn slots_in_use() -> u64 {
+    crate::start::pcpus()
+        .iter()
+        .map(|p| p.slots_in_use.load(Ordering::Relaxed))
+        .sum::<i64>()
+        .max(0) as u64
+}
 
 /// Takes the VMM's thread-stack region from the boot information.
 pub fn init() {
@@ -103,7 +111,7 @@ pub fn alloc(size: usize) -> Option<Stack> {
     let usable = slot_usable();
     if size <= usable && usable > 0 {
         if let Some(slot) = take_slot() {
-            SLOTS_IN_USE.fetch_add(1, Ordering::Relaxed);
+            percpu::this().slots_in_use.fetch_add(1, Ordering::Relaxed);
             return Some(slot_stack(slot));
         }
     }
@@ -178,7 +186,7 @@ pub fn free(stack: Stack) {
         };
         return;
     }
-    SLOTS_IN_USE.fetch_sub(1, Ordering::Relaxed);
+    percpu::this().slots_in_use.fetch_sub(1, Ordering::Relaxed);
     preempt::hold();
     let p = percpu::this();
     let n = p.nr_stacks.load(Ordering::Relaxed);

@@ -105,7 +105,7 @@ pub fn snapshot() -> Stats {
     }
     s.seq_errors = crate::upcall::SEQ_ERRORS.load(Ordering::Relaxed);
     s.heap_stacks = u64::from(crate::stack::HEAP_STACKS.load(Ordering::Relaxed));
-    s.slots_in_use = u64::from(crate::stack::SLOTS_IN_USE.load(Ordering::Relaxed));
+    s.slots_in_use = crate::stack::slots_in_use();
     for (i, k) in crate::upcall::BY_KIND.iter().enumerate() {
         s.records_by_kind[i] = k.load(Ordering::Relaxed);
     }

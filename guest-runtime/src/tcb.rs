@@ -139,7 +139,9 @@ unsafe impl Sync for Tcb {}
 // SAFETY: as above.
 unsafe impl Send for Tcb {}
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// On a line of its own: every spawn writes it (false sharing with read-mostly words other
+/// vCPUs poll cost a cache-line transfer per spawn).
+static NEXT_ID: percpu::Line<AtomicU64> = percpu::Line(AtomicU64::new(1));
 
 impl Tcb {
     fn new() -> Tcb {
@@ -230,11 +232,25 @@ impl Tcb {
 
     /// Wakes the thread if it waits (see the module documentation). The TCB must be live at the
     /// call (the caller holds the queue it waited in, or a reference).
+    ///
+    /// Woken by a running thread, it runs next on this vCPU (`sched::make_next`); woken by the
+    /// scheduler, it joins the run queue.
     #[inline]
     pub fn wake(&self) {
         if self.wake.swap(WOKEN, Ordering::AcqRel) == PARKED {
-            crate::sched::make_runnable(self, true);
+            if crate::arch::cpu::get(crate::arch::cpu::Word::InSched) == 0 {
+                crate::sched::make_next(self);
+            } else {
+                crate::sched::make_runnable(self, true);
+            }
         }
+    }
+
+    /// Like [`Tcb::wake`], but a parked thread is not queued: true means it was parked, and
+    /// the caller now owns it (runnable, in no queue) and must run or queue it.
+    #[inline]
+    pub fn wake_owned(&self) -> bool {
+        self.wake.swap(WOKEN, Ordering::AcqRel) == PARKED
     }
 
     pub fn flag(&self, flag: u32) -> bool {
@@ -260,7 +276,7 @@ struct Pool(*const Tcb);
 // SAFETY: TCB pointers, used under the lock.
 unsafe impl Send for Pool {}
 
-static POOL: SpinLock<Pool> = SpinLock::new(Pool(ptr::null()));
+static POOL: percpu::Line<SpinLock<Pool>> = percpu::Line(SpinLock::new(Pool(ptr::null())));
 
 /// A fresh TCB with one reference per holder in `refs` and a new id.
 pub fn alloc(refs: u32) -> &'static Tcb {

@@ -231,7 +231,7 @@ impl Builder {
         t.stack_size.set(self.stack_size.unwrap_or(0));
         // SAFETY: the packet storage is the new TCB's; nobody else touches it.
         unsafe { init_packet::<F, T>(t, f) };
-        sched::make_runnable(t, true);
+        sched::make_next(t);
         Ok(JoinHandle {
             tcb: t,
             _result: PhantomData,
@@ -338,6 +338,17 @@ impl<T> JoinHandle<T> {
     /// Waits for the thread to finish and returns its result.
     pub fn join(self) -> Result<T> {
         let t = self.tcb;
+        if t.join.load(Ordering::Acquire) == tcb::JOIN_RUNNING && sched::take_next_if(t) {
+            // It waits in this vCPU's `next` slot (typically not started yet): ours now, so it
+            // runs here at once, in our time slice, while we wait for it (a hand-off: no queue,
+            // no other vCPU).
+            let me = sched::current();
+            me.prepare_wait();
+            // It cannot finish before it runs: nobody else writes its join word meanwhile.
+            t.join.store(me as *const Tcb as usize, Ordering::Release);
+            sched::park_and_run(me, t);
+            tcb::wait(me);
+        }
         loop {
             if t.join.load(Ordering::Acquire) == tcb::JOIN_FINISHED {
                 break;
@@ -410,16 +421,22 @@ pub(crate) unsafe extern "C" fn thread_main(t: *const Tcb) -> ! {
     sched::exit_current(t)
 }
 
-/// Scheduler side of a thread's exit: `t` is saved for good.
-pub fn retire(t: &Tcb) {
+/// Scheduler side of a thread's exit: `t` is saved for good. Returns the joiner this woke, if
+/// it was parked: runnable and ours, for the scheduler to run next (null otherwise).
+pub fn retire(t: &Tcb) -> *const Tcb {
     tcb::event(t, tcb::EV_EXITED);
     if let Some(s) = t.stack.take() {
         stack::free(s);
     }
     let joiner = t.join.swap(tcb::JOIN_FINISHED, Ordering::AcqRel);
+    let mut run = core::ptr::null();
     if joiner != tcb::JOIN_RUNNING && joiner != tcb::JOIN_FINISHED {
         // SAFETY: a joiner stored its own TCB there and waits for us.
-        unsafe { tcb::from_raw(joiner as *const Tcb) }.wake();
+        let j = unsafe { tcb::from_raw(joiner as *const Tcb) };
+        if j.wake_owned() {
+            run = j as *const Tcb;
+        }
     }
     tcb::release(t);
+    run
 }

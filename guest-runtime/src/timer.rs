@@ -38,7 +38,8 @@ struct Sleepers(*const Tcb);
 // SAFETY: TCB pointers, used under the lock.
 unsafe impl Send for Sleepers {}
 
-static SLEEPERS: SpinLock<Sleepers> = SpinLock::new(Sleepers(core::ptr::null()));
+static SLEEPERS: percpu::Line<SpinLock<Sleepers>> =
+    percpu::Line(SpinLock::new(Sleepers(core::ptr::null())));
 /// The earliest sleeper deadline (TSC), or `u64::MAX`.
 static EARLIEST: AtomicU64 = AtomicU64::new(u64::MAX);
 

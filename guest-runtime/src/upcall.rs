@@ -710,6 +710,13 @@ pub fn drain() {
     refill_pool();
 }
 
+/// Whether [`drain`] has anything to do (the scheduler's direct hand-offs skip the loop only
+/// when it has not).
+#[inline]
+pub fn loop_work() -> bool {
+    CONTINUE.len() != 0 || ADOPT.len() != 0 || LATER.len() != 0 || queue_nonempty()
+}
+
 /// Drains the queue from the upcall interrupt, on top of a scheduler holding nothing: resumes
 /// contexts and continues lock holders (coming back here), leaves the rest to the loop top.
 fn drain_nested() {
@@ -981,7 +988,7 @@ fn continue_holder(t: &Tcb, hold: u64) -> ! {
     percpu::bump(&percpu::this().counters.continuations);
     cpu::set_hold(hold);
     preempt::defer(PEND_CONT);
-    sched::run_now(t)
+    sched::run_now(t, false)
 }
 
 /// From the upcall handler on top of a scheduler: leaves that scheduler suspended (adopted back
