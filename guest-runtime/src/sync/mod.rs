@@ -72,7 +72,7 @@ pub type TryLockResult<G> = Result<G, TryLockError<G>>;
 
 /// Spins this many times on a contended lock before parking (only with more than one vCPU:
 /// alone, the holder cannot run while we spin).
-pub(crate) const SPIN_LIMIT: u32 = 100;
+pub(crate) const SPIN_LIMIT: u32 = 7;
 
 pub(crate) fn may_spin() -> bool {
     crate::start::nr_vcpus() > 1

@@ -69,8 +69,12 @@ impl RawMutex {
                 continue;
             }
             if s & PARKED == 0 && spins < SPIN_LIMIT && may_spin() {
+                // Exponential backoff: a waiter that reads the lock's line less often lets the
+                // holder's vCPU run many critical sections between two transfers of the line.
+                for _ in 0..1u32 << spins {
+                    core::hint::spin_loop();
+                }
                 spins += 1;
-                core::hint::spin_loop();
                 continue;
             }
             let me = sched::current();
