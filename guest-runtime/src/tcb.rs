@@ -100,6 +100,8 @@ pub struct Tcb {
     /// Sleeping: the deadline (TSC) and the link in the sleepers' list.
     pub sleep_deadline: Cell<u64>,
     pub sleep_next: Cell<*const Tcb>,
+    /// A timed wait (`timer::TIMED_*`): who of the timer and a notifier claimed the wake-up.
+    pub timed: AtomicU32,
 }
 
 /// `Tcb::last_event` kinds.
@@ -170,6 +172,7 @@ impl Tcb {
             all_next: Cell::new(ptr::null()),
             sleep_deadline: Cell::new(0),
             sleep_next: Cell::new(ptr::null()),
+            timed: AtomicU32::new(0),
         }
     }
 

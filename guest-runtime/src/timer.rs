@@ -7,9 +7,17 @@
 //! touch the APIC. When it fires, the handler preempts the running thread if its slice is over
 //! and something else waits, otherwise re-arms for what is left.
 //!
-//! Sleepers wait in one global heap. The timer is armed `SLEEP_EARLY` before the earliest
+//! Sleepers wait in one global sorted list. The timer is armed `SLEEP_EARLY` before the earliest
 //! deadline (it fires ~40 us late on our hosts) and the woken thread spins (yielding) to the
 //! exact deadline.
+//!
+//! **Timed waits** (`Condvar::wait_timeout`) are sleepers too, and also wait in their
+//! primitive's wait list: two parties may wake them, so the first to claim the wake-up in
+//! `Tcb::timed` (compare-and-swap from [`TIMED_ARMED`], each under the lock of the list it found
+//! the thread in) is the only one that wakes it. The timer's claim ([`TIMED_BY_TIMER`]) still
+//! lets a notifier win until the waiter, at its deadline, leaves the wait list under that
+//! list's lock; a notifier's claim ([`TIMED_NOTIFIED`]) cancels the timeout: the waiter takes
+//! itself off the sleepers' list. Nothing polls.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 use core::time::Duration;
@@ -42,6 +50,15 @@ static SLEEPERS: percpu::Line<SpinLock<Sleepers>> =
     percpu::Line(SpinLock::new(Sleepers(core::ptr::null())));
 /// The earliest sleeper deadline (TSC), or `u64::MAX`.
 static EARLIEST: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// `Tcb::timed`: not a timed wait (a plain sleep: only the timer wakes it).
+pub const TIMED_NONE: u32 = 0;
+/// A timed wait nobody claimed yet.
+pub const TIMED_ARMED: u32 = 1;
+/// The timer claimed it (its deadline is near) and woke it.
+pub const TIMED_BY_TIMER: u32 = 2;
+/// A notifier claimed it: not timed out.
+pub const TIMED_NOTIFIED: u32 = 3;
 
 /// Inserts `t` (sleeping until `t.sleep_deadline`) in deadline order.
 fn insert_sleeper(list: &mut Sleepers, t: &Tcb) {
@@ -152,8 +169,11 @@ pub fn wake_due() {
     let limit = cpu::rdtsc() + ns_to_ticks(SLEEP_EARLY_NS);
     let due = {
         let mut list = SLEEPERS.lock();
-        let first = list.0;
-        let mut last: *const Tcb = core::ptr::null();
+        // Cut the due prefix off; keep those whose wake-up the timer claims (a notifier may
+        // have claimed a timed waiter first: it is only dropped from the list, not touched
+        // again once the lock is released).
+        let mut due: *const Tcb = core::ptr::null();
+        let mut due_tail: *const Tcb = core::ptr::null();
         let mut cur = list.0;
         while !cur.is_null() {
             // SAFETY: a sleeping thread's TCB.
@@ -161,31 +181,36 @@ pub fn wake_due() {
             if c.sleep_deadline.get() > limit {
                 break;
             }
-            last = cur;
-            cur = c.sleep_next.get();
+            let next = c.sleep_next.get();
+            let claimed = c.timed.load(Ordering::Acquire) == TIMED_NONE
+                || c.timed
+                    .compare_exchange(
+                        TIMED_ARMED,
+                        TIMED_BY_TIMER,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok();
+            if claimed {
+                c.sleep_next.set(core::ptr::null());
+                if due_tail.is_null() {
+                    due = cur;
+                } else {
+                    // SAFETY: a TCB this loop took.
+                    unsafe { tcb::from_raw(due_tail) }.sleep_next.set(cur);
+                }
+                due_tail = cur;
+            }
+            cur = next;
         }
         list.0 = cur;
-        let next = if cur.is_null() {
-            u64::MAX
-        } else {
-            // SAFETY: as above.
-            unsafe { tcb::from_raw(cur) }.sleep_deadline.get()
-        };
-        EARLIEST.store(next, Ordering::Release);
-        if last.is_null() {
-            core::ptr::null()
-        } else {
-            // SAFETY: as above; cut the due prefix off.
-            unsafe { tcb::from_raw(last) }
-                .sleep_next
-                .set(core::ptr::null());
-            first
-        }
+        update_earliest(&list);
+        due
     };
     let mut cur = due;
     while !cur.is_null() {
-        // SAFETY: a sleeping thread's TCB (it cannot exit before it is woken); read the link
-        // before the wake-up hands the TCB back to its thread.
+        // SAFETY: a sleeping thread's TCB whose wake-up is ours (it cannot exit before it is
+        // woken); read the link before the wake-up hands the TCB back to its thread.
         let t = unsafe { tcb::from_raw(cur) };
         cur = t.sleep_next.get();
         t.wake();
@@ -236,25 +261,65 @@ pub fn tick_in_thread() {
     }
 }
 
-/// `thread::sleep`: parks the current thread until `d` has passed.
-pub fn sleep(d: Duration) {
+/// Sets `EARLIEST` from the list's head (under the lock).
+fn update_earliest(list: &Sleepers) {
+    let next = if list.0.is_null() {
+        u64::MAX
+    } else {
+        // SAFETY: a sleeping thread's TCB.
+        unsafe { tcb::from_raw(list.0) }.sleep_deadline.get()
+    };
+    EARLIEST.store(next, Ordering::Release);
+}
+
+/// The TSC deadline `d` from now (saturating far in the future).
+pub fn deadline_in(d: Duration) -> u64 {
     let ns = d.as_nanos().min(u128::from(u64::MAX / 4)) as u64;
-    let deadline = cpu::rdtsc() + ns_to_ticks(ns);
-    if ns >= SPIN_SLEEP_NS {
-        let me = sched::current();
-        me.prepare_wait();
-        me.sleep_deadline.set(deadline);
-        {
-            let mut list = SLEEPERS.lock();
-            insert_sleeper(&mut list, me);
-            EARLIEST.fetch_min(deadline, Ordering::AcqRel);
-        }
-        preempt::hold();
-        ensure_armed_by(deadline.saturating_sub(ns_to_ticks(SLEEP_EARLY_NS)));
-        preempt::release();
-        tcb::wait(me);
+    cpu::rdtsc().saturating_add(ns_to_ticks(ns))
+}
+
+/// Puts `me` (the current thread, after `prepare_wait`, with `timed` set) on the sleepers'
+/// list until TSC `deadline`, and makes sure this vCPU's timer fires for it.
+pub fn add_sleeper(me: &Tcb, deadline: u64) {
+    me.sleep_deadline.set(deadline);
+    {
+        let mut list = SLEEPERS.lock();
+        insert_sleeper(&mut list, me);
+        EARLIEST.fetch_min(deadline, Ordering::AcqRel);
     }
-    while cpu::rdtsc() < deadline {
+    preempt::hold();
+    ensure_armed_by(deadline.saturating_sub(ns_to_ticks(SLEEP_EARLY_NS)));
+    preempt::release();
+}
+
+/// Takes `me` off the sleepers' list if it is still there (a timed wait a notifier ended).
+pub fn remove_sleeper(me: &Tcb) {
+    let target = me as *const Tcb;
+    let mut list = SLEEPERS.lock();
+    let mut prev: *const Tcb = core::ptr::null();
+    let mut cur = list.0;
+    while !cur.is_null() {
+        // SAFETY: a sleeping thread's TCB.
+        let c = unsafe { tcb::from_raw(cur) };
+        let next = c.sleep_next.get();
+        if cur == target {
+            if prev.is_null() {
+                list.0 = next;
+                update_earliest(&list);
+            } else {
+                // SAFETY: as above.
+                unsafe { tcb::from_raw(prev) }.sleep_next.set(next);
+            }
+            return;
+        }
+        prev = cur;
+        cur = next;
+    }
+}
+
+/// Spins (yielding to other threads) until TSC `deadline` or until `stop()`.
+pub fn spin_until(deadline: u64, mut stop: impl FnMut() -> bool) {
+    while cpu::rdtsc() < deadline && !stop() {
         if sched::runnable_elsewhere() {
             sched::yield_current();
         } else {
@@ -262,4 +327,16 @@ pub fn sleep(d: Duration) {
             preempt::check_pending();
         }
     }
+}
+
+/// `thread::sleep`: parks the current thread until `d` has passed.
+pub fn sleep(d: Duration) {
+    let deadline = deadline_in(d);
+    if d.as_nanos() >= u128::from(SPIN_SLEEP_NS) {
+        let me = sched::current();
+        me.prepare_wait();
+        add_sleeper(me, deadline);
+        tcb::wait(me);
+    }
+    spin_until(deadline, || false);
 }

@@ -7,11 +7,13 @@ use core::time::Duration;
 
 use activm_stub::sync::SpinLock;
 
+use core::sync::atomic::Ordering;
+
 use super::mutex::MutexGuard;
 use super::waitq::WaitList;
 use super::LockResult;
-use crate::sched;
-use crate::tcb;
+use crate::tcb::{self, Tcb};
+use crate::{sched, timer};
 
 pub struct Condvar {
     waiters: SpinLock<WaitList>,
@@ -65,8 +67,10 @@ impl Condvar {
         Ok(guard)
     }
 
-    /// Like `wait`, giving up after `dur`. The waiting thread polls (yielding to other threads,
-    /// spinning if there are none): timed waits are not on this runtime's fast path.
+    /// Like `wait`, giving up after `dur`. The waiter parks on the runtime's sleepers' list as
+    /// well as in this condvar's wait list (see `timer`): the timeout wakes it exactly once, a
+    /// notification before the deadline cancels the timeout. Nothing polls (the timer fires a
+    /// little early and the waiter spins, yielding, the last few microseconds).
     pub fn wait_timeout<'a, T: ?Sized>(
         &self,
         guard: MutexGuard<'a, T>,
@@ -74,44 +78,36 @@ impl Condvar {
     ) -> LockResult<(MutexGuard<'a, T>, WaitTimeoutResult)> {
         let mutex = guard.mutex();
         let me = sched::current();
-        {
-            let mut q = self.waiters.lock();
-            me.prepare_wait();
-            q.push(me, 0);
-        }
+        let deadline = timer::deadline_in(dur);
+        me.prepare_wait();
+        me.timed.store(timer::TIMED_ARMED, Ordering::Relaxed);
+        timer::add_sleeper(me, deadline);
+        self.waiters.lock().push(me, 0);
         drop(guard);
-        let deadline = crate::arch::cpu::rdtsc() + crate::timer::ns_to_ticks(dur.as_nanos() as u64);
-        let mut timed_out = false;
-        while me.wake.load(core::sync::atomic::Ordering::Acquire) != tcb::WOKEN {
-            if crate::arch::cpu::rdtsc() >= deadline {
-                // Leave the queue if nobody took us out of it yet.
+        tcb::wait(me);
+        let timed_out = match me.timed.load(Ordering::Acquire) {
+            timer::TIMED_NOTIFIED => {
+                // The notifier took us off the wait list; the timeout is cancelled.
+                timer::remove_sleeper(me);
+                false
+            }
+            _ => {
+                // The timer woke us (a little early): wait out the deadline unless notified.
+                timer::spin_until(deadline, || {
+                    me.timed.load(Ordering::Acquire) == timer::TIMED_NOTIFIED
+                });
                 let mut q = self.waiters.lock();
-                let mut kept = WaitList::new();
-                let mut found = false;
-                for t in q.take_all() {
-                    if core::ptr::eq(t, me) {
-                        found = true;
-                    } else {
-                        kept.push(t, t.tag.get());
-                    }
+                if me.timed.load(Ordering::Acquire) == timer::TIMED_BY_TIMER {
+                    // Nobody took us off the wait list (that happens under this lock).
+                    let found = q.remove(me);
+                    assert!(found, "a timed-out waiter was not in its wait list");
+                    true
+                } else {
+                    false
                 }
-                *q = kept;
-                drop(q);
-                if found {
-                    timed_out = true;
-                    break;
-                }
-                // A notifier took us: its wake-up is on its way.
-                tcb::wait(me);
-                break;
             }
-            if crate::sched::runnable_elsewhere() {
-                crate::sched::yield_current();
-            } else {
-                core::hint::spin_loop();
-                activm_stub::preempt::check_pending();
-            }
-        }
+        };
+        me.timed.store(timer::TIMED_NONE, Ordering::Relaxed);
         mutex.raw().lock();
         // SAFETY: the lock was just taken.
         Ok((
@@ -120,18 +116,57 @@ impl Condvar {
         ))
     }
 
+    /// Under the wait list's lock, with `t` just taken off it: claims `t`'s wake-up. Returns
+    /// whether the caller must wake it (after dropping the lock); false for a timed waiter the
+    /// timer already woke (it sees the notification itself). Never fails to deliver: a timed
+    /// waiter still in the list has not timed out yet.
+    fn claim(t: &Tcb) -> bool {
+        match t.timed.load(Ordering::Acquire) {
+            timer::TIMED_NONE => true,
+            _ => {
+                if t.timed
+                    .compare_exchange(
+                        timer::TIMED_ARMED,
+                        timer::TIMED_NOTIFIED,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok()
+                {
+                    return true;
+                }
+                // The timer woke it; its deadline has not been reached (it would have left the
+                // list under this lock).
+                t.timed.store(timer::TIMED_NOTIFIED, Ordering::Release);
+                false
+            }
+        }
+    }
+
     /// Wakes one waiter.
     pub fn notify_one(&self) {
-        let next = self.waiters.lock().pop();
-        if let Some(t) = next {
+        let mut q = self.waiters.lock();
+        let Some(t) = q.pop() else {
+            return;
+        };
+        let wake = Self::claim(t);
+        drop(q);
+        if wake {
             t.wake();
         }
     }
 
     /// Wakes every waiter.
     pub fn notify_all(&self) {
-        let all = self.waiters.lock().take_all();
-        for t in all {
+        let mut q = self.waiters.lock();
+        let mut to_wake = WaitList::new();
+        while let Some(t) = q.pop() {
+            if Self::claim(t) {
+                to_wake.push(t, 0);
+            }
+        }
+        drop(q);
+        for t in to_wake {
             t.wake();
         }
     }

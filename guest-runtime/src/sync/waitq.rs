@@ -55,6 +55,34 @@ impl WaitList {
         Some(t)
     }
 
+    /// Removes `t` if it is in the list; says whether it was.
+    pub fn remove(&mut self, t: &Tcb) -> bool {
+        let target = t as *const Tcb;
+        let mut prev: *const Tcb = core::ptr::null();
+        let mut cur = self.head;
+        while !cur.is_null() {
+            // SAFETY: a TCB in this list.
+            let c = unsafe { tcb::from_raw(cur) };
+            let next = c.link.get();
+            if cur == target {
+                if prev.is_null() {
+                    self.head = next;
+                } else {
+                    // SAFETY: as above.
+                    unsafe { tcb::from_raw(prev) }.link.set(next);
+                }
+                if self.tail == target {
+                    self.tail = prev;
+                }
+                self.len -= 1;
+                return true;
+            }
+            prev = cur;
+            cur = next;
+        }
+        false
+    }
+
     /// Takes every waiter.
     pub fn take_all(&mut self) -> WaitList {
         core::mem::replace(self, WaitList::new())

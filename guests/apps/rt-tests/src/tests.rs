@@ -27,6 +27,7 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("builder", Needs::Any, builder),
     ("mutex", Needs::Any, mutex),
     ("condvar", Needs::Any, condvar),
+    ("condvar-timeout", Needs::Any, condvar_timeout),
     ("rwlock", Needs::Any, rwlock),
     ("semaphore", Needs::Any, semaphore),
     ("barrier", Needs::Any, barrier),
@@ -537,6 +538,175 @@ fn thread_local() -> TestResult {
     })?;
     Ok(format!(
         "{THREADS} threads, values kept across yields, {drops} destructors"
+    ))
+}
+
+fn since_ns(t0: u64) -> u64 {
+    rt::ticks_to_ns(rt::rdtsc() - t0)
+}
+
+/// `Condvar::wait_timeout` on the runtime's timer: a timeout fires on time (never early), a
+/// notification before the deadline wins and cancels the timeout (the cancelled timer never
+/// wakes the thread later), many timed waiters at once, and notifications racing deadlines.
+fn condvar_timeout() -> TestResult {
+    let pair = Arc::new((Mutex::new(0u64), Condvar::new()));
+    let (m, cv) = &*pair;
+
+    // 1. Nobody notifies: times out, not early, not much later.
+    let mut late_max = 0;
+    for us in [200u64, 2_000, 10_000] {
+        let t0 = rt::rdtsc();
+        let (g, r) = cv
+            .wait_timeout(m.lock().unwrap(), Duration::from_micros(us))
+            .unwrap();
+        let took = since_ns(t0);
+        drop(g);
+        ensure(r.timed_out(), || format!("{us} us wait: not timed out"))?;
+        ensure(took >= us * 1000, || format!("{us} us wait returned after {took} ns"))?;
+        late_max = late_max.max(took - us * 1000);
+    }
+    ensure(late_max < 50_000_000, || format!("timeout {late_max} ns late"))?;
+
+    // 2. Notified after 1 ms of a 20 ms timeout: returns early, not timed out; then a plain
+    // wait across the cancelled deadline must not be woken by it (waits never wake spuriously
+    // here).
+    let wakeups = Arc::new(AtomicU32::new(0));
+    let waiter = {
+        let (pair, wakeups) = (pair.clone(), wakeups.clone());
+        thread::spawn(move || {
+            let (m, cv) = &*pair;
+            let mut g = m.lock().unwrap();
+            *g = 1; // waiting
+            let t0 = rt::rdtsc();
+            let (g2, r) = cv.wait_timeout(g, Duration::from_millis(20)).unwrap();
+            let took = since_ns(t0);
+            g = g2;
+            let first = (r.timed_out(), took, *g);
+            *g = 3; // waiting again, without a timeout
+            while *g == 3 {
+                g = cv.wait(g).unwrap();
+                wakeups.fetch_add(1, Ordering::Relaxed);
+            }
+            first
+        })
+    };
+    ensure(
+        wait_until(Duration::from_secs(5), || *m.lock().unwrap() == 1),
+        || "waiter never waited".into(),
+    )?;
+    thread::sleep(Duration::from_millis(1));
+    *m.lock().unwrap() = 2;
+    cv.notify_one();
+    ensure(
+        wait_until(Duration::from_secs(5), || *m.lock().unwrap() == 3),
+        || "notified waiter never came back".into(),
+    )?;
+    thread::sleep(Duration::from_millis(40)); // past the cancelled deadline
+    *m.lock().unwrap() = 4;
+    cv.notify_one();
+    let (timed_out, took, seen) = waiter.join().unwrap();
+    ensure(!timed_out && seen == 2, || {
+        format!("notified wait: timed_out {timed_out}, state {seen}")
+    })?;
+    ensure(took < 19_000_000, || format!("notified wait took {took} ns"))?;
+    let w = wakeups.load(Ordering::Relaxed);
+    ensure(w == 1, || format!("plain wait woke {w} times (the cancelled timer woke it?)"))?;
+
+    // 3. Many timed waiters at once: 32 with a long timeout on one condvar (all notified),
+    // 32 with 1-5 ms timeouts on another (all time out), interleaved in the sleepers' list.
+    const N: u64 = 32;
+    let many = Arc::new((Mutex::new(0u64), Condvar::new(), Condvar::new()));
+    let mut handles = Vec::new();
+    for i in 0..2 * N {
+        let many = many.clone();
+        handles.push(thread::spawn(move || {
+            let (m, long, short) = &*many;
+            let (cv, dur) = if i % 2 == 0 {
+                (long, Duration::from_secs(10))
+            } else {
+                (short, Duration::from_micros(1000 + (i % 5) * 1000))
+            };
+            let mut g = m.lock().unwrap();
+            *g += 1;
+            let t0 = rt::rdtsc();
+            let (g, r) = cv.wait_timeout(g, dur).unwrap();
+            drop(g);
+            (i, r.timed_out(), since_ns(t0), dur)
+        }));
+    }
+    ensure(
+        wait_until(Duration::from_secs(5), || *many.0.lock().unwrap() == 2 * N),
+        || "timed waiters never all waited".into(),
+    )?;
+    thread::sleep(Duration::from_millis(10));
+    many.1.notify_all();
+    for h in handles {
+        let (i, timed_out, took, dur) = h.join().unwrap();
+        let want_timeout = i % 2 == 1;
+        ensure(timed_out == want_timeout, || {
+            format!("waiter {i}: timed_out {timed_out}, after {took} ns")
+        })?;
+        ensure(!timed_out || took >= dur.as_nanos() as u64, || {
+            format!("waiter {i} timed out early: {took} ns of {dur:?}")
+        })?;
+        ensure(timed_out || took < 5_000_000_000, || {
+            format!("notified waiter {i} waited {took} ns")
+        })?;
+    }
+
+    // 4. Notifications racing deadlines: every token produced is consumed exactly once.
+    const TOKENS: u64 = 2_000;
+    let q = Arc::new((Mutex::new((0u64, 0u64)), Condvar::new()));
+    let consumers: Vec<_> = (0..4)
+        .map(|_| {
+            let q = q.clone();
+            thread::spawn(move || {
+                let (m, cv) = &*q;
+                let (mut got, mut timeouts) = (0u64, 0u64);
+                let mut g = m.lock().unwrap();
+                loop {
+                    if g.0 > 0 {
+                        g.0 -= 1;
+                        got += 1;
+                        continue;
+                    }
+                    if g.1 == TOKENS {
+                        return (got, timeouts);
+                    }
+                    let (g2, r) = cv.wait_timeout(g, Duration::from_micros(80)).unwrap();
+                    g = g2;
+                    timeouts += u64::from(r.timed_out());
+                }
+            })
+        })
+        .collect();
+    for i in 0..TOKENS {
+        {
+            let mut g = q.0.lock().unwrap();
+            g.0 += 1;
+            g.1 += 1;
+        }
+        q.1.notify_one();
+        if i % 64 == 0 {
+            thread::sleep(Duration::from_micros(100));
+        } else {
+            thread::yield_now();
+        }
+    }
+    q.1.notify_all();
+    let (mut got, mut timeouts) = (0, 0);
+    for c in consumers {
+        let (g, t) = c.join().unwrap();
+        got += g;
+        timeouts += t;
+    }
+    ensure(got == TOKENS, || format!("{got} tokens consumed of {TOKENS}"))?;
+    Ok(format!(
+        "timeouts at most {} us late; notified after 1 ms of 20 ms in {} us; {} timed waiters; \
+         {TOKENS} tokens with {timeouts} timeouts racing",
+        late_max / 1000,
+        took / 1000,
+        2 * N
     ))
 }
 
