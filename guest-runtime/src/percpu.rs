@@ -7,7 +7,7 @@
 //! happen; it goes through [`this`] each time, or uses the restartable sequences, which read
 //! `%gs` themselves.
 
-use core::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use crate::arch::cpu::{self, Word};
 use crate::tcb::Tcb;
@@ -152,6 +152,16 @@ pub struct Counters {
     pub activations: AtomicU64,
 }
 
+/// A vCPU's `next` thread (see `Pcpu::next`).
+#[derive(Debug)]
+pub struct NextSlot {
+    pub ptr: AtomicPtr<Tcb>,
+    /// Bumped by the owner each time it fills `ptr`: an idle vCPU that sees the same thread and
+    /// count twice knows the thread stayed there (TCBs are recycled, so the pointer alone could
+    /// be a new thread at the same address).
+    pub seq: AtomicU64,
+}
+
 /// One vCPU's runtime state.
 #[repr(C, align(64))]
 #[derive(Debug)]
@@ -166,7 +176,7 @@ pub struct Pcpu {
     /// thread just spawned or woke, so it runs when that thread blocks (a hand-off, usually at
     /// once) instead of crossing to another vCPU. Taken by this vCPU's scheduler first (or by a
     /// joiner here); other vCPUs take it only after it stayed there for `sched::NEXT_GRACE_NS`.
-    pub next: Line<AtomicPtr<Tcb>>,
+    pub next: Line<NextSlot>,
     pub ring: [AtomicPtr<Tcb>; RQ_CAP],
     /// The counter `rseq::probe_increment` adds to (tests).
     pub probe: Line<AtomicU64>,
@@ -184,10 +194,9 @@ pub struct Pcpu {
     pub seen_next_vcpu: AtomicU32,
     pub seen_next: AtomicPtr<Tcb>,
     pub seen_next_at: AtomicU64,
+    pub seen_next_seq: AtomicU64,
     /// Set by the idle loop when the thread in `seen_next` may be taken.
     pub steal_next: AtomicU32,
-    /// Slots taken minus slots given back on this vCPU (see `stack::slots_in_use`).
-    pub slots_in_use: AtomicI64,
     /// Stack cache (slot indices), used in scheduler context only.
     pub stacks: [AtomicU32; STACK_CACHE],
     pub nr_stacks: AtomicU32,
@@ -212,7 +221,10 @@ impl Pcpu {
             _pad0: [0; 60],
             head: AtomicU32::new(0),
             _pad1: [0; 60],
-            next: Line(AtomicPtr::new(core::ptr::null_mut())),
+            next: Line(NextSlot {
+                ptr: AtomicPtr::new(core::ptr::null_mut()),
+                seq: AtomicU64::new(0),
+            }),
             ring: [const { AtomicPtr::new(core::ptr::null_mut()) }; RQ_CAP],
             probe: Line(AtomicU64::new(0)),
             vcpu,
@@ -225,8 +237,8 @@ impl Pcpu {
             seen_next_vcpu: AtomicU32::new(0),
             seen_next: AtomicPtr::new(core::ptr::null_mut()),
             seen_next_at: AtomicU64::new(0),
+            seen_next_seq: AtomicU64::new(0),
             steal_next: AtomicU32::new(0),
-            slots_in_use: AtomicI64::new(0),
             stacks: [const { AtomicU32::new(0) }; STACK_CACHE],
             nr_stacks: AtomicU32::new(0),
             tcbs: [const { AtomicPtr::new(core::ptr::null_mut()) }; TCB_CACHE],

@@ -161,9 +161,14 @@ pub fn make_next(t: &Tcb) {
     tcb::event(t, tcb::EV_QUEUED);
     // SeqCst: the swap publishes the work before `wake_idle_vcpu` reads `HALTED` (the idle
     // side sets `HALTED`, then looks at `next`; see `idle`).
-    let old = percpu::this()
-        .next
-        .swap(t as *const Tcb as *mut Tcb, Ordering::SeqCst);
+    let slot = &percpu::this().next;
+    // Only this vCPU's threads fill its slot (a thread moved to another vCPU right here would
+    // fill the old one's: still correct, the count is only a hint for idle vCPUs).
+    slot.seq.store(
+        slot.seq.load(Ordering::Relaxed).wrapping_add(1),
+        Ordering::Relaxed,
+    );
+    let old = slot.ptr.swap(t as *const Tcb as *mut Tcb, Ordering::SeqCst);
     if old.is_null() {
         if cpu::get(Word::InSched) == 0 {
             timer::ensure_slice_timer();
@@ -178,7 +183,7 @@ pub fn make_next(t: &Tcb) {
 /// Takes this vCPU's `next` thread if it is `t` (a joiner about to wait for `t`).
 pub fn take_next_if(t: &Tcb) -> bool {
     percpu::this()
-        .next
+        .next.ptr
         .compare_exchange(
             t as *const Tcb as *mut Tcb,
             core::ptr::null_mut(),
@@ -190,7 +195,7 @@ pub fn take_next_if(t: &Tcb) -> bool {
 
 /// Takes this vCPU's `next` thread (scheduler context), or null.
 fn take_next() -> *const Tcb {
-    let next = &percpu::this().next;
+    let next = &percpu::this().next.ptr;
     if next.load(Ordering::Relaxed).is_null() {
         return core::ptr::null();
     }
@@ -200,6 +205,8 @@ fn take_next() -> *const Tcb {
 /// How long another vCPU's `next` thread must stay there before an idle vCPU takes it (Go waits
 /// 3 us): the running thread there is probably about to block and run it itself.
 pub const NEXT_GRACE_NS: u64 = 4_000;
+/// How often an idle vCPU looks at the other vCPUs' `next` slots.
+const NEXT_POLL_NS: u64 = 1_000;
 
 /// The ring is full: move half of it and `t` to the global queue (Go's `runqputslow`).
 #[cold]
@@ -227,7 +234,7 @@ fn overflow_to_global(t: &Tcb) {
 pub fn runnable_elsewhere() -> bool {
     let p = percpu::this();
     !p.is_empty()
-        || !p.next.load(Ordering::Relaxed).is_null()
+        || !p.next.ptr.load(Ordering::Relaxed).is_null()
         || GLOBAL_LEN.load(Ordering::Relaxed) != 0
 }
 
@@ -295,7 +302,8 @@ pub fn park_current(me: &Tcb) {
 
 /// Parks `me` (after `prepare_wait`) and runs `t` (runnable, ours: taken off a queue) on this
 /// vCPU at once, in its time slice: a joiner handing the processor to the thread it waits for.
-/// Returns when `me` is woken and runs again.
+/// Returns when `me` is woken and runs again. Nothing may wake `me` before `t` runs (its only
+/// waker is `t`'s exit): the scheduler parks it without the usual race check.
 pub fn park_and_run(me: &Tcb, t: &Tcb) {
     debug_assert_eq!(preempt::held(), 0);
     // SAFETY: as in `switch_out`; `t` is a runnable TCB nobody else may run (the caller took it
@@ -324,8 +332,15 @@ pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, arg: usize) -> ! 
     let mut hand_to: *const Tcb = core::ptr::null();
     match action {
         ACT_YIELD | ACT_PREEMPTED => make_runnable(prev, false),
-        ACT_PARK => {
+        ACT_PARK if arg != 0 => {
+            // `park_and_run`: nothing can wake `prev` before `hand_to` runs, so no race with a
+            // waker here (a plain store, not a locked compare-and-swap).
             hand_to = arg as *const Tcb;
+            tcb::event(prev, tcb::EV_PARKED);
+            debug_assert_eq!(prev.wake.load(Ordering::Relaxed), tcb::WAITING);
+            prev.wake.store(tcb::PARKED, Ordering::Release);
+        }
+        ACT_PARK => {
             tcb::event(prev, tcb::EV_PARKED);
             if prev
                 .wake
@@ -464,7 +479,7 @@ fn steal_next() -> *const Tcb {
     }
     // If another thread took its place meanwhile, nothing is taken (the idle loop looks again).
     if percpu::of(v)
-        .next
+        .next.ptr
         .compare_exchange(t, core::ptr::null_mut(), Ordering::Acquire, Ordering::Relaxed)
         .is_ok()
     {
@@ -510,11 +525,15 @@ fn watch_next(now: u64) -> Option<bool> {
         if v == me {
             continue;
         }
-        let t = percpu::of(v).next.load(Ordering::SeqCst);
+        let slot = &percpu::of(v).next;
+        let t = slot.ptr.load(Ordering::SeqCst);
         if t.is_null() {
             continue;
         }
-        if p.seen_next.load(Ordering::Relaxed) == t && p.seen_next_vcpu.load(Ordering::Relaxed) == v
+        let seq = slot.seq.load(Ordering::Relaxed);
+        if p.seen_next.load(Ordering::Relaxed) == t
+            && p.seen_next_vcpu.load(Ordering::Relaxed) == v
+            && p.seen_next_seq.load(Ordering::Relaxed) == seq
         {
             if now.saturating_sub(p.seen_next_at.load(Ordering::Relaxed))
                 >= timer::ns_to_ticks(NEXT_GRACE_NS)
@@ -526,6 +545,7 @@ fn watch_next(now: u64) -> Option<bool> {
             p.seen_next_vcpu.store(v, Ordering::Relaxed);
             p.seen_next.store(t, Ordering::Relaxed);
             p.seen_next_at.store(now, Ordering::Relaxed);
+            p.seen_next_seq.store(seq, Ordering::Relaxed);
         }
         busy = Some(false);
     }
@@ -587,7 +607,7 @@ fn work_visible() -> bool {
     }
     let p = percpu::this();
     if !p.is_empty()
-        || !p.next.load(Ordering::SeqCst).is_null()
+        || !p.next.ptr.load(Ordering::SeqCst).is_null()
         || GLOBAL_LEN.load(Ordering::Acquire) != 0
     {
         return true;
@@ -610,6 +630,10 @@ fn idle() {
     // long), ready to take one that stays there: halting would make its next spawn or wake-up
     // pay for a reschedule IPI (~13 us here).
     let spin_limit = start + 20 * spin;
+    // Other vCPUs' `next` slots are looked at every `NEXT_POLL_NS` only: each look pulls the
+    // line the owner writes at every hand-off.
+    let poll = timer::ns_to_ticks(NEXT_POLL_NS);
+    let mut next_poll = 0;
     loop {
         if work_visible() {
             SPINNING.fetch_and(!bit, Ordering::AcqRel);
@@ -617,14 +641,17 @@ fn idle() {
             return;
         }
         let now = cpu::rdtsc();
-        match watch_next(now) {
-            Some(true) => {
-                SPINNING.fetch_and(!bit, Ordering::AcqRel);
-                cpu::set(Word::SchedIdle, 0);
-                return;
+        if now >= next_poll {
+            next_poll = now + poll;
+            match watch_next(now) {
+                Some(true) => {
+                    SPINNING.fetch_and(!bit, Ordering::AcqRel);
+                    cpu::set(Word::SchedIdle, 0);
+                    return;
+                }
+                Some(false) => spin_until = spin_until.max((now + spin).min(spin_limit)),
+                None => {}
             }
-            Some(false) => spin_until = spin_until.max((now + spin).min(spin_limit)),
-            None => {}
         }
         if now > spin_until {
             break;

@@ -60,14 +60,23 @@ fn free_link(slot: u32) -> *mut u32 {
 /// Heap stacks currently allocated (statistics, tests).
 pub static HEAP_STACKS: Line<AtomicU32> = Line(AtomicU32::new(0));
 
-/// Slots currently in use (statistics, tests): the sum of the per-vCPU counts (each vCPU's
-/// count alone may be negative; a vCPU only ever writes its own, so no line bounces).
+/// Slots in the global free list (changed under its lock).
+static FREE_LEN: AtomicU32 = AtomicU32::new(0);
+
+/// Slots currently in use (statistics, tests): slots ever handed out minus the free ones (the
+/// global list and the per-vCPU caches). Exact when no stack is being taken or given back; the
+/// hot paths count nothing.
 pub fn slots_in_use() -> u64 {
-    crate::start::pcpus()
+    let cached: u64 = crate::start::pcpus()
         .iter()
-        .map(|p| p.slots_in_use.load(Ordering::Relaxed))
-        .sum::<i64>()
-        .max(0) as u64
+        .map(|p| u64::from(p.nr_stacks.load(Ordering::Relaxed)))
+        .sum();
+    let handed_out = u64::from(
+        NEXT_FRESH
+            .load(Ordering::Relaxed)
+            .min(NR_SLOTS.load(Ordering::Relaxed)),
+    );
+    handed_out.saturating_sub(u64::from(FREE_LEN.load(Ordering::Relaxed)) + cached)
 }
 
 /// Takes the VMM's thread-stack region from the boot information.
@@ -111,7 +120,6 @@ pub fn alloc(size: usize) -> Option<Stack> {
     let usable = slot_usable();
     if size <= usable && usable > 0 {
         if let Some(slot) = take_slot() {
-            percpu::this().slots_in_use.fetch_add(1, Ordering::Relaxed);
             return Some(slot_stack(slot));
         }
     }
@@ -157,6 +165,7 @@ fn take_slot() -> Option<u32> {
             let slot = *head;
             // SAFETY: a free slot's top word holds the next free index (written by `free`).
             *head = unsafe { free_link(slot).read() };
+            FREE_LEN.fetch_sub(1, Ordering::Relaxed);
             return Some(slot);
         }
     }
@@ -186,7 +195,6 @@ pub fn free(stack: Stack) {
         };
         return;
     }
-    percpu::this().slots_in_use.fetch_sub(1, Ordering::Relaxed);
     preempt::hold();
     let p = percpu::this();
     let n = p.nr_stacks.load(Ordering::Relaxed);
@@ -201,5 +209,6 @@ pub fn free(stack: Stack) {
         // SAFETY: the slot is free and mapped; its top word is ours until it is reused.
         unsafe { free_link(stack.slot).write(*head) };
         *head = stack.slot;
+        FREE_LEN.fetch_add(1, Ordering::Relaxed);
     }
 }
