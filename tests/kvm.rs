@@ -293,6 +293,7 @@ fn kvm_tests() -> Vec<Trial> {
             activm_run(&guest("rt-tests")?, &["--vcpus", &n], &[])?
                 .expect_code(0)?
                 .stdout_has("test random-preemption ... ok")?
+                .stdout_has("test condvar-timeout ... ok")?
                 .stdout_has(" passed, 0 failed\n")?;
             Ok(())
         }));
@@ -309,7 +310,8 @@ fn kvm_tests() -> Vec<Trial> {
                 .stdout_has("test upcall-preempted ... ok")?
                 .stdout_has("test upcall-continuation ... ok")?
                 .stdout_has("test upcall-blocked ... ok")?
-                .stdout_has("22 passed, 0 failed\n")?;
+                .stdout_has("test condvar-timeout ... ok")?
+                .stdout_has("23 passed, 0 failed\n")?;
                 Ok(())
             },
         ));
