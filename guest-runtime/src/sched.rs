@@ -489,13 +489,26 @@ fn steal_next() -> *const Tcb {
     core::ptr::null()
 }
 
-/// Moves the threads queued on `vcpu`'s ring to this vCPU's: `vcpu` lost its activation
-/// (PREEMPTED, BLOCKED), and while the vCPUs that run are busy nobody would steal them, so
-/// they would wait until `vcpu` runs again. Safe in the upcall handler: stealing is lock-free
-/// (only a full ring of ours spills into the global queue, as `make_runnable` does).
+/// Moves the threads queued on `vcpu`'s ring (and its `next` slot) to this vCPU's: `vcpu` lost
+/// its activation (PREEMPTED, BLOCKED), and while the vCPUs that run are busy nobody would
+/// steal them, so they would wait until `vcpu` runs again. Safe in the upcall handler: stealing
+/// is lock-free (only a full ring of ours spills into the global queue, as `make_runnable`
+/// does).
 pub fn rescue_ring_of(vcpu: u32) {
     if vcpu == activm_stub::vcpu_id() || vcpu >= start::nr_vcpus() {
         return;
+    }
+    let next = percpu::of(vcpu)
+        .next
+        .ptr
+        .swap(core::ptr::null_mut(), Ordering::Acquire);
+    if !next.is_null() {
+        percpu::bump(&percpu::this().counters.steals);
+        // SAFETY: a runnable TCB we just took off that vCPU's `next` slot.
+        if !unsafe { rseq::rq_push(next) } {
+            // SAFETY: as above.
+            global_push(unsafe { tcb::from_raw(next) });
+        }
     }
     let mut batch = [core::ptr::null::<Tcb>(); RQ_CAP / 2];
     loop {
