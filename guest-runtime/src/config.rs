@@ -7,6 +7,7 @@
 //! | `--rt-idle-spin-us=N` | how long an idle vCPU spins before it halts | 50 |
 //! | `--rt-sa=on\|off` | use scheduler activations when the VMM offers them | on |
 //! | `--rt-halt=on\|off` | halt idle vCPUs (off: keep spinning) | on |
+//! | `--rt-idle-yield-us=N` | with activations: how long a vCPU halts idle before it gives its processor back to the VMM (`sa_yield`; 0: never) | 1000 |
 //! | `--rt-stats=on` | print the runtime's counters when `main` returns | off |
 //!
 //! or from code, with the setters below.
@@ -20,6 +21,7 @@ static SLICE_NS: AtomicU64 = AtomicU64::new(10_000_000);
 static IDLE_SPIN_NS: AtomicU64 = AtomicU64::new(50_000);
 static USE_SA: AtomicBool = AtomicBool::new(true);
 static USE_HALT: AtomicBool = AtomicBool::new(true);
+static IDLE_YIELD_NS: AtomicU64 = AtomicU64::new(1_000_000);
 /// Random preemption (tests): min and max period in ns, 0 = off.
 static RANDOM_MIN_NS: AtomicU64 = AtomicU64::new(0);
 static RANDOM_MAX_NS: AtomicU64 = AtomicU64::new(0);
@@ -52,6 +54,17 @@ pub(crate) fn use_sa() -> bool {
 
 pub(crate) fn use_halt() -> bool {
     USE_HALT.load(Ordering::Relaxed)
+}
+
+/// With activations: how long an idle vCPU halts before it gives its processor back to the
+/// VMM (`None`: it never does).
+pub fn set_idle_yield(after: Option<Duration>) {
+    IDLE_YIELD_NS.store(after.map_or(0, |d| d.as_nanos() as u64), Ordering::Relaxed);
+}
+
+/// [`set_idle_yield`]'s value, in TSC ticks (0: never).
+pub(crate) fn idle_yield_ticks() -> u64 {
+    ns_to_ticks(IDLE_YIELD_NS.load(Ordering::Relaxed))
 }
 
 /// Test mode: every vCPU's timer fires after a random period in `[min, max)` and preempts the
@@ -93,6 +106,7 @@ pub(crate) fn apply_arg(arg: &str) -> bool {
         ("idle-spin-us", Some(us), _) => set_idle_spin(Duration::from_micros(us)),
         ("sa", _, Some(on)) => USE_SA.store(on, Ordering::Relaxed),
         ("halt", _, Some(on)) => USE_HALT.store(on, Ordering::Relaxed),
+        ("idle-yield-us", Some(us), _) => set_idle_yield((us > 0).then(|| Duration::from_micros(us))),
         ("stats", _, Some(on)) => crate::stats::set_print_at_exit(on),
         _ => activm_stub::println!("activm-rt: ignoring unknown runtime argument {arg:?}"),
     }

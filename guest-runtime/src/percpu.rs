@@ -142,6 +142,8 @@ pub struct Counters {
     pub rseq_rewinds: AtomicU64,
     pub steals: AtomicU64,
     pub halts: AtomicU64,
+    /// Processors given back idle (`sa_yield`).
+    pub idle_yields: AtomicU64,
     pub ipis_sent: AtomicU64,
     pub upcalls: AtomicU64,
     pub records: AtomicU64,

@@ -259,6 +259,8 @@ fn wake_idle_vcpu_after_rmw() {
     let me = 1u64 << activm_stub::vcpu_id();
     let halted = HALTED.load(Ordering::SeqCst) & !me;
     if halted == 0 {
+        // Nobody here to wake: if vCPUs gave their processors back idle, ask for them again.
+        upcall::want_processors();
         return;
     }
     let v = halted.trailing_zeros();
@@ -615,7 +617,12 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
 
 /// Whether anything could give this vCPU work (looks only; takes nothing).
 fn work_visible() -> bool {
-    if cpu::pending() != 0 || upcall::queue_nonempty() || timer::sleepers_due() {
+    cpu::pending() != 0 || work_queued()
+}
+
+/// [`work_visible`] but for deferred interrupt work.
+fn work_queued() -> bool {
+    if upcall::queue_nonempty() || timer::sleepers_due() {
         return true;
     }
     let p = percpu::this();
@@ -679,6 +686,19 @@ fn idle() {
     upcall::set_idle(me, true);
     if !work_visible() && watch_next(cpu::rdtsc()).is_none() {
         timer::arm_for_sleepers();
+        // With activations, a vCPU idle for long enough gives its processor back (seed 001:
+        // "this processor is idle"); the guest asks again when work needs it (see
+        // `wake_idle_vcpu_after_rmw`). Not while threads sleep: a vCPU that halts arms the
+        // timer for them, and the busy ones may not have.
+        let yield_after = config::idle_yield_ticks();
+        let may_yield = yield_after != 0
+            && config::use_halt()
+            && upcall::activations_enabled()
+            && !timer::has_sleepers();
+        let halted_at = cpu::rdtsc();
+        if may_yield {
+            timer::arm_idle_deadline(halted_at + yield_after);
+        }
         percpu::bump(&percpu::this().counters.halts);
         if config::use_halt() {
             rseq::idle_halt();
@@ -687,6 +707,23 @@ fn idle() {
             while !work_visible() && cpu::rdtsc() < until {
                 core::hint::spin_loop();
             }
+        }
+        // (The APIC timer may fire a little before the TSC says: 3/4 of the time is enough.)
+        // The idle deadline's own tick leaves PEND_TIMER behind: with no thread and no
+        // sleeper it has nothing to do (the next activation here finds it, harmlessly).
+        if may_yield
+            && cpu::rdtsc() >= halted_at + yield_after - yield_after / 4
+            && cpu::pending() & !PEND_TIMER == 0
+            && !work_queued()
+            && watch_next(cpu::rdtsc()).is_none()
+            && !timer::has_sleepers()
+        {
+            upcall::set_idle(me, false);
+            HALTED.fetch_and(!bit, Ordering::AcqRel);
+            cpu::set(Word::SchedIdle, 0);
+            // Returns only if the VMM kept the processor here (or the queue has records).
+            upcall::yield_idle_vcpu(me);
+            return;
         }
     }
     upcall::set_idle(me, false);

@@ -63,6 +63,8 @@ pub struct Stats {
     pub rseq_rewinds: u64,
     pub steals: u64,
     pub halts: u64,
+    /// Processors given back to the VMM idle (`sa_yield`).
+    pub idle_yields: u64,
     pub ipis_sent: u64,
     pub upcalls: u64,
     pub records: u64,
@@ -94,6 +96,7 @@ pub fn snapshot() -> Stats {
         s.rseq_rewinds += get(&c.rseq_rewinds);
         s.steals += get(&c.steals);
         s.halts += get(&c.halts);
+        s.idle_yields += get(&c.idle_yields);
         s.ipis_sent += get(&c.ipis_sent);
         s.upcalls += get(&c.upcalls);
         s.records += get(&c.records);

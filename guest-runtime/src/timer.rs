@@ -157,6 +157,16 @@ pub fn arm_for_sleepers() {
     }
 }
 
+/// Whether any thread sleeps (or waits with a timeout).
+pub fn has_sleepers() -> bool {
+    EARLIEST.load(Ordering::Acquire) != u64::MAX
+}
+
+/// Scheduler, before halting idle: wake up at TSC `deadline` at the latest.
+pub fn arm_idle_deadline(deadline: u64) {
+    ensure_armed_by(deadline);
+}
+
 /// Whether a sleeper is due (within the early margin).
 #[inline]
 pub fn sleepers_due() -> bool {

@@ -424,6 +424,39 @@ pub fn set_concurrency(n: u32) -> Option<u32> {
     Some(hypercall(Hypercall::SaSetConcurrency, u64::from(n)) as u32)
 }
 
+/// vCPUs that gave their processor back idle and have not started a new activation since.
+static YIELDED: AtomicU64 = AtomicU64::new(0);
+/// Whether this guest has asked for its processors back since the last yield.
+static ASKED: AtomicBool = AtomicBool::new(false);
+
+/// Scheduler of an idle vCPU: gives its processor back to the VMM (`sa_yield`) unless it is
+/// the only vCPU running or records wait in its queue. The activation ends there; the next
+/// NEWPROC on this vCPU names it and its stack is recycled then (see `handle`). Returns if it
+/// did not yield.
+pub fn yield_idle_vcpu(me: u32) {
+    if !activations_enabled() || granted_vcpus() < 2 || queue_nonempty() {
+        return;
+    }
+    let bit = 1u64 << me;
+    YIELDED.fetch_or(bit, Ordering::AcqRel);
+    ASKED.store(false, Ordering::Release);
+    percpu::bump(&percpu::this().counters.idle_yields);
+    hypercall(Hypercall::SaYield, 0);
+    // Still here: upcalls are off after all.
+    YIELDED.fetch_and(!bit, Ordering::AcqRel);
+}
+
+/// Work is waiting and no vCPU idles here to take it: if some gave their processors back,
+/// ask the VMM for them again (`sa_setconcurrency`), once until a new activation starts.
+pub fn want_processors() {
+    if YIELDED.load(Ordering::Acquire) == 0 || ASKED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let n = header().requested_concurrency.load(Ordering::Acquire);
+    let n = if n == 0 { start::nr_vcpus() } else { n };
+    hypercall(Hypercall::SaSetConcurrency, u64::from(n));
+}
+
 /// How many processors the VMM's allocator grants this guest now (0 without activations).
 /// `SharedHeader::granted_vcpus` is only written at boot by the VMM of this writing, so this
 /// counts the vCPUs whose state the VMM says is running.
@@ -766,7 +799,7 @@ fn handle_nested(r: &UpcallRecord) {
             resume_context_in(r, true)
         }
         Some(UpcallKind::Blocked) => blocked(r),
-        Some(UpcallKind::NewProc) => {}
+        Some(UpcallKind::NewProc) => new_proc(r),
         _ => later(r),
     }
 }
@@ -781,10 +814,26 @@ fn retry_later() {
     }
 }
 
+/// NEWPROC: if `arg` names the activation this vCPU had before and it ended by `sa_yield` (no
+/// other record will name it), its idle scheduler's state is dropped and its stack recycled.
+fn new_proc(r: &UpcallRecord) {
+    YIELDED.fetch_and(!(1u64 << r.vcpu.min(63)), Ordering::AcqRel);
+    ASKED.store(false, Ordering::Release);
+    if r.arg == 0 {
+        return;
+    }
+    if let Some(st) = take_state(r.arg as u32, r.vcpu) {
+        if st.in_sched {
+            sched::clear_idle_bits(st.vcpu);
+            release_act_stack(st.sched_top);
+        }
+    }
+}
+
 fn handle(r: &UpcallRecord) {
     percpu::trace(percpu::T_RECORD, (u64::from(r.kind) << 48) | r.seq);
     match UpcallKind::from_raw(r.kind) {
-        Some(UpcallKind::NewProc) => {}
+        Some(UpcallKind::NewProc) => new_proc(r),
         Some(UpcallKind::Preempted | UpcallKind::Unblocked) => {
             if r.flags & RECORD_HAS_CONTEXT != 0 {
                 resume_context(r);

@@ -91,6 +91,9 @@ struct State {
     next_activation: u32,
     /// Activation on each vCPU (0: none).
     current: Vec<u32>,
+    /// Per vCPU: its last activation, if it ended by `sa_yield` (no record names it; the next
+    /// NEWPROC on that vCPU does, in its `arg`).
+    yielded: Vec<u32>,
     /// Producer index of each vCPU's queue; the VMM's copy is the authoritative one.
     heads: Vec<u32>,
     /// Consumer index of the stack pool; the VMM's copy is the authoritative one.
@@ -138,6 +141,7 @@ impl Activations {
                 // Boot activations are 1..=nr_vcpus (see bootinfo).
                 next_activation: nr_vcpus + 1,
                 current: (1..=nr_vcpus).collect(),
+                yielded: vec![0; nr_vcpus as usize],
                 heads: vec![0; nr_vcpus as usize],
                 stack_cons: 0,
                 pending: VecDeque::new(),
@@ -242,6 +246,14 @@ impl Activations {
         }
     }
 
+    /// The activation on `vcpu` gave its processor back (`sa_yield`): it ends, and the next
+    /// NEWPROC on this vCPU names it (the guest's only word that it is over).
+    pub fn yield_activation(&self, ram: &GuestRam, plan: &Plan, vcpu: u32) {
+        let activation = self.current(vcpu);
+        self.end_activation(ram, plan, vcpu, VcpuRunState::Stopped);
+        self.lock().yielded[vcpu as usize] = activation;
+    }
+
     /// Cancel the activation `start` just started on `vcpu`, which lost its processor before it
     /// ran one instruction: no PREEMPTED record (there is no context), its NEWPROC is dropped
     /// with the other unconsumed records taken back, its stack is kept for the next one.
@@ -313,7 +325,13 @@ impl Activations {
             area_field(plan, vcpu, offset_of!(VcpuArea, state)),
             VcpuRunState::Running as u32,
         );
-        let newproc = Event::new(UpcallKind::NewProc, activation, vcpu, 0);
+        let previous_yielded = std::mem::take(&mut state.yielded[vcpu as usize]);
+        let newproc = Event::new(
+            UpcallKind::NewProc,
+            activation,
+            vcpu,
+            previous_yielded as u64,
+        );
         write_record(&mut state, ram, plan, vcpu, newproc)
             .map_err(|e| StartError::Fatal(format!("cannot write the NEWPROC record: {e:?}")))?;
         while let Some(event) = state.pending.pop_front() {

@@ -77,8 +77,12 @@ struct GuestState {
     vcpus: Vec<Slot>,
     /// Whether the guest takes upcalls (`sa_enable` done and activations not disabled).
     activations: bool,
-    /// Processors the guest says it can use.
+    /// Processors the guest says it can use (`sa_setconcurrency`, or a cap from `activm ctl`).
     concurrency: usize,
+    /// Processors an activation guest wants now: `concurrency`, less one for every processor it
+    /// gave back idle (`sa_yield`) since it last asked (seed 001, section 4.1: "this processor
+    /// is idle" lowers its demand until it asks again).
+    wanted: usize,
     /// The share computed by the last rebalance.
     share: usize,
     removed: bool,
@@ -119,7 +123,7 @@ impl GuestState {
             .filter(|s| !matches!(s, Slot::Stopped | Slot::Blocked))
             .count();
         if self.activations {
-            self.concurrency.min(live)
+            self.concurrency.min(self.wanted).min(live)
         } else {
             // An oblivious guest wants every vCPU it has, up to the cap set from outside
             // (`activm ctl set-vcpus`): its vCPUs then take turns on fewer processors.
@@ -156,6 +160,8 @@ pub struct GuestView {
     pub vcpus: Vec<Slot>,
     pub activations: bool,
     pub concurrency: usize,
+    /// Activation guests: processors wanted now (see `GuestState::wanted`).
+    pub wanted: usize,
     pub share: usize,
 }
 
@@ -185,6 +191,7 @@ impl Allocator {
             vcpus: vec![Slot::Runnable(now); nr_vcpus],
             activations: false,
             concurrency: nr_vcpus,
+            wanted: nr_vcpus,
             share: 0,
             removed: false,
         });
@@ -218,6 +225,7 @@ impl Allocator {
         let mut state = self.lock();
         let g = &mut state.guests[guest];
         let previous = std::mem::replace(&mut g.concurrency, n.min(g.vcpus.len()));
+        g.wanted = g.concurrency;
         (previous, self.rebalance_locked(&mut state, Instant::now()))
     }
 
@@ -270,6 +278,15 @@ impl Allocator {
     pub fn release(&self, guest: GuestId, vcpu: usize, why: Release) -> Vec<(GuestId, usize)> {
         let mut state = self.lock();
         let activations = state.guests[guest].activations;
+        if why == Release::Yielded && activations {
+            let g = &mut state.guests[guest];
+            // Idle: it wants what it holds without this processor, until it asks for more.
+            let holds_one = matches!(
+                g.vcpus[vcpu],
+                Slot::Running(_) | Slot::Revoking | Slot::GrantedNew | Slot::GrantedResume
+            );
+            g.wanted = g.holding() - usize::from(holds_one);
+        }
         let slot = &mut state.guests[guest].vcpus[vcpu];
         if *slot != Slot::Stopped {
             *slot = match why {
@@ -308,6 +325,19 @@ impl Allocator {
         (kicks, state.guests[guest].vcpus[vcpu] == Slot::GrantedNew)
     }
 
+    /// The guest has an event to deliver and no running vCPU: if it gave every processor back,
+    /// it wants one again (the event goes out with that new activation). Returns the vCPUs to
+    /// kick.
+    pub fn want_one(&self, guest: GuestId) -> Vec<(GuestId, usize)> {
+        let mut state = self.lock();
+        let g = &mut state.guests[guest];
+        if !g.activations || g.wanted > 0 {
+            return Vec::new();
+        }
+        g.wanted = 1;
+        self.rebalance_locked(&mut state, Instant::now())
+    }
+
     /// Recompute the shares and act on them; call every quantum. Returns the vCPUs to kick.
     pub fn rebalance(&self) -> Vec<(GuestId, usize)> {
         let mut state = self.lock();
@@ -332,6 +362,7 @@ impl Allocator {
             vcpus: g.vcpus.clone(),
             activations: g.activations,
             concurrency: g.concurrency,
+            wanted: g.wanted,
             share: g.share,
         }
     }
@@ -553,8 +584,13 @@ mod tests {
             alloc.release(g, v, Release::Yielded);
         }
         assert!(alloc.rebalance().is_empty());
-        // One yields: the allocator hands the processor to a parked vCPU as a new activation.
+        // One yields (it is idle): its processor is not granted back to the guest...
         alloc.release(g, running[0], Release::Yielded);
+        let view = alloc.view(g);
+        assert_eq!((view.wanted, view.share), (1, 1));
+        assert!(!view.vcpus.contains(&Slot::GrantedNew));
+        // ... until it asks for more: a parked vCPU starts as a new activation.
+        alloc.set_concurrency(g, 4);
         let view = alloc.view(g);
         assert_eq!(
             view.vcpus
@@ -654,8 +690,10 @@ mod tests {
         let (_, restarts) = alloc.unblock(g, running, true);
         assert!(!restarts, "the guest holds its whole share");
         assert_eq!(alloc.view(g).vcpus[running], Slot::Parked);
-        // The other activation yields: the processor goes to a parked vCPU.
+        // The other activation yields (idle): nobody takes its processor until the guest asks.
         alloc.release(g, 1 - running, Release::Yielded);
+        assert!(!alloc.view(g).vcpus.contains(&Slot::GrantedNew));
+        alloc.set_concurrency(g, 2);
         assert!(alloc.view(g).vcpus.contains(&Slot::GrantedNew));
     }
 
@@ -699,6 +737,39 @@ mod tests {
             alloc.view(g).vcpus[0],
             Slot::Runnable(_) | Slot::GrantedResume
         ));
+    }
+
+    #[test]
+    fn an_idle_guest_gives_processors_to_a_busy_one() {
+        let alloc = Allocator::new(2, Duration::from_millis(10));
+        let idle = alloc.add_guest(2);
+        let busy = alloc.add_guest(2);
+        alloc.set_activations(idle, true);
+        alloc.set_activations(busy, true);
+        alloc.rebalance();
+        for g in [idle, busy] {
+            for v in 0..2 {
+                match alloc.view(g).vcpus[v] {
+                    Slot::GrantedResume => assert_eq!(alloc.acquire(g, v), Acquired::Resume),
+                    Slot::HandOff => {
+                        assert_eq!(alloc.acquire(g, v), Acquired::HandOff);
+                        alloc.release(g, v, Release::Preempted);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!((alloc.view(idle).share, alloc.view(busy).share), (1, 1));
+        // The idle guest yields its only processor: the busy one gets both.
+        let v = (0..2)
+            .find(|&v| matches!(alloc.view(idle).vcpus[v], Slot::Running(_)))
+            .unwrap();
+        alloc.release(idle, v, Release::Yielded);
+        assert_eq!(alloc.view(idle).share, 0);
+        assert_eq!(alloc.view(busy).share, 2);
+        // An event for the idle guest: it wants a processor again.
+        alloc.want_one(idle);
+        assert_eq!((alloc.view(idle).wanted, alloc.view(idle).share), (1, 1));
     }
 
     #[test]

@@ -344,6 +344,10 @@ impl Guest {
                 .or_else(|| self.running_vcpu(Some(event.vcpu))),
             _ => self.running_vcpu(Some(event.vcpu)),
         };
+        if target.is_none() && self.acts.enabled() {
+            // It gave every processor back: it wants one again for this event.
+            self.procs.revoke(self.procs.alloc.want_one(self.id));
+        }
         let posted = self.acts.post(&self.ram, &self.plan, event, target);
         if posted.is_ok() {
             // Counted once, when it is written now or pending for the next activation.

@@ -173,6 +173,9 @@ fn handle_load(
         Hypercall::VcpuStop => Err(HcAction::StopVcpu),
         Hypercall::Halt => {
             // Sleep inside KVM until an interrupt is pending; KVM completes this load first.
+            guest.vcpus[index as usize]
+                .maybe_halted
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             fd.set_mp_state(kvm_mp_state {
                 mp_state: KVM_MP_STATE_HALTED,
             })

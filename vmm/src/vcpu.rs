@@ -85,6 +85,9 @@ pub struct VcpuControl {
     thread: OnceLock<libc::pthread_t>,
     /// Exits handled, by coarse reason (see `EXIT_*`).
     pub exits: [AtomicUsize; 3],
+    /// The guest halted (`halt` hypercall) and has not run an instruction since as far as the
+    /// VMM knows: KVM may still hold the vCPU halted.
+    pub(crate) maybe_halted: AtomicBool,
 }
 
 /// Indices into `VcpuControl::exits`.
@@ -374,7 +377,11 @@ impl VcpuThread {
     /// One `KVM_RUN` and the handling of its exit.
     fn step(&mut self) -> Step {
         let exit = match self.fd.run() {
-            Ok(exit) => copy_exit(exit),
+            Ok(exit) => {
+                // It exited on an instruction, so it is not halted.
+                self.control.maybe_halted.store(false, Ordering::Relaxed);
+                copy_exit(exit)
+            }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 self.fd.set_kvm_immediate_exit(0);
                 self.control.exits[EXIT_KICK].fetch_add(1, Ordering::Relaxed);
@@ -501,15 +508,7 @@ impl VcpuThread {
                 Step::Block(req) => return self.block_on_request(req),
                 Step::Stop | Step::Yield => {
                     // The guest gave the processor up itself meanwhile: nothing to hand over.
-                    self.complete_pending_io();
-                    self.guest.acts.end_activation(
-                        &self.guest.ram,
-                        &self.guest.plan,
-                        self.index,
-                        VcpuRunState::Stopped,
-                    );
-                    self.release(Release::Yielded);
-                    return;
+                    return self.yielded();
                 }
             }
             self.complete_pending_io();
@@ -624,12 +623,10 @@ impl VcpuThread {
     fn yielded(&mut self) {
         self.guest.stats.yields.fetch_add(1, Ordering::Relaxed);
         self.complete_pending_io();
-        self.guest.acts.end_activation(
-            &self.guest.ram,
-            &self.guest.plan,
-            self.index,
-            VcpuRunState::Stopped,
-        );
+        self.fresh = None;
+        self.guest
+            .acts
+            .yield_activation(&self.guest.ram, &self.guest.plan, self.index);
         self.release(Release::Yielded);
     }
 
@@ -660,6 +657,18 @@ impl VcpuThread {
                 Err(StartError::Fatal(why)) => return Err(Outcome::fault(self.index, why)),
             }
         };
+        // A vCPU taken away while halted is still halted in KVM: the new activation would not
+        // run until some interrupt came.
+        if self.control.maybe_halted.swap(false, Ordering::Relaxed) {
+            if let Err(e) = self.fd.set_mp_state(kvm_bindings::kvm_mp_state {
+                mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
+            }) {
+                return Err(Outcome::fault(
+                    self.index,
+                    format!("KVM_SET_MP_STATE(RUNNABLE) for a new activation: {e}"),
+                ));
+            }
+        }
         // A zero return address above the entry's stack frame.
         let _ = self.guest.ram.write_u64(start.stack_top - 8, 0);
         arch::enter_activation(

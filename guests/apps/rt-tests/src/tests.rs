@@ -48,6 +48,7 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("upcall-blocked", Needs::Sim, upcall_blocked),
     ("sa-real", Needs::Activations, sa_real),
     ("sa-chaos", Needs::Activations, sa_chaos),
+    ("idle-yield", Needs::Activations, idle_yield),
     ("blk", Needs::Disk, blk),
     ("blk-overlap", Needs::Disk, blk_overlap),
 ];
@@ -1621,5 +1622,68 @@ fn blk_overlap() -> TestResult {
         "{} reads of {per_read_us} us each in {} ms; {during} units computed meanwhile; {blocked} BLOCKED, {unblocked} UNBLOCKED",
         READERS * READS,
         ms(elapsed)
+    ))
+}
+
+/// Idle vCPUs give their processors back to the VMM (`sa_yield`) and the guest gets them back
+/// when work appears (`sa_setconcurrency`), several times over, with nothing lost.
+fn idle_yield() -> TestResult {
+    let n = rt::nr_vcpus();
+    let before = stats::snapshot();
+    let mut lowest = n;
+    let mut regained = 0;
+    for round in 0..5u64 {
+        // Only this thread runs, nobody sleeps: the other vCPUs idle, halt, then yield.
+        let start = rt::rdtsc();
+        while rt::ticks_to_ns(rt::rdtsc() - start) < 30_000_000 {
+            lowest = lowest.min(upcall::granted_vcpus());
+            if upcall::granted_vcpus() == 1 {
+                break;
+            }
+            core::hint::spin_loop();
+        }
+        // Work for every vCPU: the guest asks for its processors again.
+        let done = Arc::new(AtomicU64::new(0));
+        let workers: Vec<_> = (0..2 * n as u64)
+            .map(|i| {
+                let done = done.clone();
+                thread::spawn(move || {
+                    let start = rt::rdtsc();
+                    let mut x = i + round;
+                    while rt::ticks_to_ns(rt::rdtsc() - start) < 20_000_000 {
+                        x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                    x
+                })
+            })
+            .collect();
+        let mut most = 0;
+        let start = rt::rdtsc();
+        while done.load(Ordering::Relaxed) < 2 * u64::from(n) {
+            most = most.max(upcall::granted_vcpus());
+            thread::yield_now();
+            if rt::ticks_to_ns(rt::rdtsc() - start) > 5_000_000_000 {
+                return Err("workers did not finish within 5 s".into());
+            }
+        }
+        for w in workers {
+            w.join().unwrap();
+        }
+        if most >= 2 {
+            regained += 1;
+        }
+    }
+    let after = stats::snapshot();
+    let yields = after.idle_yields - before.idle_yields;
+    ensure(yields > 0 && lowest == 1, || {
+        format!("{yields} idle yields, at least {lowest} vCPUs kept running while idle")
+    })?;
+    ensure(regained == 5, || {
+        format!("the guest got more than one processor back in only {regained} of 5 rounds")
+    })?;
+    Ok(format!(
+        "{yields} processors given back idle, regained in 5 of 5 rounds; {} activations",
+        after.activations - before.activations
     ))
 }
