@@ -1021,7 +1021,14 @@ fn resume_context_in(r: &UpcallRecord, nested: bool) {
         suspend_this_scheduler();
         return;
     }
-    sched::make_runnable(t, false);
+    if r.kind == UpcallKind::Unblocked as u32 {
+        // Its I/O just completed: it runs next here, ahead of threads that have been computing
+        // (the thread the upcall interrupted goes back to the queue), as a Unix scheduler
+        // favours a process woken from I/O.
+        sched::make_next(t);
+    } else {
+        sched::make_runnable(t, false);
+    }
 }
 
 /// Lock holders to continue before anything else: `(TCB, hold count)`.
