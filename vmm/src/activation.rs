@@ -373,6 +373,12 @@ fn drain_into(
     plan: &Plan,
     target: u32,
 ) -> Result<usize, QueueError> {
+    // The target was chosen as running, but its activation may have ended since (it yielded,
+    // was preempted or blocked, and its queue was emptied under this lock): a record written
+    // now would wait there unread. Keep everything pending; the vCPU that ended it flushes.
+    if state.current[target as usize] == 0 {
+        return Ok(0);
+    }
     let mut written = 0;
     while let Some(event) = state.pending.pop_front() {
         match write_record(state, ram, plan, target, event.clone()) {

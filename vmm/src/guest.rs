@@ -365,7 +365,16 @@ impl Guest {
                     ));
                 }
             }
-            Ok(None) => {}
+            Ok(None) => {
+                // Its target's activation ended meanwhile: to another running vCPU, or a
+                // processor is wanted for it.
+                if target.is_some() {
+                    match self.running_vcpu(target) {
+                        Some(vcpu) => self.flush_pending(vcpu),
+                        None => self.procs.revoke(self.procs.alloc.want_one(self.id)),
+                    }
+                }
+            }
             Err(QueueError::Full) => self.finish(Outcome::fault(
                 target.unwrap_or(0),
                 format!(
@@ -438,8 +447,9 @@ impl Guest {
         if !self.acts.enabled() || self.acts.pending() == 0 || self.outcome().is_some() {
             return;
         }
-        if let Some(vcpu) = self.running_vcpu(None) {
-            self.flush_pending(vcpu);
+        match self.running_vcpu(None) {
+            Some(vcpu) => self.flush_pending(vcpu),
+            None => self.procs.revoke(self.procs.alloc.want_one(self.id)),
         }
         if let Some(stalled) = self.acts.stalled_for() {
             if stalled > UPCALL_STALL_LIMIT {

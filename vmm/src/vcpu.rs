@@ -628,6 +628,17 @@ impl VcpuThread {
             .acts
             .yield_activation(&self.guest.ram, &self.guest.plan, self.index);
         self.release(Release::Yielded);
+        // Records that reached its queue after the guest decided to yield were taken back:
+        // they go to a running vCPU, or make the guest want a processor to receive them.
+        if self.guest.acts.pending() > 0 {
+            match self.guest.running_vcpu(None) {
+                Some(vcpu) => self.guest.flush_pending(vcpu),
+                None => {
+                    let procs = &self.guest.procs;
+                    procs.revoke(procs.alloc.want_one(self.guest.id));
+                }
+            }
+        }
     }
 
     /// Start a new activation here: NEWPROC (and pending events) in this vCPU's queue, then

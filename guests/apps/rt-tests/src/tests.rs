@@ -1548,6 +1548,13 @@ fn blk() -> TestResult {
 /// must keep running. With activations every blocking request is a BLOCKED then UNBLOCKED
 /// upcall, and the blocked thread resumes with the request's result.
 fn blk_overlap() -> TestResult {
+    stats::set_watchdog(Some(Duration::from_secs(20)));
+    let r = blk_overlap_inner();
+    stats::set_watchdog(None);
+    r
+}
+
+fn blk_overlap_inner() -> TestResult {
     use activm_rt::blk::{self, SECTOR_SIZE};
     const READERS: u64 = 4;
     const READS: u64 = 10;
