@@ -488,6 +488,26 @@ fn blk_tests() -> Vec<Trial> {
             .stdout_has(" passed, 0 failed\n")?;
             Ok(())
         }),
+        Trial::test("chaos_soak_20s_keeps_every_invariant", || {
+            // Issue 4's chaos test: the allocator revokes and grants processors every
+            // 0.1-2 ms for 20 s while threads run mutex and spinlock counters, condvar
+            // ping-pong, sleeps, spawns and messages; everything is checked at the end. (With
+            // the slow disk added, a thread is still lost now and then: see docs/activations.md.)
+            let run = activm_run(
+                &guest("rt-tests")?,
+                &["--vcpus", "4", "--pcpus", "2", "--chaos", "5", "--stats"],
+                &["chaos-soak", "20"],
+            )?
+            .expect_code(0)?
+            .stdout_has("chaos-soak: ok (20 s:")?;
+            let preempted = upcall_count(&run.stderr, "PREEMPTED").unwrap_or(0);
+            if preempted < 500 {
+                return Err(
+                    format!("only {preempted} PREEMPTED upcalls in 20 s\n{}", run.stderr).into(),
+                );
+            }
+            Ok(())
+        }),
         Trial::test("blk_buffer_in_vmm_memory_is_a_protocol_violation", || {
             let disk = TempDisk::new("blk-bad", 1)?;
             selftest(&["--disk", disk.arg()], &["blk-bad-buffer"])?

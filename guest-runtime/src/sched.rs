@@ -720,9 +720,12 @@ fn idle() {
         {
             upcall::set_idle(me, false);
             HALTED.fetch_and(!bit, Ordering::AcqRel);
-            cpu::set(Word::SchedIdle, 0);
-            // Returns only if the VMM kept the processor here (or the queue has records).
+            // `SchedIdle` stays set until the yield: if the VMM takes the processor first, the
+            // context it hands over must be dropped as an idle scheduler's, never adopted (an
+            // adopter would run the `sa_yield` and give its own activation away).
             upcall::yield_idle_vcpu(me);
+            // Returns only if the VMM kept the processor here (or the queue has records).
+            cpu::set(Word::SchedIdle, 0);
             return;
         }
     }

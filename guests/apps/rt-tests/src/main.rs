@@ -4,6 +4,9 @@
 //! in `*` is a prefix), one line each, then `N passed, M failed`; exits 0 only if all passed.
 //! Modes that end the guest: `overflow` (a thread runs off its stack: the guard page catches
 //! it), `panic` (a named thread panics). `bench` prints timings. `list` lists the tests.
+//! `chaos-soak SECONDS`: mutex and spinlock counters, condvar ping-pong, sleeps, spawns,
+//! messages (and disk I/O with `--disk`) for that long, meant to run under `activm run --chaos`
+//! (processors revoked and granted every 0.1-2 ms); every invariant is checked at the end.
 //!
 //! The `upcall-*` tests use the runtime's simulated VMM, which needs the VMM's own activations
 //! off (`activm run --no-activations`); with activations on they are skipped, and `sa-real`
@@ -95,6 +98,19 @@ fn main(args: &[&str]) -> i32 {
         Some("overflow") => tests::overflow_mode(),
         Some("panic") => tests::panic_mode(),
         Some("bench") => bench::run(&args[1..]),
+        Some("chaos-soak") => {
+            let secs = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);
+            match tests::chaos_soak(secs) {
+                Ok(detail) => {
+                    println!("chaos-soak: ok ({detail})");
+                    0
+                }
+                Err(why) => {
+                    println!("chaos-soak: FAILED: {why}");
+                    1
+                }
+            }
+        }
         Some("list") => {
             for (name, _, _) in tests::ALL {
                 println!("{name}");
