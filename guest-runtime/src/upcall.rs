@@ -203,6 +203,18 @@ impl<T: Copy, const N: usize> Bag<T, N> {
         found
     }
 
+    /// Calls `f` on every item (diagnostics, once things are quiet).
+    fn for_each_item(&self, mut f: impl FnMut(&T)) {
+        for i in 0..N {
+            if self.state[i].load(Ordering::Acquire) == SLOT_FULL {
+                // SAFETY: a FULL slot holds an initialized item; diagnostics only, read when
+                // nobody takes items (a racing take would make this a stale copy, never UB for
+                // the plain-integer records it is used on).
+                f(unsafe { (*self.items[i].get()).assume_init_ref() });
+            }
+        }
+    }
+
     /// Calls `f` on a copy of every item (diagnostics: racy, items may change meanwhile).
     fn for_each_key(&self, mut f: impl FnMut(u64)) {
         for i in 0..N {
@@ -714,6 +726,21 @@ pub fn on_upcall(frame: &mut IrqFrame) {
 /// Records that could not be handled yet (their activation's state was not filed yet).
 static LATER: Bag<UpcallRecord, 64> = Bag::new();
 
+/// Records waiting in the retry list (diagnostics and tests: zero once things settle).
+pub fn records_waiting() -> u32 {
+    LATER.len()
+}
+
+#[doc(hidden)]
+pub fn dbg_waiting() {
+    LATER.for_each_item(|r| {
+        println!(
+            "waiting: kind {} act {} vcpu {} seq {} rip {:#x} rsp {:#x}",
+            r.kind, r.activation, r.vcpu, r.seq, r.context.rip, r.context.gprs.rsp
+        )
+    });
+}
+
 /// Scheduler context: handles every record of this vCPU's queue (and any left for later). May
 /// not return (a continued lock holder, an adopted scheduler context).
 pub fn drain() {
@@ -904,16 +931,28 @@ fn fix_rip(ctx: &mut UserContext) -> bool {
 fn resolve_entry_context(r: &UpcallRecord) -> bool {
     let ctx = &r.context;
     let (start, claimed, end) = entry_window();
-    if !(start..end).contains(&ctx.rip) {
+    // An interrupt pending when the activation started is delivered before (or between) its
+    // first instructions; taken in the stub's trampoline before that saved anything, the
+    // context is the trampoline's, and the entry's own rip and rsp are in the 4-word frame the
+    // CPL0 stub pushed at rsp: vector, error code, rflags, rip (then the interrupted rsp).
+    let (trap_start, trap_end) = activm_stub::trap_eoi_window();
+    let (rip, rsp) = if (trap_start..=trap_end).contains(&ctx.rip) {
+        // SAFETY: the trampoline pushes nothing before `trap_end`, so the stub's frame is at
+        // rsp, in this guest's memory (the interrupted stack).
+        let frame = unsafe { *(ctx.gprs.rsp as *const [u64; 4]) };
+        (frame[3], ctx.gprs.rsp + 32)
+    } else {
+        (ctx.rip, ctx.gprs.rsp)
+    };
+    if !(start..end).contains(&rip) {
         return false;
     }
-    let rsp = ctx.gprs.rsp;
-    let top = if ctx.rip == start { rsp + 8 } else { rsp + 64 };
-    percpu::trace(percpu::T_ENTRY_CTX, ctx.rip);
-    if ctx.rip >= claimed {
+    let top = if rip == start { rsp + 8 } else { rsp + 64 };
+    percpu::trace(percpu::T_ENTRY_CTX, rip);
+    if rip >= claimed {
         // SAFETY: the entry saved the words at rsp (its `sub $56` ran before the claim).
         let mut old = unsafe { *(rsp as *const OldWords) };
-        if ctx.rip == claimed {
+        if rip == claimed {
             old.activation = ctx.gprs.rax;
         }
         percpu::of(r.vcpu).in_drain.store(0, Ordering::Release);

@@ -1862,6 +1862,18 @@ pub fn chaos_soak(seconds: u64) -> Result<String, String> {
         None => 0,
     };
     stats::set_watchdog(None);
+    // Every record handled: none left in the retry list once things settle.
+    for _ in 0..20 {
+        if upcall::records_waiting() == 0 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let waiting = upcall::records_waiting();
+    if waiting != 0 {
+        upcall::dbg_waiting();
+    }
+    ensure(waiting == 0, || format!("{waiting} upcall records never handled"))?;
     let m = *M.lock().unwrap();
     let spin = *SPIN.lock();
     ensure(m == iters && spin == iters, || {
