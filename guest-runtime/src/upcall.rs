@@ -731,8 +731,9 @@ pub fn records_waiting() -> u32 {
     LATER.len()
 }
 
+/// Prints the records in the retry list (diagnostics, once things are quiet).
 #[doc(hidden)]
-pub fn dbg_waiting() {
+pub fn print_waiting_records() {
     LATER.for_each_item(|r| {
         println!(
             "waiting: kind {} act {} vcpu {} seq {} rip {:#x} rsp {:#x}",

@@ -1871,7 +1871,7 @@ pub fn chaos_soak(seconds: u64) -> Result<String, String> {
     }
     let waiting = upcall::records_waiting();
     if waiting != 0 {
-        upcall::dbg_waiting();
+        upcall::print_waiting_records();
     }
     ensure(waiting == 0, || format!("{waiting} upcall records never handled"))?;
     let m = *M.lock().unwrap();
