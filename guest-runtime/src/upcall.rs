@@ -936,15 +936,18 @@ fn resolve_entry_context(r: &UpcallRecord) -> bool {
     // first instructions; taken in the stub's trampoline before that saved anything, the
     // context is the trampoline's, and the entry's own rip and rsp are in the 4-word frame the
     // CPL0 stub pushed at rsp: vector, error code, rflags, rip (then the interrupted rsp).
+    // A second interrupt can arrive at the trampoline's first instruction: follow the frames.
     let (trap_start, trap_end) = activm_stub::trap_eoi_window();
-    let (rip, rsp) = if (trap_start..=trap_end).contains(&ctx.rip) {
+    let (mut rip, mut rsp) = (ctx.rip, ctx.gprs.rsp);
+    for _ in 0..8 {
+        if !(trap_start..=trap_end).contains(&rip) {
+            break;
+        }
         // SAFETY: the trampoline pushes nothing before `trap_end`, so the stub's frame is at
         // rsp, in this guest's memory (the interrupted stack).
-        let frame = unsafe { *(ctx.gprs.rsp as *const [u64; 4]) };
-        (frame[3], ctx.gprs.rsp + 32)
-    } else {
-        (ctx.rip, ctx.gprs.rsp)
-    };
+        let frame = unsafe { *(rsp as *const [u64; 4]) };
+        (rip, rsp) = (frame[3], rsp + 32);
+    }
     if !(start..end).contains(&rip) {
         return false;
     }
