@@ -80,6 +80,8 @@ pub struct NewActivation {
     pub entry: u64,
     pub stack_top: u64,
     pub activation: u32,
+    /// The yielded activation its NEWPROC names (0: none).
+    pub previous_yielded: u32,
 }
 
 #[derive(Debug)]
@@ -259,7 +261,12 @@ impl Activations {
     /// with the other unconsumed records taken back, its stack is kept for the next one.
     pub fn cancel_activation(&self, ram: &GuestRam, plan: &Plan, vcpu: u32, start: NewActivation) {
         self.end_activation(ram, plan, vcpu, VcpuRunState::Stopped);
-        self.lock().spare_stacks.push(start.stack_top);
+        let mut state = self.lock();
+        state.spare_stacks.push(start.stack_top);
+        // Its NEWPROC was dropped: the next one on this vCPU names the yielded activation.
+        if start.previous_yielded != 0 {
+            state.yielded[vcpu as usize] = start.previous_yielded;
+        }
     }
 
     /// Write `event` into the queue of running vCPU `target` (the caller then raises the
@@ -344,6 +351,7 @@ impl Activations {
             entry,
             stack_top,
             activation,
+            previous_yielded,
         })
     }
 
