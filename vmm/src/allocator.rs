@@ -43,6 +43,16 @@ pub enum Slot {
     Stopped,
 }
 
+impl Slot {
+    /// Whether a vCPU in this state holds (or is about to take) a processor.
+    fn holds_processor(&self) -> bool {
+        matches!(
+            self,
+            Slot::Running(_) | Slot::Revoking | Slot::GrantedNew | Slot::GrantedResume
+        )
+    }
+}
+
 /// What a vCPU thread got from [`Allocator::acquire`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Acquired {
@@ -90,15 +100,7 @@ struct GuestState {
 
 impl GuestState {
     fn holding(&self) -> usize {
-        self.vcpus
-            .iter()
-            .filter(|s| {
-                matches!(
-                    s,
-                    Slot::Running(_) | Slot::Revoking | Slot::GrantedNew | Slot::GrantedResume
-                )
-            })
-            .count()
+        self.vcpus.iter().filter(|s| s.holds_processor()).count()
     }
 
     /// (vCPU, instant) of every vCPU whose slot `pick` maps to an instant.
@@ -281,11 +283,7 @@ impl Allocator {
         if why == Release::Yielded && activations {
             let g = &mut state.guests[guest];
             // Idle: it wants what it holds without this processor, until it asks for more.
-            let holds_one = matches!(
-                g.vcpus[vcpu],
-                Slot::Running(_) | Slot::Revoking | Slot::GrantedNew | Slot::GrantedResume
-            );
-            g.wanted = g.holding() - usize::from(holds_one);
+            g.wanted = g.holding() - usize::from(g.vcpus[vcpu].holds_processor());
         }
         let slot = &mut state.guests[guest].vcpus[vcpu];
         if *slot != Slot::Stopped {

@@ -513,14 +513,8 @@ impl VcpuThread {
             }
             self.complete_pending_io();
         }
-        let context = match arch::capture_user_context(&self.fd) {
-            Ok(context) => context,
-            Err(e) => {
-                return self.guest.finish(Outcome::fault(
-                    self.index,
-                    format!("cannot take the preempted context: {e}"),
-                ))
-            }
+        let Some(context) = self.take_context("preempted") else {
+            return;
         };
         let activation = self.guest.acts.current(self.index);
         self.guest.acts.end_activation(
@@ -592,14 +586,8 @@ impl VcpuThread {
             return;
         }
         self.complete_pending_io();
-        let context = match arch::capture_user_context(&self.fd) {
-            Ok(context) => context,
-            Err(e) => {
-                return self.guest.finish(Outcome::fault(
-                    self.index,
-                    format!("cannot take the context of an unblocked vCPU: {e}"),
-                ))
-            }
+        let Some(context) = self.take_context("unblocked") else {
+            return;
         };
         let mut event = Event::new(UpcallKind::Unblocked, activation, self.index, result);
         event.context = Some(Box::new(context));
@@ -615,6 +603,21 @@ impl VcpuThread {
             self.guest.post_pending(event);
         } else {
             self.guest.deliver(event);
+        }
+    }
+
+    /// The vCPU's user context (sync regs and one FPU transfer), to hand to the guest; if KVM
+    /// refuses it the guest is stopped and `None` returned.
+    fn take_context(&self, what: &str) -> Option<crate::arch::current::abi::UserContext> {
+        match arch::capture_user_context(&self.fd) {
+            Ok(context) => Some(context),
+            Err(e) => {
+                self.guest.finish(Outcome::fault(
+                    self.index,
+                    format!("cannot take the {what} context: {e}"),
+                ));
+                None
+            }
         }
     }
 
