@@ -438,8 +438,11 @@ pub fn set_concurrency(n: u32) -> Option<u32> {
 
 /// vCPUs that gave their processor back idle and have not started a new activation since.
 static YIELDED: AtomicU64 = AtomicU64::new(0);
-/// Whether this guest has asked for its processors back since the last yield.
-static ASKED: AtomicBool = AtomicBool::new(false);
+/// TSC of the last time this guest asked for its processors back.
+static LAST_ASK: AtomicU64 = AtomicU64::new(0);
+/// At most one ask per this many ns: an ask may come to nothing (its new activation canceled
+/// under a revoke, or a yield that lost to a preemption), so asking again must stay possible.
+const ASK_INTERVAL_NS: u64 = 1_000_000;
 
 /// Scheduler of an idle vCPU: gives its processor back to the VMM (`sa_yield`) unless it is
 /// the only vCPU running or records wait in its queue. The activation ends there; the next
@@ -451,7 +454,6 @@ pub fn yield_idle_vcpu(me: u32) {
     }
     let bit = 1u64 << me;
     YIELDED.fetch_or(bit, Ordering::AcqRel);
-    ASKED.store(false, Ordering::Release);
     percpu::bump(&percpu::this().counters.idle_yields);
     hypercall(Hypercall::SaYield, 0);
     // Still here: upcalls are off after all.
@@ -459,9 +461,18 @@ pub fn yield_idle_vcpu(me: u32) {
 }
 
 /// Work is waiting and no vCPU idles here to take it: if some gave their processors back,
-/// ask the VMM for them again (`sa_setconcurrency`), once until a new activation starts.
+/// ask the VMM for them again (`sa_setconcurrency`), at most once a millisecond.
 pub fn want_processors() {
-    if YIELDED.load(Ordering::Acquire) == 0 || ASKED.swap(true, Ordering::AcqRel) {
+    if YIELDED.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let now = cpu::rdtsc();
+    let last = LAST_ASK.load(Ordering::Relaxed);
+    if now.saturating_sub(last) < crate::timer::ns_to_ticks(ASK_INTERVAL_NS)
+        || LAST_ASK
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+    {
         return;
     }
     let n = header().requested_concurrency.load(Ordering::Acquire);
@@ -846,7 +857,6 @@ fn retry_later() {
 /// other record will name it), its idle scheduler's state is dropped and its stack recycled.
 fn new_proc(r: &UpcallRecord) {
     YIELDED.fetch_and(!(1u64 << r.vcpu.min(63)), Ordering::AcqRel);
-    ASKED.store(false, Ordering::Release);
     if r.arg == 0 {
         return;
     }
