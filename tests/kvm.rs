@@ -916,6 +916,273 @@ fn input_tests() -> Vec<Trial> {
     ]
 }
 
+/// A fresh temporary directory for configuration files, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Result<TempDir, Failed> {
+        let path = std::env::temp_dir().join(format!("activm-test-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        Ok(TempDir(path))
+    }
+
+    /// Write `text` to `name` in the directory; returns its path.
+    fn file(&self, name: &str, text: &str) -> Result<PathBuf, Failed> {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Link guest `app` into the directory, so a file there can name it `app`.
+    fn link_guest(&self, app: &str) -> Result<(), Failed> {
+        let link = self.0.join(app);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(guest(app)?, &link)
+            .map_err(|e| format!("cannot link {}: {e}", link.display()))?;
+        Ok(())
+    }
+
+    /// An empty disk image of `mib` MiB named `name` in the directory.
+    fn disk(&self, name: &str, mib: u64) -> Result<(), Failed> {
+        let path = self.0.join(name);
+        let file = std::fs::File::create(&path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        file.set_len(mib << 20)
+            .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
+        Ok(())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `activm run OPTIONS...` (no timeout added: the files under test set theirs).
+fn activm(options: &[&std::ffi::OsStr]) -> Result<Run, Failed> {
+    let output = Command::new(ACTIVM)
+        .arg("run")
+        .args(options)
+        .output()
+        .map_err(|e| format!("cannot run {ACTIVM}: {e}"))?;
+    Ok(Run::from(output))
+}
+
+/// `NAME=count` from the `--stats` upcall line of the guest labelled `[who]`.
+fn guest_upcall_count(stderr: &str, who: &str, name: &str) -> Option<u64> {
+    let prefix = format!("[{who}] ");
+    let lines: String = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    upcall_count(&lines, name)
+}
+
+/// Guests from a TOML file (`activm run --config FILE.toml`, or the file alone), each with its
+/// own settings, on one budget of processors.
+fn toml_tests() -> Vec<Trial> {
+    vec![
+        Trial::test("toml_two_guests_with_their_own_vcpus_and_args", || {
+            // rt-demo on 4 vCPUs with its own thread and iteration counts, selftest on 2 vCPUs
+            // printing each vCPU's privilege level: both outputs, each with its guest's label.
+            let dir = TempDir::new("toml-two")?;
+            dir.link_guest("rt-demo")?;
+            let selftest = guest("selftest")?;
+            let file = dir.file(
+                "two.toml",
+                &format!(
+                    "pcpus = 2\ntimeout = {GUEST_TIMEOUT_SECS}\n\n\
+                     [[guest]]\nimage = \"rt-demo\"\nname = \"adder\"\nvcpus = 4\nargs = [\"6\", \"2000\"]\n\n\
+                     [[guest]]\nimage = '{}'\nvcpus = 2\nmem = \"64M\"\nargs = [\"cpl\"]\n",
+                    selftest.display()
+                ),
+            )?;
+            activm(&["--config".as_ref(), file.as_os_str()])?
+                .expect_code(0)?
+                .stdout_has(
+                    "[adder] rt-demo: 6 threads x 2000 increments on 4 vCPUs: total 12000 (expected 12000)\n",
+                )?
+                .stdout_has("[selftest] vcpu 0 cpl=3\n")?
+                .stdout_has("[selftest] vcpu 1 cpl=3\n")?
+                .stderr_has("[adder] exit status 0")?
+                .stderr_has("[selftest] exit status 0")?;
+            Ok(())
+        }),
+        Trial::test("toml_mixes_oblivious_and_activation_guests", || {
+            // Two copies of rt-tests share 2 processors, each with its own disk (a slow one):
+            // the one with activations gets BLOCKED / UNBLOCKED upcalls and skips the simulated
+            // VMM's test; the oblivious one gets no upcall at all and runs that test.
+            let dir = TempDir::new("toml-mixed")?;
+            dir.link_guest("rt-tests")?;
+            dir.disk("aware.img", 4)?;
+            dir.disk("oblivious.img", 4)?;
+            let file = dir.file(
+                "mixed.toml",
+                &format!(
+                    "pcpus = 2\ntimeout = {GUEST_TIMEOUT_SECS}\nstats = true\nio_latency = 500\n\n\
+                     [[guest]]\nimage = \"rt-tests\"\nname = \"aware\"\nvcpus = 3\n\
+                     args = [\"upcall-preempted\", \"blk\", \"blk-overlap\"]\ndisk = \"aware.img\"\n\n\
+                     [[guest]]\nimage = \"rt-tests\"\nname = \"oblivious\"\nvcpus = 2\nno_activations = true\n\
+                     args = [\"upcall-preempted\", \"blk\", \"blk-overlap\"]\ndisk = \"oblivious.img\"\n"
+                ),
+            )?;
+            // The file alone, without --config.
+            let run = activm(&[file.as_os_str()])?
+                .expect_code(0)?
+                .stdout_has(
+                    "[aware] test upcall-preempted ... skipped (needs the VMM's activations off",
+                )?
+                .stdout_has("[aware] test blk-overlap ... ok")?
+                .stdout_has("[aware] 2 passed, 0 failed\n")?
+                .stdout_has("[oblivious] test upcall-preempted ... ok")?
+                .stdout_has("[oblivious] test blk-overlap ... ok")?
+                .stdout_has("[oblivious] 3 passed, 0 failed\n")?;
+            let count = |who, kind| guest_upcall_count(&run.stderr, who, kind);
+            let (blocked, unblocked) = (count("aware", "BLOCKED"), count("aware", "UNBLOCKED"));
+            if !matches!(blocked, Some(n) if n > 0) || blocked != unblocked {
+                return Err(format!(
+                    "the activation guest: {blocked:?} BLOCKED, {unblocked:?} UNBLOCKED upcalls\n{}",
+                    run.stderr
+                )
+                .into());
+            }
+            for kind in ["NEWPROC", "PREEMPTED", "BLOCKED", "UNBLOCKED"] {
+                if count("oblivious", kind) != Some(0) {
+                    return Err(
+                        format!("the oblivious guest got {kind} upcalls\n{}", run.stderr).into(),
+                    );
+                }
+            }
+            Ok(())
+        }),
+        Trial::test("toml_machine_flags_override_the_file", || {
+            // The file says 60 s; --timeout 1 on the command line wins, and --stats adds the
+            // counters the file does not ask for.
+            let dir = TempDir::new("toml-override")?;
+            let file = dir.file(
+                "spin.toml",
+                &format!(
+                    "timeout = 60\n[[guest]]\nimage = '{}'\nargs = [\"spin\"]\n",
+                    guest("selftest")?.display()
+                ),
+            )?;
+            activm(&[
+                "--config".as_ref(),
+                file.as_os_str(),
+                "--timeout".as_ref(),
+                "1".as_ref(),
+                "--stats".as_ref(),
+            ])?
+            .expect_code(124)?
+            .stderr_has("after the 1s timeout")?
+            .stderr_has("upcalls: NEWPROC=0")?;
+            Ok(())
+        }),
+    ]
+}
+
+/// Configuration files that are refused before any guest runs (no KVM needed).
+fn toml_input_tests() -> Vec<Trial> {
+    vec![
+        Trial::test("toml_bad_files_are_refused", || {
+            let dir = TempDir::new("toml-bad")?;
+            let path = |name: &str| dir.0.join(name).display().to_string();
+            let cases: [(&str, &str, i32, String); 8] = [
+                (
+                    "unknown.toml",
+                    "pcpus = 1\n[[guest]]\nimage = \"demo\"\nvcpu = 2\n",
+                    2,
+                    format!("{}:4:1: guest[0].vcpu: unknown field `vcpu`", path("unknown.toml")),
+                ),
+                (
+                    "unknown-top.toml",
+                    "pcpu = 1\n[[guest]]\nimage = \"demo\"\n",
+                    2,
+                    format!("{}:1:1: pcpu: unknown field `pcpu`", path("unknown-top.toml")),
+                ),
+                (
+                    "type.toml",
+                    "[[guest]]\nimage = \"demo\"\n[[guest]]\nimage = \"demo\"\nargs = \"exit 3\"\n",
+                    2,
+                    format!(
+                        "{}:5:8: guest[1].args: invalid type: string \"exit 3\", expected a sequence",
+                        path("type.toml")
+                    ),
+                ),
+                (
+                    "noimage.toml",
+                    "[[guest]]\nvcpus = 2\n",
+                    2,
+                    format!("{}:1:1: guest[0]: missing field `image`", path("noimage.toml")),
+                ),
+                (
+                    "empty.toml",
+                    "pcpus = 2\n",
+                    2,
+                    format!("{}: no [[guest]] table", path("empty.toml")),
+                ),
+                (
+                    "syntax.toml",
+                    "[[guest]\nimage = \"demo\"\n",
+                    2,
+                    format!("{}:1:", path("syntax.toml")),
+                ),
+                (
+                    "vcpus.toml",
+                    "[[guest]]\nimage = \"demo\"\nname = \"zero\"\nvcpus = 0\n",
+                    1,
+                    format!(
+                        "{}: guest[0] (\"zero\"): vcpus must be between 1 and 64, not 0",
+                        path("vcpus.toml")
+                    ),
+                ),
+                (
+                    "missing-image.toml",
+                    "[[guest]]\nimage = \"no-such-guest.elf\"\n",
+                    1,
+                    format!("cannot read guest image {}", path("no-such-guest.elf")),
+                ),
+            ];
+            for (name, text, code, message) in cases {
+                let file = dir.file(name, text)?;
+                activm(&["--config".as_ref(), file.as_os_str()])?
+                    .expect_code(code)?
+                    .stderr_has(&format!("activm: error: {message}"))?;
+            }
+            activm(&["--config".as_ref(), dir.0.join("absent.toml").as_os_str()])?
+                .expect_code(2)?
+                .stderr_has("cannot read the configuration")?;
+            Ok(())
+        }),
+        Trial::test("toml_per_guest_flags_are_refused_with_a_file", || {
+            let dir = TempDir::new("toml-flags")?;
+            let file = dir.file("run.toml", "[[guest]]\nimage = \"demo\"\n")?;
+            let config = file.as_os_str();
+            activm(&[
+                "--config".as_ref(),
+                config,
+                "--vcpus".as_ref(),
+                "2".as_ref(),
+            ])?
+            .expect_code(2)?
+            .stderr_has("--vcpus cannot be given with a configuration file: set `vcpus`")?;
+            activm(&[config, "--".as_ref(), "exit".as_ref()])?
+                .expect_code(2)?
+                .stderr_has("GUEST_ARGS (after --) cannot be given with a configuration file")?;
+            activm(&["--config".as_ref(), config, "a.elf".as_ref()])?
+                .expect_code(2)?
+                .stderr_has("GUEST images cannot be given with --config")?;
+            activm(&["a.elf".as_ref(), config])?
+                .expect_code(2)?
+                .stderr_has("looks like a configuration file: give it alone, or with --config")?;
+            Ok(())
+        }),
+    ]
+}
+
 fn kvm_usable() -> Result<(), String> {
     std::fs::OpenOptions::new()
         .read(true)
@@ -929,6 +1196,7 @@ fn main() {
     let args = Arguments::from_args();
     let mut trials = kvm_tests();
     trials.extend(activation_tests());
+    trials.extend(toml_tests());
     if let Err(why) = kvm_usable() {
         eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
         trials = trials
@@ -937,5 +1205,6 @@ fn main() {
             .collect();
     }
     trials.extend(input_tests());
+    trials.extend(toml_input_tests());
     libtest_mimic::run(&args, trials).exit();
 }

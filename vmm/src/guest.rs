@@ -149,19 +149,9 @@ impl Guest {
         activations_allowed: bool,
         trace: Option<Arc<Trace>>,
     ) -> Result<Created, Error> {
-        if config.vcpus == 0 || config.vcpus as usize > protocol::MAX_VCPUS {
-            return Err(Error::Config(format!(
-                "--vcpus must be between 1 and {}, not {}",
-                protocol::MAX_VCPUS,
-                config.vcpus
-            )));
-        }
-        if !config.mem_size.is_multiple_of(2 << 20) || config.mem_size > arch::abi::RAM_LIMIT {
-            return Err(Error::Config(format!(
-                "--mem must be a multiple of 2 MiB and at most {} MiB",
-                arch::abi::RAM_LIMIT >> 20
-            )));
-        }
+        config
+            .check()
+            .map_err(|(key, what)| Error::Config(format!("{} {what}", key.flag())))?;
         let mut phases = Vec::new();
         let image = loader::inspect(&config.image, config.mem_size)?;
         let disk = config.disk.as_ref().map(Disk::open).transpose()?;

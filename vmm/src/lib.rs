@@ -5,13 +5,15 @@
 //! its kick; [`activation`] writes upcall records and starts new activations; [`hypercall`]
 //! dispatches guest requests; [`loader`] checks and loads guest ELFs; [`memory`] is guest RAM
 //! and the plan of what goes where; [`bootinfo`] writes the boot information; [`signals`],
-//! [`ctl`], [`trace`] and [`stats`] are the host-facing services; [`arch`] holds what differs
+//! [`ctl`], [`trace`] and [`stats`] are the host-facing services; [`config`] is what
+//! `activm run` is asked to run (flags or a TOML file), checked; [`arch`] holds what differs
 //! per architecture.
 
 pub mod activation;
 pub mod allocator;
 pub mod arch;
 pub mod bootinfo;
+pub mod config;
 pub mod ctl;
 pub mod devices;
 pub mod error;

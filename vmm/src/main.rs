@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use activm::config::{self, GuestSpec, Key, Machine, Source};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -26,7 +27,9 @@ enum Command {
     /// first failing guest's status); 101 if a guest panicked; 125 if it faulted or broke the
     /// hypercall protocol (the report and registers go to stderr); 124 on --timeout; 128+N when
     /// stopped by signal N; 1 if activm could not start it (bad image, no KVM, bad options);
-    /// 2 for usage errors.
+    /// 2 for usage errors (with --config: also a file that cannot be read, is not TOML, has an
+    /// unknown key, a value of the wrong type, a guest without an image or no guest; values
+    /// of the right type get the status they get as flags).
     Run(RunArgs),
     /// Talk to a running activm through its control socket (see `activm run --ctl`).
     Ctl(CtlArgs),
@@ -35,14 +38,30 @@ enum Command {
 #[derive(clap::Args, Debug)]
 struct RunArgs {
     /// The guest images: static x86_64 ELFs built against activm's guest stub. Every guest
-    /// gets the same options and arguments.
-    #[arg(required = true, value_name = "GUEST")]
+    /// gets the same options and arguments (per-guest settings: --config). A lone GUEST whose
+    /// name ends in .toml is read as --config GUEST.
+    #[arg(required_unless_present = "config", value_name = "GUEST")]
     guests: Vec<PathBuf>,
+    /// Read the guests and the machine-wide settings from a TOML file.
+    ///
+    /// At the top, the machine-wide keys, as the flags: pcpus, quantum (ms), chaos (seed),
+    /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us). Then one [[guest]] table
+    /// per guest: image (required), name (its label in output, --stats and `activm ctl`),
+    /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only,
+    /// thread_stack, thread_stacks. Sizes are numbers of bytes or strings like "256M"; paths
+    /// are relative to the file's directory. Unknown keys are errors.
+    ///
+    /// Machine-wide flags given with --config (--pcpus, --quantum, --chaos, --timeout, --stats,
+    /// --boot-timing, --trace, --ctl, --io-latency) override the file. Per-guest ones (GUEST,
+    /// --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
+    /// --thread-stacks, GUEST_ARGS) are refused: set them in the [[guest]] tables.
+    #[arg(long, value_name = "FILE.toml")]
+    config: Option<PathBuf>,
     /// Number of vCPUs per guest (1 to 64; more than host cores is fine).
     #[arg(long, default_value_t = 1, value_name = "N")]
     vcpus: u32,
     /// Guest RAM, a multiple of 2 MiB: bytes or with a K/M/G suffix.
-    #[arg(long, default_value = "256M", value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, default_value = "256M", value_name = "SIZE", value_parser = config::parse_size)]
     mem: u64,
     /// Physical CPUs shared by all guests (default: every host CPU).
     #[arg(long, value_name = "N")]
@@ -70,7 +89,7 @@ struct RunArgs {
     #[arg(long, value_name = "SEED")]
     chaos: Option<u64>,
     /// Usable size of each guard-paged thread stack the VMM maps for the guest runtime.
-    #[arg(long, default_value = "124K", value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, default_value = "124K", value_name = "SIZE", value_parser = config::parse_size)]
     thread_stack: u64,
     /// Number of guard-paged thread stacks (default: as many as fit in a quarter of RAM,
     /// at most 256 MiB and 4096).
@@ -114,116 +133,212 @@ enum CtlAction {
     SetVcpus { guest: u64, vcpus: u64 },
 }
 
-/// Parse `256M`, `1G`, `65536`, `64MiB`.
-fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(digits);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (try 256M)"))?;
-    let shift = match suffix.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" | "kb" => 10,
-        "m" | "mib" | "mb" => 20,
-        "g" | "gib" | "gb" => 30,
-        _ => return Err(format!("unknown size suffix {suffix:?} (use K, M or G)")),
-    };
-    number
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
 fn main() -> ExitCode {
     let start_tsc = activm::rdtsc();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
-        Command::Run(args) => run(args, start_tsc),
+        Command::Run(args) => {
+            let given = matches
+                .subcommand_matches("run")
+                .map(given_on_command_line)
+                .unwrap_or_default();
+            run(args, &given, start_tsc)
+        }
         Command::Ctl(args) => ctl(args),
     }
 }
 
-fn usage_error(message: &str) -> ExitCode {
-    eprintln!("activm: error: {message}");
-    ExitCode::from(2)
+/// The ids of the options given on the command line (not defaulted).
+fn given_on_command_line(matches: &ArgMatches) -> Vec<String> {
+    matches
+        .ids()
+        .filter(|id| matches.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+        .map(|id| id.as_str().to_owned())
+        .collect()
 }
 
-fn run(args: RunArgs, start_tsc: u64) -> ExitCode {
-    let timeout = match args.timeout {
-        Some(secs) if !(secs > 0.0 && secs.is_finite()) => {
-            return usage_error("--timeout must be a positive number of seconds")
-        }
-        other => other.map(Duration::from_secs_f64),
-    };
-    if !(args.quantum > 0.0 && args.quantum.is_finite()) {
-        return usage_error("--quantum must be a positive number of milliseconds");
+/// Options that set something for each guest: refused together with a configuration file.
+const PER_GUEST_OPTIONS: [&str; 8] = [
+    "vcpus",
+    "mem",
+    "no_activations",
+    "disk",
+    "disk_read_only",
+    "thread_stack",
+    "thread_stacks",
+    "args",
+];
+
+/// `--thread-stack` for the id `thread_stack`.
+fn flag_of(id: &str) -> String {
+    match id {
+        "args" => "GUEST_ARGS (after --)".into(),
+        _ => format!("--{}", id.replace('_', "-")),
     }
-    let disks: Vec<Option<activm::devices::blk::DiskConfig>> = {
-        let n = args.guests.len();
-        let shared = args.disk.len() == 1 && n > 1;
-        if shared && !args.disk_read_only {
-            return usage_error(
-                "several guests cannot share one writable --disk: give one image per guest, or add --disk-read-only",
-            );
-        }
-        if args.disk.len() > 1 && args.disk.len() != n {
-            return usage_error(&format!(
-                "{} --disk images for {n} guests: give one, or one per guest",
-                args.disk.len()
+}
+
+fn problem(problem: config::Problem) -> ExitCode {
+    eprintln!("activm: error: {}", problem.message);
+    ExitCode::from(problem.status)
+}
+
+/// The configuration file to read: `--config`, or a lone GUEST ending in `.toml`.
+fn config_file(args: &RunArgs) -> Result<Option<PathBuf>, String> {
+    let is_toml = |p: &PathBuf| {
+        p.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("toml"))
+    };
+    if let Some(path) = &args.config {
+        if !args.guests.is_empty() {
+            return Err(format!(
+                "GUEST images cannot be given with --config: list them as [[guest]] tables in {}",
+                path.display()
             ));
         }
-        (0..n)
-            .map(|i| {
-                let path = if shared {
-                    args.disk.first()
-                } else {
-                    args.disk.get(i)
-                };
-                path.map(|path| activm::devices::blk::DiskConfig {
-                    path: path.clone(),
-                    read_only: args.disk_read_only,
-                    latency: Duration::from_micros(args.io_latency),
-                })
-            })
-            .collect()
-    };
-    if args.disk.is_empty() && (args.disk_read_only || args.io_latency > 0) {
-        return usage_error("--disk-read-only and --io-latency need a --disk");
+        return Ok(Some(path.clone()));
     }
-    let configs: Vec<activm::VmConfig> = args
+    match &args.guests[..] {
+        [only] if is_toml(only) => Ok(Some(only.clone())),
+        several => match several.iter().find(|p| is_toml(p)) {
+            Some(file) => Err(format!(
+                "{} looks like a configuration file: give it alone, or with --config",
+                file.display()
+            )),
+            None => Ok(None),
+        },
+    }
+}
+
+/// What to run, from the flags alone or from a configuration file and the flags that override
+/// it.
+fn settings(
+    args: &RunArgs,
+    given: &[String],
+) -> Result<(Machine, Vec<GuestSpec>, Source), config::Problem> {
+    let usage = config::Problem::usage;
+    let Some(file) = config_file(args).map_err(usage)? else {
+        return Ok((
+            machine_from_flags(args),
+            guests_from_flags(args)?,
+            Source::Flags,
+        ));
+    };
+    if let Some(id) = PER_GUEST_OPTIONS
+        .iter()
+        .find(|id| given.iter().any(|g| g == *id))
+    {
+        return Err(usage(format!(
+            "{} cannot be given with a configuration file: set `{id}` in the [[guest]] tables of {}",
+            flag_of(id),
+            file.display()
+        )));
+    }
+    let (mut machine, guests) = config::load(&file)?;
+    let flags = machine_from_flags(args);
+    let given = |id: &str| given.iter().any(|g| g == id);
+    if given("pcpus") {
+        machine.pcpus = flags.pcpus;
+        machine.from_flags.push(Key::Pcpus);
+    }
+    if given("quantum") {
+        machine.quantum_ms = flags.quantum_ms;
+        machine.from_flags.push(Key::Quantum);
+    }
+    if given("timeout") {
+        machine.timeout_secs = flags.timeout_secs;
+        machine.from_flags.push(Key::Timeout);
+    }
+    if given("io_latency") {
+        machine.io_latency_us = flags.io_latency_us;
+        machine.from_flags.push(Key::IoLatency);
+    }
+    if given("chaos") {
+        machine.chaos = flags.chaos;
+    }
+    if given("trace") {
+        machine.trace = flags.trace;
+    }
+    if given("ctl") {
+        machine.ctl = flags.ctl;
+    }
+    // Switches: a flag can turn them on, not off.
+    machine.stats |= flags.stats;
+    machine.boot_timing |= flags.boot_timing;
+    Ok((machine, guests, Source::File(file)))
+}
+
+fn machine_from_flags(args: &RunArgs) -> Machine {
+    Machine {
+        pcpus: args.pcpus,
+        quantum_ms: args.quantum,
+        chaos: args.chaos,
+        timeout_secs: args.timeout,
+        stats: args.stats,
+        boot_timing: args.boot_timing,
+        trace: args.trace.clone(),
+        ctl: args.ctl.clone(),
+        io_latency_us: args.io_latency,
+        from_flags: Vec::new(),
+    }
+}
+
+/// Every GUEST with the same settings; the `--disk` images one per guest, or one shared
+/// read-only.
+fn guests_from_flags(args: &RunArgs) -> Result<Vec<GuestSpec>, config::Problem> {
+    let usage = |message: &str| config::Problem::usage(message.into());
+    let n = args.guests.len();
+    let shared = args.disk.len() == 1 && n > 1;
+    if shared && !args.disk_read_only {
+        return Err(usage(
+            "several guests cannot share one writable --disk: give one image per guest, or add --disk-read-only",
+        ));
+    }
+    if args.disk.len() > 1 && args.disk.len() != n {
+        return Err(usage(&format!(
+            "{} --disk images for {n} guests: give one, or one per guest",
+            args.disk.len()
+        )));
+    }
+    if args.disk.is_empty() && (args.disk_read_only || args.io_latency > 0) {
+        return Err(usage("--disk-read-only and --io-latency need a --disk"));
+    }
+    Ok(args
         .guests
         .iter()
-        .zip(disks)
-        .map(|(image, disk)| activm::VmConfig {
+        .enumerate()
+        .map(|(i, image)| GuestSpec {
             image: image.clone(),
+            name: None,
             vcpus: args.vcpus,
-            mem_size: args.mem,
+            mem: args.mem,
             args: args.args.clone(),
-            boot_timing: args.boot_timing,
-            timeout,
-            start_tsc,
-            thread_stack_size: args.thread_stack,
+            activations: !args.no_activations,
+            disk: if shared {
+                args.disk.first().cloned()
+            } else {
+                args.disk.get(i).cloned()
+            },
+            disk_read_only: args.disk_read_only,
+            thread_stack: args.thread_stack,
             thread_stacks: args.thread_stacks,
-            disk,
         })
-        .collect();
-    let options = activm::MonitorOptions {
-        pcpus: args.pcpus.unwrap_or_else(activm::monitor::host_cpus),
-        quantum: Duration::from_secs_f64(args.quantum / 1000.0),
-        activations: !args.no_activations,
-        timeout,
-        trace: args.trace.clone(),
-        handle_signals: true,
-        ctl_socket: args.ctl.clone(),
-        chaos_seed: args.chaos,
+        .collect())
+}
+
+fn run(args: RunArgs, given: &[String], start_tsc: u64) -> ExitCode {
+    let plan = match settings(&args, given)
+        .and_then(|(machine, guests, source)| config::build(&machine, &guests, &source, start_tsc))
+    {
+        Ok(plan) => plan,
+        Err(e) => return problem(e),
     };
-    let consoles: Vec<Box<dyn std::io::Write + Send>> = configs
+    let consoles: Vec<Box<dyn std::io::Write + Send>> = plan
+        .guests
         .iter()
         .map(|_| Box::new(std::io::stdout()) as Box<dyn std::io::Write + Send>)
         .collect();
-    let reports = match activm::run_guests(&configs, consoles, &options) {
+    let reports = match activm::run_guests(&plan.guests, consoles, &plan.options) {
         Ok(reports) => reports,
         Err(e) => {
             eprintln!("activm: error: {e}");
@@ -241,7 +356,7 @@ fn run(args: RunArgs, start_tsc: u64) -> ExitCode {
         if let Some(timing) = &report.timing {
             eprint!("{who}{}", timing.render());
         }
-        if args.stats {
+        if plan.stats {
             for line in report.stats.lines() {
                 eprintln!("{who}{line}");
             }
@@ -259,7 +374,7 @@ fn run(args: RunArgs, start_tsc: u64) -> ExitCode {
             status = report.outcome.exit_code();
         }
     }
-    if let Some(path) = &args.trace {
+    if let Some(path) = &plan.options.trace {
         eprintln!("activm: trace written to {}", path.display());
     }
     ExitCode::from(status as u8)
@@ -297,17 +412,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("256M"), Ok(256 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("12Q").is_err());
-        assert!(parse_size("M").is_err());
-        assert!(parse_size("99999999999999G").is_err());
-    }
-
-    #[test]
     fn cli_parses_guests_and_guest_args() {
         let cli = Cli::try_parse_from([
             "activm", "run", "a.elf", "b.elf", "--vcpus", "4", "--pcpus", "2", "--", "exit", "3",
@@ -337,5 +441,172 @@ mod tests {
     #[test]
     fn cli_rejects_bad_vcpus() {
         assert!(Cli::try_parse_from(["activm", "run", "g.elf", "--vcpus", "many"]).is_err());
+    }
+
+    /// `activm run ARGS...`: the run arguments and the options given on the command line.
+    fn parse_run(args: &[&str]) -> (RunArgs, Vec<String>) {
+        let argv = ["activm", "run"].iter().chain(args);
+        let matches = Cli::command().try_get_matches_from(argv).unwrap();
+        let given = given_on_command_line(matches.subcommand_matches("run").unwrap());
+        let Command::Run(run) = Cli::from_arg_matches(&matches).unwrap().command else {
+            panic!("not run")
+        };
+        (run, given)
+    }
+
+    /// A configuration file in a fresh temporary directory, removed when dropped.
+    struct TempConfig(PathBuf);
+
+    impl TempConfig {
+        fn new(name: &str, text: &str) -> TempConfig {
+            let dir = std::env::temp_dir()
+                .join(format!("activm-main-test-{}-{name}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("run.toml");
+            std::fs::write(&path, text).unwrap();
+            TempConfig(path)
+        }
+
+        fn arg(&self) -> &str {
+            self.0.to_str().unwrap()
+        }
+    }
+
+    impl Drop for TempConfig {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+        }
+    }
+
+    #[test]
+    fn only_options_on_the_command_line_count_as_given() {
+        let (_, given) = parse_run(&["g.elf", "--pcpus", "2", "--stats"]);
+        assert!(given.contains(&"pcpus".to_string()));
+        assert!(given.contains(&"stats".to_string()));
+        for defaulted in ["vcpus", "mem", "quantum", "no_activations", "io_latency"] {
+            assert!(!given.contains(&defaulted.to_string()), "{defaulted}");
+        }
+        let (_, given) = parse_run(&["g.elf", "--vcpus", "1", "--", "x"]);
+        assert!(given.contains(&"vcpus".to_string()));
+        assert!(given.contains(&"args".to_string()));
+    }
+
+    #[test]
+    fn a_config_file_is_named_by_flag_or_alone() {
+        let (args, _) = parse_run(&["--config", "dir/run.toml"]);
+        assert_eq!(config_file(&args), Ok(Some("dir/run.toml".into())));
+        let (args, _) = parse_run(&["dir/run.TOML"]);
+        assert_eq!(config_file(&args), Ok(Some("dir/run.TOML".into())));
+        let (args, _) = parse_run(&["a.elf", "b.elf"]);
+        assert_eq!(config_file(&args), Ok(None));
+        let (args, _) = parse_run(&["a.elf", "run.toml"]);
+        assert!(config_file(&args)
+            .unwrap_err()
+            .contains("run.toml looks like a configuration file"));
+        let (args, _) = parse_run(&["--config", "run.toml", "a.elf"]);
+        assert!(config_file(&args)
+            .unwrap_err()
+            .starts_with("GUEST images cannot be given with --config"));
+        assert!(Cli::try_parse_from(["activm", "run", "--vcpus", "2"]).is_err());
+    }
+
+    #[test]
+    fn machine_flags_override_the_file() {
+        let file = TempConfig::new(
+            "override",
+            "pcpus = 4\ntimeout = 60\nstats = false\n[[guest]]\nimage = \"a\"\nvcpus = 3\n",
+        );
+        let (args, given) = parse_run(&[
+            "--config",
+            file.arg(),
+            "--pcpus",
+            "1",
+            "--timeout",
+            "2.5",
+            "--stats",
+        ]);
+        let (machine, guests, source) = settings(&args, &given).unwrap();
+        assert_eq!(source, Source::File(file.0.clone()));
+        assert_eq!(machine.pcpus, Some(1));
+        assert_eq!(machine.timeout_secs, Some(2.5));
+        assert!(machine.stats);
+        assert_eq!(machine.quantum_ms, 10.0);
+        assert_eq!(machine.from_flags, [Key::Pcpus, Key::Timeout]);
+        assert_eq!(guests.len(), 1);
+        assert_eq!(guests[0].vcpus, 3);
+        assert_eq!(guests[0].image, file.0.parent().unwrap().join("a"));
+        // Without the flags, the file's values stand.
+        let (args, given) = parse_run(&[file.arg()]);
+        let (machine, _, _) = settings(&args, &given).unwrap();
+        assert_eq!((machine.pcpus, machine.timeout_secs), (Some(4), Some(60.0)));
+        // A bad override is named as the flag.
+        let (args, given) = parse_run(&["--config", file.arg(), "--timeout", "0"]);
+        let (machine, guests, source) = settings(&args, &given).unwrap();
+        let problem = config::build(&machine, &guests, &source, 0).unwrap_err();
+        assert_eq!(
+            problem.message,
+            "--timeout must be a positive number of seconds"
+        );
+    }
+
+    #[test]
+    fn per_guest_flags_are_refused_with_a_file() {
+        let file = TempConfig::new("refuse", "[[guest]]\nimage = \"a\"\n");
+        for (flags, named) in [
+            (&["--vcpus", "2"][..], "--vcpus"),
+            (&["--mem", "64M"], "--mem"),
+            (&["--no-activations"], "--no-activations"),
+            (&["--disk", "d.img"], "--disk"),
+            (&["--disk-read-only"], "--disk-read-only"),
+            (&["--thread-stack", "64K"], "--thread-stack"),
+            (&["--thread-stacks", "8"], "--thread-stacks"),
+            (&["--", "exit", "3"], "GUEST_ARGS"),
+        ] {
+            let mut argv = vec!["--config", file.arg()];
+            argv.extend(flags);
+            let (args, given) = parse_run(&argv);
+            let problem = settings(&args, &given).unwrap_err();
+            assert_eq!(problem.status, config::EXIT_USAGE);
+            assert!(
+                problem.message.starts_with(named)
+                    && problem
+                        .message
+                        .contains("cannot be given with a configuration file"),
+                "{}",
+                problem.message
+            );
+        }
+    }
+
+    #[test]
+    fn flags_give_every_guest_the_same_settings() {
+        let (args, given) = parse_run(&[
+            "a.elf",
+            "b.elf",
+            "--vcpus",
+            "2",
+            "--no-activations",
+            "--disk",
+            "d.img",
+            "--disk-read-only",
+            "--",
+            "x",
+        ]);
+        let (machine, guests, source) = settings(&args, &given).unwrap();
+        assert_eq!(source, Source::Flags);
+        assert_eq!(machine.from_flags, []);
+        for (guest, image) in guests.iter().zip(["a.elf", "b.elf"]) {
+            assert_eq!(
+                guest,
+                &GuestSpec {
+                    vcpus: 2,
+                    args: vec!["x".into()],
+                    activations: false,
+                    disk: Some("d.img".into()),
+                    disk_read_only: true,
+                    ..GuestSpec::new(image)
+                }
+            );
+        }
     }
 }

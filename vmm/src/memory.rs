@@ -135,6 +135,9 @@ pub struct Plan {
     pub heap: Range<u64>,
 }
 
+/// Usable sizes a guard-paged thread stack may have (`--thread-stack`).
+pub const THREAD_STACK_SIZES: std::ops::RangeInclusive<u64> = 4096..=(64 << 20);
+
 /// The thread-stack region the VMM maps with a guard page under every stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StackSlots {
@@ -147,7 +150,7 @@ impl StackSlots {
     /// Slots for stacks of `usable` bytes (rounded up to 4 KiB) each; `count` slots, or by
     /// default as many as fit in a quarter of `mem_size` (at most 256 MiB and 4096 slots).
     pub fn new(usable: u64, count: Option<u32>, mem_size: u64) -> Result<StackSlots, Error> {
-        if !(4096..=(64 << 20)).contains(&usable) {
+        if !THREAD_STACK_SIZES.contains(&usable) {
             return Err(Error::Config(
                 "--thread-stack must be between 4K and 64M".into(),
             ));

@@ -27,7 +27,8 @@ pub struct MonitorOptions {
     pub pcpus: usize,
     /// Time slice of the allocator.
     pub quantum: Duration,
-    /// Whether guests may use scheduler activations (`--no-activations` clears it).
+    /// Whether guests may use scheduler activations at all; a guest uses them only if its own
+    /// `VmConfig::activations` says so too (the command line sets that per guest).
     pub activations: bool,
     /// Stop every guest after this long.
     pub timeout: Option<Duration>,
@@ -64,15 +65,18 @@ pub fn host_cpus() -> usize {
         .unwrap_or(1)
 }
 
-/// A guest's name: its file name, made unique among `configs`.
+/// A guest's name: the one its configuration gives, else its image's file name, made unique
+/// among `configs` with `#index` (given names are left as they are).
 fn guest_names(configs: &[VmConfig]) -> Vec<String> {
     let mut names: Vec<String> = configs
         .iter()
-        .map(|c| {
-            c.image
+        .map(|c| match &c.name {
+            Some(name) => name.clone(),
+            None => c
+                .image
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "guest".into())
+                .unwrap_or_else(|| "guest".into()),
         })
         .collect();
     let duplicated: Vec<bool> = names
@@ -80,7 +84,7 @@ fn guest_names(configs: &[VmConfig]) -> Vec<String> {
         .map(|n| names.iter().filter(|m| *m == n).count() > 1)
         .collect();
     for (i, name) in names.iter_mut().enumerate() {
-        if duplicated[i] {
+        if duplicated[i] && configs[i].name.is_none() {
             *name = format!("{name}#{i}");
         }
     }
@@ -128,7 +132,7 @@ pub fn run_guests(
             name,
             console,
             &procs,
-            options.activations,
+            options.activations && config.activations,
             trace.clone(),
         )?;
         for (index, fd) in created.fds.into_iter().enumerate() {
@@ -256,5 +260,29 @@ pub fn forward_signal(guests: &[Arc<Guest>], signal: i32, forced: bool) {
         } else {
             guest.deliver(Event::new(UpcallKind::Signal, 0, 0, signal as u64));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_names_keep_given_names_and_number_repeated_images() {
+        let named = |image: &str, name: &str| VmConfig {
+            name: Some(name.into()),
+            ..VmConfig::new(image)
+        };
+        let configs = [
+            VmConfig::new("/g/demo"),
+            named("/g/demo", "demo"),
+            VmConfig::new("/g/demo"),
+            named("/g/rt-tests", "aware"),
+            VmConfig::new("/g/rt-tests"),
+        ];
+        assert_eq!(
+            guest_names(&configs),
+            ["demo#0", "demo", "demo#2", "aware", "rt-tests"]
+        );
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use protocol::boot::VcpuBoot;
 
 use crate::arch::current as arch;
+use crate::config::Key;
 use crate::error::Error;
 use crate::guest::Guest;
 use crate::monitor::{run_guests, MonitorOptions};
@@ -23,6 +24,9 @@ pub const EXIT_TIMEOUT: i32 = 124;
 #[derive(Clone, Debug)]
 pub struct VmConfig {
     pub image: PathBuf,
+    /// The guest's label in console prefixes, `--stats`, `activm ctl` and traces (default: the
+    /// image's file name, made unique).
+    pub name: Option<String>,
     pub vcpus: u32,
     pub mem_size: u64,
     pub args: Vec<String>,
@@ -35,6 +39,10 @@ pub struct VmConfig {
     pub thread_stacks: Option<u32>,
     /// The guest's block device, if any.
     pub disk: Option<crate::devices::blk::DiskConfig>,
+    /// Whether this guest may use scheduler activations (`--no-activations`, or
+    /// `no_activations` in a configuration file, clears it). Guests with and without share one
+    /// budget of processors; `MonitorOptions::activations` turns them off for every guest.
+    pub activations: bool,
 }
 
 impl VmConfig {
@@ -42,8 +50,9 @@ impl VmConfig {
     pub fn new(image: impl Into<PathBuf>) -> VmConfig {
         VmConfig {
             image: image.into(),
+            name: None,
             vcpus: 1,
-            mem_size: 256 << 20,
+            mem_size: crate::config::DEFAULT_MEM,
             args: Vec::new(),
             boot_timing: false,
             timeout: None,
@@ -51,7 +60,48 @@ impl VmConfig {
             thread_stack_size: DEFAULT_THREAD_STACK,
             thread_stacks: None,
             disk: None,
+            activations: true,
         }
+    }
+
+    /// Check the settings that do not depend on the image or the host: the vCPU count, the
+    /// RAM size, the thread stack size and the disk's latency. The error names the setting and
+    /// says what is wrong with it, for the caller to put in its own words (a flag or a key).
+    pub fn check(&self) -> Result<(), (Key, String)> {
+        if self.vcpus == 0 || self.vcpus as usize > protocol::MAX_VCPUS {
+            return Err((
+                Key::Vcpus,
+                format!(
+                    "must be between 1 and {}, not {}",
+                    protocol::MAX_VCPUS,
+                    self.vcpus
+                ),
+            ));
+        }
+        if !self.mem_size.is_multiple_of(2 << 20) || self.mem_size > arch::abi::RAM_LIMIT {
+            return Err((
+                Key::Mem,
+                format!(
+                    "must be a multiple of 2 MiB and at most {} MiB",
+                    arch::abi::RAM_LIMIT >> 20
+                ),
+            ));
+        }
+        if !crate::memory::THREAD_STACK_SIZES.contains(&self.thread_stack_size) {
+            return Err((Key::ThreadStack, "must be between 4K and 64M".into()));
+        }
+        if let Some(disk) = &self.disk {
+            if disk.latency > crate::devices::blk::MAX_LATENCY {
+                return Err((
+                    Key::IoLatency,
+                    format!(
+                        "is at most {} us",
+                        crate::devices::blk::MAX_LATENCY.as_micros()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
