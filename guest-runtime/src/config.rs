@@ -106,7 +106,9 @@ pub(crate) fn apply_arg(arg: &str) -> bool {
         ("idle-spin-us", Some(us), _) => set_idle_spin(Duration::from_micros(us)),
         ("sa", _, Some(on)) => USE_SA.store(on, Ordering::Relaxed),
         ("halt", _, Some(on)) => USE_HALT.store(on, Ordering::Relaxed),
-        ("idle-yield-us", Some(us), _) => set_idle_yield((us > 0).then(|| Duration::from_micros(us))),
+        ("idle-yield-us", Some(us), _) => {
+            set_idle_yield((us > 0).then(|| Duration::from_micros(us)))
+        }
         ("stats", _, Some(on)) => crate::stats::set_print_at_exit(on),
         _ => activm_stub::println!("activm-rt: ignoring unknown runtime argument {arg:?}"),
     }

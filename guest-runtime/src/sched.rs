@@ -183,7 +183,8 @@ pub fn make_next(t: &Tcb) {
 /// Takes this vCPU's `next` thread if it is `t` (a joiner about to wait for `t`).
 pub fn take_next_if(t: &Tcb) -> bool {
     percpu::this()
-        .next.ptr
+        .next
+        .ptr
         .compare_exchange(
             t as *const Tcb as *mut Tcb,
             core::ptr::null_mut(),
@@ -481,8 +482,14 @@ fn steal_next() -> *const Tcb {
     }
     // If another thread took its place meanwhile, nothing is taken (the idle loop looks again).
     if percpu::of(v)
-        .next.ptr
-        .compare_exchange(t, core::ptr::null_mut(), Ordering::Acquire, Ordering::Relaxed)
+        .next
+        .ptr
+        .compare_exchange(
+            t,
+            core::ptr::null_mut(),
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        )
         .is_ok()
     {
         percpu::bump(&percpu::this().counters.steals);
@@ -767,17 +774,26 @@ pub fn irq_prologue(frame: &mut IrqFrame) -> bool {
     // stack while `Current` still names the previous activation's thread (whose context the
     // VMM may have handed to another vCPU). Switching "that thread" out here would file the
     // activation stack as its stack pointer.
-    // SAFETY: `Current` is non-null (checked above); TCBs are never freed (pooled), and a
-    // thread's stack bounds change only while it does not run.
-    let cur = unsafe { &*current_raw() };
-    let at = frame as *const IrqFrame as usize;
-    match cur.stack.get() {
-        Some(s) if at >= s.lo && at < s.hi => true,
-        _ => {
-            percpu::trace(percpu::T_FOREIGN_STACK, frame.rip);
-            percpu::bump(&percpu::this().counters.deferred_sched);
-            false
-        }
+    if on_current_thread_stack(frame as *const IrqFrame as usize) {
+        true
+    } else {
+        percpu::trace(percpu::T_FOREIGN_STACK, frame.rip);
+        percpu::bump(&percpu::this().counters.deferred_sched);
+        false
+    }
+}
+
+/// Whether `at` lies on the stack of the thread `Current` names (false without one).
+fn on_current_thread_stack(at: usize) -> bool {
+    let cur = current_raw();
+    if cur.is_null() {
+        return false;
+    }
+    // SAFETY: TCBs are never freed (pooled), and a thread's stack bounds change only while it
+    // does not run.
+    match unsafe { &*cur }.stack.get() {
+        Some(s) => at >= s.lo && at < s.hi,
+        None => false,
     }
 }
 
@@ -795,6 +811,14 @@ pub fn on_resched(frame: &mut IrqFrame) {
 /// (thread context): carries out what interrupt handlers deferred.
 pub fn safepoint() {
     if preempt::held() != 0 || cpu::get(Word::InSched) != 0 {
+        return;
+    }
+    // An interrupt handler on top of a new activation's entry, before the entry reset the
+    // words, sees the previous activation's: its hold count, its pending work and its thread
+    // (which now runs elsewhere, or waits to). Nothing may be done for "that thread" there; the
+    // entry clears what is pending.
+    let here = 0u8;
+    if !on_current_thread_stack(core::ptr::addr_of!(here) as usize) {
         return;
     }
     let pending = cpu::take_pending();

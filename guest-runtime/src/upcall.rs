@@ -38,7 +38,9 @@
 use alloc::boxed::Box;
 use core::cell::UnsafeCell;
 use core::mem::{offset_of, MaybeUninit};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 
 use activm_stub::arch::x86_64::percpu::{HOLD_OFFSET, PENDING_OFFSET};
 use activm_stub::protocol::arch::x86_64::{
@@ -336,8 +338,34 @@ fn take_spare() -> Option<u64> {
 
 fn new_act_stack() -> u64 {
     let stack = alloc::vec![0u8; ACT_STACK_SIZE].leak();
-    (stack.as_ptr() as u64 + stack.len() as u64) & !15
+    let top = (stack.as_ptr() as u64 + stack.len() as u64) & !15;
+    let i = NR_ACT_STACKS.fetch_add(1, Ordering::AcqRel);
+    if let Some(slot) = ACT_STACKS.get(i) {
+        slot.store(top, Ordering::Release);
+    }
+    top
 }
+
+/// The tops of every activation stack made (they are recycled, never freed), so a context's
+/// stack pointer can be told to lie on one ([`act_stack_top_of`]).
+static ACT_STACKS: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
+static NR_ACT_STACKS: AtomicUsize = AtomicUsize::new(0);
+
+/// The top of the activation stack `sp` lies on, if it lies on one.
+fn act_stack_top_of(sp: u64) -> Option<u64> {
+    let n = NR_ACT_STACKS.load(Ordering::Acquire).min(ACT_STACKS.len());
+    ACT_STACKS[..n]
+        .iter()
+        .map(|slot| slot.load(Ordering::Acquire))
+        .find(|&top| top != 0 && sp < top && sp >= top - ACT_STACK_SIZE as u64 + 16)
+}
+
+/// Where an interrupt taken at a new activation's first instruction leaves that instruction's
+/// address: the stub pushes `[vector, error code, rflags, rip]` under the entry's stack pointer,
+/// `top - 8`. The entry's own first stores overwrite it (with `top`), and a stack is cleared
+/// there when given back, so this word names the entry only while such an interrupt's handler
+/// (or one nested in it) runs before the entry did anything.
+const ENTRY_MARK_OFFSET: u64 = 16;
 
 /// Scheduler context, at a fresh entry (so not on a retired stack): gives back the stack this
 /// vCPU's scheduler left when it adopted another one.
@@ -352,6 +380,9 @@ pub fn release_retired_stack() {
 /// refilled after the records are handled).
 pub fn release_act_stack(top: u64) {
     if top != 0 {
+        // SAFETY: a stack nobody runs on (its owner is handing it back); `top` is a 16-byte
+        // aligned activation stack top, so the word under it is inside the stack.
+        unsafe { ((top - ENTRY_MARK_OFFSET) as *mut u64).write_volatile(0) };
         put_spare(top);
     }
 }
@@ -531,9 +562,15 @@ struct OldWords {
     new_top: u64,
 }
 
+/// Tag on a vCPU's activation word while an activation entry resets the words it claimed.
+/// An activation taken away inside that window did nothing: its record's handler files the
+/// state before it (from the entry's stack) and the next activation, finding the tag, files
+/// nothing (the words are half reset: filing them would give stacks away twice).
+const CLAIMING: u64 = 1 << 63;
+
 /// Files the state of the activation a vCPU had before (its new activation took the vCPU).
 fn file_old_state(vcpu: u32, old: &OldWords) {
-    if old.activation == 0 {
+    if old.activation == 0 || old.activation & CLAIMING != 0 {
         return;
     }
     let st = own_stack(ActState {
@@ -569,7 +606,6 @@ fn take_state(activation: u32, vcpu: u32) -> Option<ActState> {
         return None;
     }
     let read = |w: Word| cpu::get_of(vcpu, w);
-    let pcpu = percpu::of(vcpu);
     let st = ActState {
         activation,
         vcpu,
@@ -593,9 +629,9 @@ fn take_state(activation: u32, vcpu: u32) -> Option<ActState> {
         // Its next activation claimed the words first; its snapshot will be in the table.
         return None;
     }
-    // The words are ours: the vCPU's next activation finds nothing to file.
-    cpu::reset_hold_of(vcpu);
-    pcpu.in_drain.store(0, Ordering::Release);
+    // The words are ours: the vCPU's next activation finds nothing to file. It resets them
+    // itself; writing them here would race with it (that activation may already be running,
+    // holding a spinlock or draining, by the time this line would run).
     Some(own_stack(st))
 }
 
@@ -624,7 +660,9 @@ core::arch::global_asm!(
     "    lea 64(%rsp), %rax",
     "    mov %rax, 48(%rsp)",
     "    mov %rsi, %rax",
-    // The claim: this vCPU's words are now this activation's; rax = the previous activation.
+    "    bts ${claiming_bit}, %rax",
+    // The claim: this vCPU's words are now this activation's, still being reset (tagged
+    // CLAIMING); rax = the previous activation.
     "    xchg %rax, %gs:{activation}",
     ".globl __rt_act_claimed",
     "__rt_act_claimed:",
@@ -637,6 +675,8 @@ core::arch::global_asm!(
     "    movq $0, %gs:{armed}",
     "    lea 64(%rsp), %rax",
     "    mov %rax, %gs:{sched_top}",
+    // The words are whole: drop the tag (the window's last instruction).
+    "    mov %rsi, %gs:{activation}",
     ".globl __rt_act_window_end",
     "__rt_act_window_end:",
     "    mov %rsp, %rcx",
@@ -653,6 +693,7 @@ core::arch::global_asm!(
     armed = const offset(Word::Armed),
     hold = const HOLD_OFFSET,
     pending = const PENDING_OFFSET,
+    claiming_bit = const CLAIMING.trailing_zeros(),
     start = sym activation_start,
     options(att_syntax),
 );
@@ -969,17 +1010,38 @@ fn resolve_entry_context(r: &UpcallRecord) -> bool {
         if rip == claimed {
             old.activation = ctx.gprs.rax;
         }
-        percpu::of(r.vcpu).in_drain.store(0, Ordering::Release);
         file_old_state(r.vcpu, &old);
+        // Unless the vCPU's next activation claimed it already (it then files nothing).
         let word = activm_stub::arch::x86_64::percpu::cpu_local(r.vcpu as usize)
             .rt_word(Word::Activation as usize);
         let _ = word.compare_exchange(
-            u64::from(r.activation),
+            u64::from(r.activation) | CLAIMING,
             0,
             Ordering::AcqRel,
             Ordering::Acquire,
         );
     }
+    sched::clear_idle_bits(r.vcpu);
+    release_act_stack(top);
+    percpu::bump(&percpu::this().counters.dropped_idle_contexts);
+    true
+}
+
+/// A context taken in an interrupt handler (or the trampoline around it) that runs on top of a
+/// new activation's first instruction: that activation did nothing (its handlers only defer,
+/// and the entry drops what they deferred), so the context is dropped and its stack given
+/// back. Its state can never be taken: the activation never claimed the vCPU's words.
+fn drop_entry_interrupt_context(r: &UpcallRecord) -> bool {
+    let Some(top) = act_stack_top_of(r.context.gprs.rsp) else {
+        return false;
+    };
+    // SAFETY: `top` is an activation stack's top (registered when made), so the word under it
+    // is guest memory inside that stack; the stack's activation no longer runs.
+    let mark = unsafe { ((top - ENTRY_MARK_OFFSET) as *const u64).read_volatile() };
+    if mark != entry_window().0 {
+        return false;
+    }
+    percpu::trace(percpu::T_ENTRY_CTX, r.context.rip);
     sched::clear_idle_bits(r.vcpu);
     release_act_stack(top);
     percpu::bump(&percpu::this().counters.dropped_idle_contexts);
@@ -1005,6 +1067,9 @@ fn resume_context_in(r: &UpcallRecord, nested: bool) {
         (u64::from(r.activation) << 32) | (u64::from(r.vcpu) << 24) | (r.seq & 0xff_ffff),
     );
     let Some(st) = take_state(r.activation, r.vcpu) else {
+        if drop_entry_interrupt_context(r) {
+            return;
+        }
         percpu::trace(percpu::T_LATER, r.seq);
         later(r);
         return;

@@ -92,15 +92,6 @@ pub fn hold_of(vcpu: u32) -> u64 {
         .load(core::sync::atomic::Ordering::Acquire)
 }
 
-/// Resets vCPU `vcpu`'s hold count and pending word (its activation is gone).
-pub fn reset_hold_of(vcpu: u32) {
-    let block = percpu::cpu_local(vcpu as usize);
-    block.hold().store(0, core::sync::atomic::Ordering::Release);
-    block
-        .pending()
-        .store(0, core::sync::atomic::Ordering::Release);
-}
-
 /// The time-stamp counter.
 #[inline(always)]
 pub fn rdtsc() -> u64 {

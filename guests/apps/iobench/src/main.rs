@@ -26,10 +26,23 @@ use activm_stub::{println, rdtsc, tsc_khz};
 activm_rt::main!(main);
 
 fn main(args: &[&str]) -> i32 {
-    let number = |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+    let number =
+        |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
     match args.first().copied() {
-        Some("serve") => serve(number(1, 16), number(2, 400), number(3, 100), number(4, 0), true),
-        Some("serve-cpu") => serve(number(1, 16), number(2, 400), number(3, 100), number(4, 0), false),
+        Some("serve") => serve(
+            number(1, 16),
+            number(2, 400),
+            number(3, 100),
+            number(4, 0),
+            true,
+        ),
+        Some("serve-cpu") => serve(
+            number(1, 16),
+            number(2, 400),
+            number(3, 100),
+            number(4, 0),
+            false,
+        ),
         Some("latency") => latency(number(1, 100)),
         _ => {
             println!("usage: serve THREADS REQUESTS WORK | serve-cpu THREADS REQUESTS WORK | latency READS");

@@ -24,7 +24,8 @@ use activm_stub::{println, rdtsc, tsc_khz};
 activm_rt::main!(main);
 
 fn main(args: &[&str]) -> i32 {
-    let number = |i: usize, default: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+    let number =
+        |i: usize, default: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
     match args.first().copied() {
         Some("nbody") => nbody(number(1, 1024), number(2, 10), number(3, 4)),
         Some("locks") => locks(number(1, 32), number(2, 200_000), number(3, 4)),
@@ -56,7 +57,9 @@ unsafe impl Sync for Bodies {}
 
 /// A deterministic pseudo-random number in [0, 1).
 fn lcg(state: &mut u64) -> f64 {
-    *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (*state >> 11) as f64 / (1u64 << 53) as f64
 }
 
@@ -86,7 +89,11 @@ fn nbody(n: usize, steps: usize, threads: usize) -> i32 {
                         let mut acc = [0.0f64; 3];
                         let p = all[i].pos;
                         for other in all.iter() {
-                            let d = [other.pos[0] - p[0], other.pos[1] - p[1], other.pos[2] - p[2]];
+                            let d = [
+                                other.pos[0] - p[0],
+                                other.pos[1] - p[1],
+                                other.pos[2] - p[2],
+                            ];
                             let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2] + 1e-3;
                             let inv = other.mass / (r2 * sqrt(r2));
                             acc[0] += d[0] * inv;
@@ -122,7 +129,9 @@ fn nbody(n: usize, steps: usize, threads: usize) -> i32 {
 fn sqrt(x: f64) -> f64 {
     let result: f64;
     // SAFETY: sqrtsd only reads and writes xmm registers.
-    unsafe { core::arch::asm!("sqrtsd {0}, {0}", inout(xmm_reg) x => result, options(pure, nomem, nostack)) };
+    unsafe {
+        core::arch::asm!("sqrtsd {0}, {0}", inout(xmm_reg) x => result, options(pure, nomem, nostack))
+    };
     result
 }
 
@@ -150,7 +159,9 @@ fn locks(threads: usize, entries: usize, nlocks: usize) -> i32 {
                     drop(guard);
                     // Some work outside.
                     for _ in 0..20 {
-                        seed = core::hint::black_box(seed.wrapping_mul(6364136223846793005).wrapping_add(1));
+                        seed = core::hint::black_box(
+                            seed.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
                     }
                 }
             })
@@ -162,6 +173,12 @@ fn locks(threads: usize, entries: usize, nlocks: usize) -> i32 {
     let ms = elapsed_ms(start);
     let total: u64 = counters.iter().map(|c| *c.lock().unwrap()).sum();
     let expected = (per_thread * threads) as u64;
-    println!("RESULT locks threads={threads} entries={expected} locks={nlocks} ms={ms:.3} check={total}");
-    if total == expected { 0 } else { 1 }
+    println!(
+        "RESULT locks threads={threads} entries={expected} locks={nlocks} ms={ms:.3} check={total}"
+    );
+    if total == expected {
+        0
+    } else {
+        1
+    }
 }

@@ -563,10 +563,14 @@ fn condvar_timeout() -> TestResult {
         let took = since_ns(t0);
         drop(g);
         ensure(r.timed_out(), || format!("{us} us wait: not timed out"))?;
-        ensure(took >= us * 1000, || format!("{us} us wait returned after {took} ns"))?;
+        ensure(took >= us * 1000, || {
+            format!("{us} us wait returned after {took} ns")
+        })?;
         late_max = late_max.max(took - us * 1000);
     }
-    ensure(late_max < 50_000_000, || format!("timeout {late_max} ns late"))?;
+    ensure(late_max < 50_000_000, || {
+        format!("timeout {late_max} ns late")
+    })?;
 
     // 2. Notified after 1 ms of a 20 ms timeout: returns early, not timed out; then a plain
     // wait across the cancelled deadline must not be woken by it (waits never wake spuriously
@@ -609,9 +613,13 @@ fn condvar_timeout() -> TestResult {
     ensure(!timed_out && seen == 2, || {
         format!("notified wait: timed_out {timed_out}, state {seen}")
     })?;
-    ensure(took < 19_000_000, || format!("notified wait took {took} ns"))?;
+    ensure(took < 19_000_000, || {
+        format!("notified wait took {took} ns")
+    })?;
     let w = wakeups.load(Ordering::Relaxed);
-    ensure(w == 1, || format!("plain wait woke {w} times (the cancelled timer woke it?)"))?;
+    ensure(w == 1, || {
+        format!("plain wait woke {w} times (the cancelled timer woke it?)")
+    })?;
 
     // 3. Many timed waiters at once: 32 with a long timeout on one condvar (all notified),
     // 32 with 1-5 ms timeouts on another (all time out), interleaved in the sleepers' list.
@@ -701,7 +709,9 @@ fn condvar_timeout() -> TestResult {
         got += g;
         timeouts += t;
     }
-    ensure(got == TOKENS, || format!("{got} tokens consumed of {TOKENS}"))?;
+    ensure(got == TOKENS, || {
+        format!("{got} tokens consumed of {TOKENS}")
+    })?;
     Ok(format!(
         "timeouts at most {} us late; notified after 1 ms of 20 ms in {} us; {} timed waiters; \
          {TOKENS} tokens with {timeouts} timeouts racing",
@@ -1494,7 +1504,9 @@ fn blk_pattern(sector: u64, offset: usize) -> u8 {
 fn blk() -> TestResult {
     use activm_rt::blk::{self, Error, SECTOR_SIZE};
     let sectors = blk::capacity();
-    ensure(sectors >= 2048, || format!("the disk has {sectors} sectors; give it 1 MiB"))?;
+    ensure(sectors >= 2048, || {
+        format!("the disk has {sectors} sectors; give it 1 MiB")
+    })?;
     if blk::read_only() {
         return Err("skipped: the disk is read-only".into());
     }
@@ -1527,21 +1539,29 @@ fn blk() -> TestResult {
         for o in 0..SECTOR_SIZE as usize {
             let got = all[(sector * SECTOR_SIZE) as usize + o];
             ensure(got == blk_pattern(sector, o), || {
-                format!("sector {sector} byte {o}: {got:#x}, expected {:#x}", blk_pattern(sector, o))
+                format!(
+                    "sector {sector} byte {o}: {got:#x}, expected {:#x}",
+                    blk_pattern(sector, o)
+                )
             })?;
         }
     }
     let mut one = [0u8; 512];
-    ensure(blk::read(sectors, &mut one) == Err(Error::OutOfRange), || {
-        "a read past the end did not fail with OutOfRange".into()
-    })?;
-    ensure(blk::read(sectors - 1, &mut [0u8; 1024]) == Err(Error::OutOfRange), || {
-        "a read straddling the end did not fail".into()
-    })?;
-    ensure(blk::read(0, &mut [0u8; 100]) == Err(Error::BadLength), || {
-        "a partial-sector buffer was accepted".into()
-    })?;
-    Ok(format!("{total} sectors written by {THREADS} threads, read back exact; errors reported"))
+    ensure(
+        blk::read(sectors, &mut one) == Err(Error::OutOfRange),
+        || "a read past the end did not fail with OutOfRange".into(),
+    )?;
+    ensure(
+        blk::read(sectors - 1, &mut [0u8; 1024]) == Err(Error::OutOfRange),
+        || "a read straddling the end did not fail".into(),
+    )?;
+    ensure(
+        blk::read(0, &mut [0u8; 100]) == Err(Error::BadLength),
+        || "a partial-sector buffer was accepted".into(),
+    )?;
+    Ok(format!(
+        "{total} sectors written by {THREADS} threads, read back exact; errors reported"
+    ))
 }
 
 /// Threads wait for a slow device (`--io-latency`) while others compute: the computing threads
@@ -1563,7 +1583,9 @@ fn blk_overlap_inner() -> TestResult {
     let unblocked_before = kind_count(UpcallKind::Unblocked);
     // Known contents (sectors 4096.. so `blk` may run before or after).
     let base = 4096;
-    ensure(blk::capacity() >= base + READERS * READS, || "the disk is too small".into())?;
+    ensure(blk::capacity() >= base + READERS * READS, || {
+        "the disk is too small".into()
+    })?;
     let mut buf = alloc::vec![0u8; SECTOR_SIZE as usize];
     for i in 0..READERS * READS {
         for (o, b) in buf.iter_mut().enumerate() {
@@ -1618,12 +1640,20 @@ fn blk_overlap_inner() -> TestResult {
     let per_read_us = rt::ticks_to_ns(waited) / 1000 / (READERS * READS);
     let blocked = kind_count(UpcallKind::Blocked) - blocked_before;
     let unblocked = kind_count(UpcallKind::Unblocked) - unblocked_before;
-    ensure(during > 0, || "no computation ran while the readers waited".into())?;
+    ensure(during > 0, || {
+        "no computation ran while the readers waited".into()
+    })?;
     if sa && per_read_us >= 500 {
         // A slow device: every read blocked its vCPU in the VMM.
-        ensure(blocked >= READERS * READS && unblocked >= READERS * READS, || {
-            format!("{} slow reads but {blocked} BLOCKED and {unblocked} UNBLOCKED records", READERS * READS)
-        })?;
+        ensure(
+            blocked >= READERS * READS && unblocked >= READERS * READS,
+            || {
+                format!(
+                    "{} slow reads but {blocked} BLOCKED and {unblocked} UNBLOCKED records",
+                    READERS * READS
+                )
+            },
+        )?;
     }
     Ok(format!(
         "{} reads of {per_read_us} us each in {} ms; {during} units computed meanwhile; {blocked} BLOCKED, {unblocked} UNBLOCKED",
@@ -1814,7 +1844,9 @@ pub fn chaos_soak(seconds: u64) -> Result<String, String> {
                 blk::write(sector, &buf).map_err(|e| format!("write: {e}"))?;
                 blk::read(sector, &mut back).map_err(|e| format!("read: {e}"))?;
                 if back != buf {
-                    return Err(format!("sector {sector} read back differs after write {ops}"));
+                    return Err(format!(
+                        "sector {sector} read back differs after write {ops}"
+                    ));
                 }
                 ops += 1;
             }
@@ -1831,7 +1863,9 @@ pub fn chaos_soak(seconds: u64) -> Result<String, String> {
         if done != last.0 {
             last = (done, now);
         } else if ms(now - last.1) > 10_000 {
-            return Err(format!("no progress for 10 s after {done} increments (deadlock?)"));
+            return Err(format!(
+                "no progress for 10 s after {done} increments (deadlock?)"
+            ));
         }
     }
     STOP.store(true, Ordering::Release);
@@ -1848,9 +1882,10 @@ pub fn chaos_soak(seconds: u64) -> Result<String, String> {
         let (pings, shared) = ping.join().unwrap();
         let pongs = pong.join().unwrap();
         let counted = shared.0.lock().unwrap().0;
-        ensure(pongs == counted && (pings == pongs || pings == pongs + 1), || {
-            format!("condvar ping-pong: {pings} pings, {pongs} pongs, {counted} counted")
-        })?;
+        ensure(
+            pongs == counted && (pings == pongs || pings == pongs + 1),
+            || format!("condvar ping-pong: {pings} pings, {pongs} pongs, {counted} counted"),
+        )?;
         exchanges += pongs;
     }
     let mut slept = 0;
@@ -1873,20 +1908,29 @@ pub fn chaos_soak(seconds: u64) -> Result<String, String> {
     if waiting != 0 {
         upcall::print_waiting_records();
     }
-    ensure(waiting == 0, || format!("{waiting} upcall records never handled"))?;
+    ensure(waiting == 0, || {
+        format!("{waiting} upcall records never handled")
+    })?;
     let m = *M.lock().unwrap();
     let spin = *SPIN.lock();
     ensure(m == iters && spin == iters, || {
         format!("mutex counter {m}, spinlock counter {spin}, expected {iters}")
     })?;
     let ran = CHILDREN_RAN.load(Ordering::Acquire);
-    ensure(ran == children, || format!("{ran} children ran, {children} joined"))?;
-    ensure(received == sent, || format!("{received} messages received, {sent} sent"))?;
+    ensure(ran == children, || {
+        format!("{ran} children ran, {children} joined")
+    })?;
+    ensure(received == sent, || {
+        format!("{received} messages received, {sent} sent")
+    })?;
     let early = EARLY_WAKEUPS.load(Ordering::Relaxed);
     ensure(early == 0, || format!("{early} sleeps woke early"))?;
-    ensure(exchanges > 0 && slept > 0, || "no ping-pong or no sleep completed".into())?;
+    ensure(exchanges > 0 && slept > 0, || {
+        "no ping-pong or no sleep completed".into()
+    })?;
     let after = stats::snapshot();
-    let kind = |k: UpcallKind| after.records_by_kind[k as usize] - before.records_by_kind[k as usize];
+    let kind =
+        |k: UpcallKind| after.records_by_kind[k as usize] - before.records_by_kind[k as usize];
     Ok(format!(
         "{seconds} s: {iters} increments exact, {children} children, {received} messages, {exchanges} ping-pongs, {slept} sleeps (none early), {disk_ops} disk write+read pairs verified; records: {} PREEMPTED, {} NEWPROC, {} BLOCKED, {} UNBLOCKED; {} contexts resumed, {} idle yields",
         kind(UpcallKind::Preempted),

@@ -77,12 +77,21 @@ fn drain(expected_activation: Option<u32>) {
         check(seq == last + 1, "sequence numbers increase by one");
         match UpcallKind::from_raw(record.kind) {
             Some(UpcallKind::Preempted) => {
-                check(record.flags & RECORD_HAS_CONTEXT != 0, "PREEMPTED carries a context");
+                check(
+                    record.flags & RECORD_HAS_CONTEXT != 0,
+                    "PREEMPTED carries a context",
+                );
                 check(record.vcpu != vcpu, "PREEMPTED arrives on another vCPU");
                 let stack_top = boot_info().vcpus[record.vcpu as usize].user_stack_top;
                 let rsp = record.context.gprs.rsp;
-                check(rsp < stack_top && rsp > stack_top - 256 * 1024, "preempted rsp is on its boot stack");
-                check(record.context.rflags & 0x200 != 0, "preempted with interrupts on");
+                check(
+                    rsp < stack_top && rsp > stack_top - 256 * 1024,
+                    "preempted rsp is on its boot stack",
+                );
+                check(
+                    record.context.rflags & 0x200 != 0,
+                    "preempted with interrupts on",
+                );
                 LATENCY.store(rdtsc().saturating_sub(record.tsc), Ordering::Relaxed);
                 // SAFETY: only this handler writes SAVED, once, before publishing it.
                 unsafe { core::ptr::addr_of_mut!(SAVED).write(record.context) };
@@ -92,7 +101,10 @@ fn drain(expected_activation: Option<u32>) {
             Some(UpcallKind::NewProc) => {
                 // The new activation took a stack from the pool: put a fresh one back.
                 push_stack();
-                check(Some(record.activation) == expected_activation, "NEWPROC names the new activation");
+                check(
+                    Some(record.activation) == expected_activation,
+                    "NEWPROC names the new activation",
+                );
                 check(record.vcpu == vcpu, "NEWPROC is for this vCPU");
                 NEWPROC.fetch_add(1, Ordering::AcqRel);
             }
@@ -101,7 +113,14 @@ fn drain(expected_activation: Option<u32>) {
                 USER.fetch_add(1, Ordering::AcqRel);
             }
             Some(UpcallKind::Signal) => SIGNAL.store(record.arg, Ordering::Release),
-            other => check(false, if other.is_none() { "a known record kind" } else { "no unexpected upcall" }),
+            other => check(
+                false,
+                if other.is_none() {
+                    "a known record kind"
+                } else {
+                    "no unexpected upcall"
+                },
+            ),
         }
         tail = tail.wrapping_add(1);
     }
@@ -183,15 +202,23 @@ fn worker(vcpu: u32) -> ! {
         x = core::hint::black_box(x * 1.000_000_1);
         let now_vcpu = vcpu_id();
         // SAFETY: as above.
-        let activation = unsafe { &*area(now_vcpu) }.activation.load(Ordering::Acquire);
+        let activation = unsafe { &*area(now_vcpu) }
+            .activation
+            .load(Ordering::Acquire);
         if activation != my_activation && RESUMED_ON.load(Ordering::Acquire) == u32::MAX {
             check(x > 1.0 + vcpu as f64, "FP state survived");
             println!("sa: worker of activation {my_activation} resumed on activation {activation} (vCPU {now_vcpu})");
             RESUMED_ON.store(now_vcpu, Ordering::Release);
         }
-        if vcpu_id() == 0 && WORKERS.load(Ordering::Acquire) >= 2 && !LOWERED.swap(true, Ordering::AcqRel) {
+        if vcpu_id() == 0
+            && WORKERS.load(Ordering::Acquire) >= 2
+            && !LOWERED.swap(true, Ordering::AcqRel)
+        {
             let previous = call(Hypercall::SaSetConcurrency, 1);
-            check(previous == 2, "sa_setconcurrency returns the previous value");
+            check(
+                previous == 2,
+                "sa_setconcurrency returns the previous value",
+            );
         }
         if PREEMPTED.load(Ordering::Acquire) == 1 && !RAISED.swap(true, Ordering::AcqRel) {
             call(Hypercall::SaSetConcurrency, 2);
@@ -222,8 +249,16 @@ fn worker(vcpu: u32) -> ! {
 
 fn finish() -> ! {
     let latency_us = LATENCY.load(Ordering::Relaxed) * 1000 / tsc_khz().max(1);
-    let (p, n, u) = (PREEMPTED.load(Ordering::Relaxed), NEWPROC.load(Ordering::Relaxed), USER.load(Ordering::Relaxed));
-    println!("sa: preempted={p} newproc={n} user={u} last_seq={} bad={}", LAST_SEQ.load(Ordering::Relaxed), BAD.load(Ordering::Relaxed));
+    let (p, n, u) = (
+        PREEMPTED.load(Ordering::Relaxed),
+        NEWPROC.load(Ordering::Relaxed),
+        USER.load(Ordering::Relaxed),
+    );
+    println!(
+        "sa: preempted={p} newproc={n} user={u} last_seq={} bad={}",
+        LAST_SEQ.load(Ordering::Relaxed),
+        BAD.load(Ordering::Relaxed)
+    );
     println!("sa: PREEMPTED upcall latency_us={latency_us} (kick to handler)");
     let ok = p == 1 && n == 1 && u == 1 && BAD.load(Ordering::Relaxed) == 0;
     println!("{}", if ok { "sa ok" } else { "sa FAILED" });
@@ -239,7 +274,10 @@ fn push_stack() {
     let top = (stack.as_ptr() as u64 + stack.len() as u64) & !15;
     let prod = header.stack_prod.0.load(Ordering::Relaxed);
     header.stacks[prod as usize % STACK_POOL_CAPACITY] = top;
-    header.stack_prod.0.store(prod.wrapping_add(1), Ordering::Release);
+    header
+        .stack_prod
+        .0
+        .store(prod.wrapping_add(1), Ordering::Release);
 }
 
 /// Register the upcall entry, fill the stack pool, enable upcalls.
@@ -280,7 +318,9 @@ pub fn hostile(vcpu: u32) -> ! {
         enable();
         for v in 0..boot_info().nr_vcpus {
             // SAFETY: the guest owns its shared area; corrupting it is the point of this mode.
-            unsafe { &*area(v) }.queue_tail.store(0xdead_beef, Ordering::Release);
+            unsafe { &*area(v) }
+                .queue_tail
+                .store(0xdead_beef, Ordering::Release);
         }
         // SAFETY: as above.
         let header = unsafe { &mut *header() };
@@ -360,7 +400,10 @@ pub fn defer(vcpu: u32) -> ! {
             // Asked to give the processor back: do it at this safe point.
             call(Hypercall::SaYield, 0);
         }
-        if vcpu_id() == 0 && WORKERS.load(Ordering::Acquire) >= 2 && !LOWERED.swap(true, Ordering::AcqRel) {
+        if vcpu_id() == 0
+            && WORKERS.load(Ordering::Acquire) >= 2
+            && !LOWERED.swap(true, Ordering::AcqRel)
+        {
             call(Hypercall::SaSetConcurrency, 1);
         }
         if LOWERED.load(Ordering::Acquire) {
@@ -369,7 +412,10 @@ pub fn defer(vcpu: u32) -> ! {
             let state = unsafe { &*area(other) }.state.0.load(Ordering::Acquire);
             if state == 0 {
                 let ok = PREEMPTED.load(Ordering::Acquire) == 0 && BAD.load(Ordering::Relaxed) == 0;
-                println!("sa-defer: vCPU {other} yielded after preempt_pending; PREEMPTED records: {}", PREEMPTED.load(Ordering::Relaxed));
+                println!(
+                    "sa-defer: vCPU {other} yielded after preempt_pending; PREEMPTED records: {}",
+                    PREEMPTED.load(Ordering::Relaxed)
+                );
                 println!("{}", if ok { "sa-defer ok" } else { "sa-defer FAILED" });
                 exit(if ok { 0 } else { 1 });
             }
