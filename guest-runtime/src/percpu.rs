@@ -126,6 +126,32 @@ pub fn print_trace_last(n: usize) {
     }
 }
 
+/// Prints every vCPU's trace entries whose payload is `value`, each with the one after it
+/// (diagnostics: what happened to one thread).
+pub fn print_trace_about(value: u64) {
+    TRACE_FROZEN.store(true, Ordering::Release);
+    for p in crate::start::pcpus() {
+        let at = p.trace_at.load(Ordering::Relaxed) as usize;
+        let mut show_next = false;
+        for i in 0..TRACE {
+            let e = p.trace[(at + i) % TRACE].load(Ordering::Relaxed);
+            let tsc = p.trace_tsc[(at + i) % TRACE].load(Ordering::Relaxed);
+            let hit = e != 0 && e & ((1 << 56) - 1) == value & ((1 << 56) - 1);
+            if hit || show_next {
+                activm_stub::println!(
+                    "activm-rt: TSC {} vCPU {} trace {:>3}: kind {} payload {:#x}",
+                    tsc,
+                    p.vcpu,
+                    i,
+                    e >> 56,
+                    e & ((1 << 56) - 1)
+                );
+            }
+            show_next = hit;
+        }
+    }
+}
+
 /// Stacks kept per vCPU before they go back to the global pool.
 pub const STACK_CACHE: usize = 16;
 /// TCBs kept per vCPU before they go back to the global pool.

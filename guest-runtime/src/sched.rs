@@ -323,7 +323,11 @@ pub fn park_and_run(me: &Tcb, t: &Tcb) {
 /// The current thread `me` is done: never returns.
 pub fn exit_current(me: &Tcb) -> ! {
     switch_out(me, ACT_EXIT);
-    unreachable!("an exited thread was resumed");
+    percpu::print_trace_about(me as *const Tcb as u64);
+    panic!(
+        "an exited thread was resumed: last event {:#x}",
+        me.last_event.load(Ordering::Relaxed)
+    );
 }
 
 /// Where `switch_out` lands, on this activation's stack, with `prev` fully saved.

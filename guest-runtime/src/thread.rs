@@ -411,7 +411,13 @@ impl fmt::Display for DescribeThread<'_> {
 pub(crate) unsafe extern "C" fn thread_main(t: *const Tcb) -> ! {
     // SAFETY: `build_start_frame` passed this thread's TCB.
     let t = unsafe { tcb::from_raw(t) };
-    let run = t.run.take().expect("a thread without a closure");
+    let Some(run) = t.run.take() else {
+        crate::percpu::print_trace_about(t as *const Tcb as u64);
+        panic!(
+            "a thread without a closure (started twice?): last event {:#x}",
+            t.last_event.load(Ordering::Relaxed)
+        );
+    };
     // SAFETY: the packet was set up by `init_packet` with this `run`.
     unsafe { run(t) };
     crate::tls::run_destructors(t);

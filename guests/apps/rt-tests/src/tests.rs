@@ -1368,6 +1368,36 @@ fn upcall_blocked() -> TestResult {
     ))
 }
 
+/// How many processors the VMM grants this guest when all its vCPUs have work: spinning threads
+/// keep every vCPU busy (an idle one gives its processor back) while the guest asks for all of
+/// them, for up to 300 ms.
+fn processors_on_offer() -> u32 {
+    let n = rt::nr_vcpus();
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinners: Vec<_> = (0..n)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    core::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let deadline = rt::rdtsc() + 300 * rt::tsc_khz();
+    let mut most = 0;
+    while rt::rdtsc() < deadline && most < n {
+        upcall::set_concurrency(n);
+        most = most.max(upcall::granted_vcpus());
+        thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Release);
+    for s in spinners {
+        let _ = s.join();
+    }
+    most
+}
+
 /// The VMM's real activations: processors taken away and given back while threads work.
 fn sa_real() -> TestResult {
     stats::set_watchdog(Some(Duration::from_secs(30)));
@@ -1380,9 +1410,7 @@ fn sa_real_inner() -> TestResult {
     static M: Mutex<u64> = Mutex::new(0);
     *M.lock().unwrap() = 0;
     let n = rt::nr_vcpus();
-    // Let the allocator settle after start-up.
-    thread::sleep(Duration::from_millis(30));
-    let granted = upcall::granted_vcpus();
+    let granted = processors_on_offer();
     if granted < 2 {
         return Err(format!(
             "skipped: the VMM grants {granted} processor(s), nothing to take away (--pcpus 2 or more)"
@@ -1445,8 +1473,7 @@ fn sa_real_inner() -> TestResult {
 
 /// The stress test while the VMM's allocation changes at random.
 fn sa_chaos() -> TestResult {
-    thread::sleep(Duration::from_millis(30));
-    let granted = upcall::granted_vcpus();
+    let granted = processors_on_offer();
     if granted < 2 {
         return Err(format!(
             "skipped: the VMM grants {granted} processor(s), nothing to take away (--pcpus 2 or more)"
