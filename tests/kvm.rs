@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use activm::testing::{raw_guest, tiny_elf, TRIPLE_FAULT_CODE};
+use activm::testing::{raw_guest, tiny_elf, TempPath, TRIPLE_FAULT_CODE};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 const ACTIVM: &str = env!("CARGO_BIN_EXE_activm");
@@ -109,10 +109,9 @@ fn selftest(options: &[&str], guest_args: &[&str]) -> Result<Run, Failed> {
     activm_run(&guest("selftest")?, options, guest_args)
 }
 
-fn temp_image(name: &str, bytes: &[u8]) -> Result<PathBuf, Failed> {
-    let path = std::env::temp_dir().join(format!("activm-test-{}-{name}", std::process::id()));
-    std::fs::write(&path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    Ok(path)
+/// A temporary file holding `bytes`, removed when dropped.
+fn temp_image(name: &str, bytes: &[u8]) -> Result<TempPath, Failed> {
+    Ok(TempPath::with_contents(name, bytes)?)
 }
 
 fn demo_smp(vcpus: u32) -> Result<(), Failed> {
@@ -353,28 +352,8 @@ fn kvm_tests() -> Vec<Trial> {
 }
 
 /// A zeroed disk image of `mib` MiB, removed when dropped.
-struct TempDisk(PathBuf);
-
-impl TempDisk {
-    fn new(name: &str, mib: u64) -> Result<TempDisk, Failed> {
-        let path =
-            std::env::temp_dir().join(format!("activm-test-{}-{name}.img", std::process::id()));
-        let file = std::fs::File::create(&path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        file.set_len(mib << 20)
-            .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
-        Ok(TempDisk(path))
-    }
-
-    fn arg(&self) -> &str {
-        self.0.to_str().expect("temp paths are UTF-8")
-    }
-}
-
-impl Drop for TempDisk {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+fn temp_disk(name: &str, mib: u64) -> Result<TempPath, Failed> {
+    Ok(TempPath::zeroed(&format!("{name}.img"), mib << 20)?)
 }
 
 /// `NAME=count` from the `--stats` upcall line.
@@ -395,7 +374,7 @@ fn blk_tests() -> Vec<Trial> {
                 // A slow device (1 ms a request) on 4 vCPUs sharing 2 processors: each read blocks
                 // its vCPU, the processor runs a new activation, the thread comes back in an
                 // UNBLOCKED record with the read's result.
-                let disk = TempDisk::new("blk-sa", 4)?;
+                let disk = temp_disk("blk-sa", 4)?;
                 let run = activm_run(
                     &guest("rt-tests")?,
                     &[
@@ -425,7 +404,7 @@ fn blk_tests() -> Vec<Trial> {
                     .into());
                 }
                 // What the guest wrote is on the host file: sector s byte o = (31 s) ^ (7 o).
-                let bytes = std::fs::read(&disk.0).map_err(|e| e.to_string())?;
+                let bytes = std::fs::read(disk.path()).map_err(|e| e.to_string())?;
                 for (sector, offset) in [(0usize, 0usize), (5, 17), (511, 511)] {
                     let want = ((sector * 31) ^ (offset * 7)) as u8;
                     let got = bytes[sector * 512 + offset];
@@ -440,7 +419,7 @@ fn blk_tests() -> Vec<Trial> {
             },
         ),
         Trial::test("blk_oblivious_vcpus_block_without_upcalls", || {
-            let disk = TempDisk::new("blk-obl", 4)?;
+            let disk = temp_disk("blk-obl", 4)?;
             let run = activm_run(
                 &guest("rt-tests")?,
                 &[
@@ -465,7 +444,7 @@ fn blk_tests() -> Vec<Trial> {
         Trial::test("blk_requests_survive_allocation_chaos", || {
             // Processors revoked and granted every 0.1-2 ms while threads block on the device
             // and the stress workload runs: data and counters stay exact.
-            let disk = TempDisk::new("blk-chaos", 4)?;
+            let disk = temp_disk("blk-chaos", 4)?;
             activm_run(
                 &guest("rt-tests")?,
                 &[
@@ -495,7 +474,7 @@ fn blk_tests() -> Vec<Trial> {
             // (every request blocks its vCPU in the VMM); every invariant is checked at the end,
             // including that no upcall record was left unhandled.
             let secs = std::env::var("ACTIVM_SOAK_SECS").unwrap_or_else(|_| "20".into());
-            let disk = TempDisk::new("soak", 4)?;
+            let disk = temp_disk("soak", 4)?;
             let run = activm_run(
                 &guest("rt-tests")?,
                 &[
@@ -530,7 +509,7 @@ fn blk_tests() -> Vec<Trial> {
             Ok(())
         }),
         Trial::test("blk_buffer_in_vmm_memory_is_a_protocol_violation", || {
-            let disk = TempDisk::new("blk-bad", 1)?;
+            let disk = temp_disk("blk-bad", 1)?;
             selftest(&["--disk", disk.arg()], &["blk-bad-buffer"])?
                 .expect_code(125)?
                 .stderr_has("malformed hypercall blk_read: buffer 0x1000+512")?;
@@ -542,14 +521,14 @@ fn blk_tests() -> Vec<Trial> {
                 .expect_code(1)?
                 .stderr_has("--disk /nonexistent/disk.img: No such file")?;
             let odd = temp_image("odd.img", &[0u8; 1000])?;
-            activm_run(&demo, &["--disk", odd.to_str().unwrap()], &[])?
+            activm_run(&demo, &["--disk", odd.arg()], &[])?
                 .expect_code(1)?
                 .stderr_has("not a non-zero multiple of 512 bytes")?;
-            let _ = std::fs::remove_file(&odd);
+            drop(odd);
             activm_run(&demo, &["--io-latency", "100"], &[])?
                 .expect_code(2)?
                 .stderr_has("need a --disk")?;
-            let disk = TempDisk::new("blk-shared", 1)?;
+            let disk = temp_disk("blk-shared", 1)?;
             let mut cmd = Command::new(ACTIVM);
             cmd.args(["run", "--disk", disk.arg()])
                 .arg(&demo)
@@ -688,8 +667,7 @@ fn activation_tests() -> Vec<Trial> {
             },
         ),
         Trial::test("trace_file_is_chrome_json", || {
-            let path =
-                std::env::temp_dir().join(format!("activm-test-{}-trace.json", std::process::id()));
+            let path = TempPath::new("trace.json");
             activm_run(
                 &guest("demo")?,
                 &["--vcpus", "2", "--trace", path.to_str().ok_or("path")?],
@@ -776,7 +754,8 @@ fn run_and_signal(
 /// A running activation guest loses a vCPU (PREEMPTED) and gets it back (NEWPROC) through
 /// `activm ctl set-vcpus`, which reports how long each change took to be carried out.
 fn control_socket_add_remove() -> Result<(), Failed> {
-    let socket = std::env::temp_dir().join(format!("activm-test-{}-ar.sock", std::process::id()));
+    // The VMM removes its socket when it exits normally; the guard covers the other endings.
+    let socket = TempPath::new("ar.sock");
     let child = Command::new(ACTIVM)
         .arg("run")
         .arg(guest("selftest")?)
@@ -835,7 +814,8 @@ fn control_socket_add_remove() -> Result<(), Failed> {
 }
 
 fn control_socket() -> Result<(), Failed> {
-    let socket = std::env::temp_dir().join(format!("activm-test-{}.sock", std::process::id()));
+    // The guest is killed below (SIGKILL), so the VMM never removes its socket: the guard does.
+    let socket = TempPath::new("ctl.sock");
     let mut child = Command::new(ACTIVM)
         .arg("run")
         .arg(guest("selftest")?)
@@ -934,15 +914,13 @@ fn input_tests() -> Vec<Trial> {
     ]
 }
 
-/// A fresh temporary directory for configuration files, removed when dropped.
-struct TempDir(PathBuf);
+/// A fresh temporary directory for configuration files, removed with its contents when
+/// dropped (by its `TempPath`).
+struct TempDir(TempPath);
 
 impl TempDir {
     fn new(name: &str) -> Result<TempDir, Failed> {
-        let path = std::env::temp_dir().join(format!("activm-test-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        Ok(TempDir(path))
+        Ok(TempDir(TempPath::dir(name)?))
     }
 
     /// Write `text` to `name` in the directory; returns its path.
@@ -969,12 +947,6 @@ impl TempDir {
         file.set_len(mib << 20)
             .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
         Ok(())
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

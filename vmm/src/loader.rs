@@ -217,17 +217,11 @@ const _: () = assert!(std::mem::size_of::<BootHeaderRaw>() == std::mem::size_of:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::tiny_elf;
-    use std::io::Write;
+    use crate::testing::{tiny_elf, TempPath};
 
-    fn temp_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
-        let path =
-            std::env::temp_dir().join(format!("activm-loader-{}-{name}", std::process::id()));
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(bytes)
-            .unwrap();
-        path
+    /// A temporary file holding `bytes`, removed when the test ends (pass or fail).
+    fn temp_file(name: &str, bytes: &[u8]) -> TempPath {
+        TempPath::with_contents(&format!("loader-{name}"), bytes).unwrap()
     }
 
     #[test]

@@ -115,7 +115,7 @@ mod tests {
         trace.begin(0, 1, "running");
         trace.instant(0, 1, "upcall PREEMPTED", 7);
         trace.end(0, 1, "running");
-        let path = std::env::temp_dir().join(format!("activm-trace-{}.json", std::process::id()));
+        let path = crate::testing::TempPath::new("trace.json");
         assert_eq!(trace.write_to(&path).unwrap(), 3);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("{\"displayTimeUnit\""));
