@@ -632,7 +632,7 @@ fn work_visible() -> bool {
 }
 
 /// [`work_visible`] but for deferred interrupt work.
-fn work_queued() -> bool {
+pub(crate) fn work_queued() -> bool {
     if upcall::queue_nonempty() || timer::sleepers_due() {
         return true;
     }

@@ -409,7 +409,7 @@ fn refill_pool() {
             } else {
                 0
             };
-            if top == 0 && queued >= 2 * start::nr_vcpus() + 4 {
+            if top == 0 && queued >= pool_target() {
                 return;
             }
             if top != 0 {
@@ -426,6 +426,17 @@ fn refill_pool() {
             put_spare(new_act_stack());
         }
     }
+}
+
+/// How many stacks the shared pool keeps ready, allocating new ones if needed. Every new
+/// activation takes one, and the pool is refilled only by a scheduler that drains its queue: if
+/// a burst of grants and revocations (allocation chaos on a loaded host) empties it while no
+/// activation of the guest runs, the VMM has no stack to start one on, and nothing can refill
+/// it (seen in the soak under a loaded test suite: the guest stalled for a second and was
+/// stopped). So the pool is kept deep: eight stacks per vCPU and sixteen more, at most its
+/// capacity (64 KiB each; they are recycled, never freed).
+fn pool_target() -> u32 {
+    (8 * start::nr_vcpus() + 16).min(STACK_POOL_CAPACITY as u32)
 }
 
 fn hypercall(nr: Hypercall, a0: u64) -> u64 {
@@ -484,7 +495,14 @@ pub fn yield_idle_vcpu(me: u32) {
         return;
     }
     let bit = 1u64 << me;
-    YIELDED.fetch_or(bit, Ordering::AcqRel);
+    YIELDED.fetch_or(bit, Ordering::SeqCst);
+    // A waker that published work before seeing this bit found no idle vCPU and did not ask
+    // for processors (`want_processors`): look once more now that the bit is visible (both
+    // sides store, then load, with a full barrier between).
+    if sched::work_queued() {
+        YIELDED.fetch_and(!bit, Ordering::AcqRel);
+        return;
+    }
     percpu::bump(&percpu::this().counters.idle_yields);
     hypercall(Hypercall::SaYield, 0);
     // Still here: upcalls are off after all.
@@ -494,7 +512,7 @@ pub fn yield_idle_vcpu(me: u32) {
 /// Work is waiting and no vCPU idles here to take it: if some gave their processors back,
 /// ask the VMM for them again (`sa_setconcurrency`), at most once a millisecond.
 pub fn want_processors() {
-    if YIELDED.load(Ordering::Acquire) == 0 {
+    if YIELDED.load(Ordering::SeqCst) == 0 {
         return;
     }
     let now = cpu::rdtsc();
