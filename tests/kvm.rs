@@ -310,7 +310,7 @@ fn kvm_tests() -> Vec<Trial> {
                 .stdout_has("test upcall-continuation ... ok")?
                 .stdout_has("test upcall-blocked ... ok")?
                 .stdout_has("test condvar-timeout ... ok")?
-                .stdout_has("23 passed, 0 failed\n")?;
+                .stdout_has("24 passed, 0 failed\n")?;
                 Ok(())
             },
         ));

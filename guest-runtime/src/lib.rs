@@ -23,7 +23,8 @@ extern crate alloc;
 pub mod arch;
 pub mod blk;
 pub mod config;
-mod fault;
+#[doc(hidden)]
+pub mod fault;
 pub(crate) mod percpu;
 pub mod rt;
 pub(crate) mod sched;

@@ -176,6 +176,7 @@ pub struct Counters {
     pub continuations: AtomicU64,
     pub adoptions: AtomicU64,
     pub dropped_idle_contexts: AtomicU64,
+    pub ud_retries: AtomicU64,
     pub resumed_contexts: AtomicU64,
     pub activations: AtomicU64,
 }
@@ -235,6 +236,11 @@ pub struct Pcpu {
     pub retired_stack: AtomicU64,
     /// Set while this vCPU's scheduler drains its upcall queue.
     pub in_drain: AtomicU32,
+    /// Top of this vCPU's alternate exception stack (to re-arm it after a retried `#UD`).
+    pub exception_stack: AtomicU64,
+    /// `rip` of the last `#UD` retried here, and how many times in a row (`crate::fault`).
+    pub ud_retry_rip: AtomicU64,
+    pub ud_retries: AtomicU32,
     /// Diagnostics: the last scheduler events (`trace`), printed on a fatal exception.
     pub trace: [AtomicU64; TRACE],
     pub trace_tsc: [AtomicU64; TRACE],
@@ -273,6 +279,9 @@ impl Pcpu {
             nr_tcbs: AtomicU32::new(0),
             retired_stack: AtomicU64::new(0),
             in_drain: AtomicU32::new(0),
+            exception_stack: AtomicU64::new(0),
+            ud_retry_rip: AtomicU64::new(0),
+            ud_retries: AtomicU32::new(0),
             trace: [const { AtomicU64::new(0) }; TRACE],
             trace_tsc: [const { AtomicU64::new(0) }; TRACE],
             trace_at: AtomicU32::new(0),

@@ -158,7 +158,7 @@ pub fn make_runnable(t: &Tcb, wake_others: bool) {
 /// here is usually the one the running thread is about to wait for, and running it here, at
 /// once, is a hand-off that moves no cache lines.
 pub fn make_next(t: &Tcb) {
-    tcb::event(t, tcb::EV_QUEUED);
+    tcb::event(t, tcb::EV_NEXT);
     // SeqCst: the swap publishes the work before `wake_idle_vcpu` reads `HALTED` (the idle
     // side sets `HALTED`, then looks at `next`; see `idle`).
     let slot = &percpu::this().next;
@@ -324,10 +324,7 @@ pub fn park_and_run(me: &Tcb, t: &Tcb) {
 pub fn exit_current(me: &Tcb) -> ! {
     switch_out(me, ACT_EXIT);
     percpu::print_trace_about(me as *const Tcb as u64);
-    panic!(
-        "an exited thread was resumed: last event {:#x}",
-        me.last_event.load(Ordering::Relaxed)
-    );
+    panic!("an exited thread was resumed: events {}", tcb::history(me));
 }
 
 /// Where `switch_out` lands, on this activation's stack, with `prev` fully saved.
@@ -604,8 +601,10 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
             percpu::trace(percpu::T_BAD_SP, sp as u64);
             percpu::print_trace();
             panic!(
-                "thread {} would resume with stack pointer {sp:#x} outside its stack {s:x?}",
-                crate::thread::describe(t)
+                "thread {} would resume with stack pointer {sp:#x} outside its stack {s:x?}; \
+                 events {}",
+                crate::thread::describe(t),
+                tcb::history(t)
             );
         }
     }
@@ -846,7 +845,7 @@ pub extern "C" fn safepoint_from_switch() {
 
 /// Prints the scheduler's global state and every live thread's last event (diagnostics).
 pub fn dump() {
-    const EVENTS: [&str; 9] = [
+    const EVENTS: [&str; 10] = [
         "?",
         "spawned",
         "queued",
@@ -856,6 +855,7 @@ pub fn dump() {
         "continued",
         "exited",
         "global",
+        "next",
     ];
     {
         tcb::for_each(|t| {

@@ -132,7 +132,9 @@ fn init_vcpu(vcpu: u32) {
     );
     upcall::init_vcpu(vcpu);
     let exc = alloc::vec![0u8; EXCEPTION_STACK].leak();
-    activm_stub::arm_exception_stack((exc.as_ptr() as u64 + EXCEPTION_STACK as u64) & !15);
+    let exc_top = (exc.as_ptr() as u64 + EXCEPTION_STACK as u64) & !15;
+    pcpu.exception_stack.store(exc_top, Ordering::Relaxed);
+    activm_stub::arm_exception_stack(exc_top);
     cpu::init_timer();
 }
 

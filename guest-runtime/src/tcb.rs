@@ -95,6 +95,9 @@ pub struct Tcb {
     pub blocked_activation: AtomicU32,
     /// Diagnostics: the last scheduling event (`EV_*` << 8 | vCPU).
     pub last_event: AtomicU32,
+    /// Diagnostics: the last [`HISTORY`] events, a ring indexed by `history_at`.
+    pub history: [AtomicU32; HISTORY],
+    pub history_at: AtomicU32,
     /// Link in the list of every TCB (diagnostics; TCBs are never freed).
     pub all_next: Cell<*const Tcb>,
     /// Sleeping: the deadline (TSC) and the link in the sleepers' list.
@@ -113,12 +116,44 @@ pub const EV_RESUMED: u32 = 5;
 pub const EV_CONTINUED: u32 = 6;
 pub const EV_EXITED: u32 = 7;
 pub const EV_GLOBAL: u32 = 8;
+pub const EV_NEXT: u32 = 9;
+
+/// Events kept per thread (diagnostics).
+pub const HISTORY: usize = 8;
 
 /// Records a scheduling event of `t` on this vCPU (diagnostics, see `stats::dump`).
 #[inline(always)]
 pub fn event(t: &Tcb, ev: u32) {
-    t.last_event
-        .store((ev << 8) | activm_stub::vcpu_id(), Ordering::Relaxed);
+    let e = (ev << 8) | activm_stub::vcpu_id();
+    t.last_event.store(e, Ordering::Relaxed);
+    // Not a locked increment (this is on every switch): two racing events may share a slot.
+    let at = t.history_at.load(Ordering::Relaxed);
+    t.history_at.store(at.wrapping_add(1), Ordering::Relaxed);
+    t.history[at as usize % HISTORY].store(e, Ordering::Relaxed);
+}
+
+/// `t`'s last events, oldest first, as text (diagnostics).
+pub fn history(t: &Tcb) -> alloc::string::String {
+    const NAMES: [&str; 10] = [
+        "?",
+        "spawned",
+        "queued",
+        "running",
+        "parked",
+        "resumed",
+        "continued",
+        "exited",
+        "global",
+        "next",
+    ];
+    let at = t.history_at.load(Ordering::Relaxed) as usize;
+    let mut out = alloc::string::String::new();
+    for i in at.saturating_sub(HISTORY)..at {
+        let e = t.history[i % HISTORY].load(Ordering::Relaxed);
+        let name = NAMES.get((e >> 8) as usize).unwrap_or(&"?");
+        out += &alloc::format!("{name}@{} ", e & 0xff);
+    }
+    out
 }
 
 /// Every TCB ever allocated (diagnostics): a push-only list through `Tcb::all_next`.
@@ -169,6 +204,8 @@ impl Tcb {
             tls: UnsafeCell::new(Vec::new()),
             blocked_activation: AtomicU32::new(0),
             last_event: AtomicU32::new(0),
+            history: [const { AtomicU32::new(0) }; HISTORY],
+            history_at: AtomicU32::new(0),
             all_next: Cell::new(ptr::null()),
             sleep_deadline: Cell::new(0),
             sleep_next: Cell::new(ptr::null()),

@@ -414,8 +414,8 @@ pub(crate) unsafe extern "C" fn thread_main(t: *const Tcb) -> ! {
     let Some(run) = t.run.take() else {
         crate::percpu::print_trace_about(t as *const Tcb as u64);
         panic!(
-            "a thread without a closure (started twice?): last event {:#x}",
-            t.last_event.load(Ordering::Relaxed)
+            "a thread without a closure (started twice?): events {}",
+            tcb::history(t)
         );
     };
     // SAFETY: the packet was set up by `init_packet` with this `run`.

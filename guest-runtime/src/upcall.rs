@@ -439,6 +439,19 @@ fn pool_target() -> u32 {
     (8 * start::nr_vcpus() + 16).min(STACK_POOL_CAPACITY as u32)
 }
 
+/// Whether the shared stack pool holds less than half of [`pool_target`] (cheap: two loads).
+fn pool_low() -> bool {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return false;
+    }
+    let h = header();
+    let queued = h
+        .stack_prod
+        .load(Ordering::Relaxed)
+        .wrapping_sub(h.stack_cons.load(Ordering::Relaxed));
+    queued < pool_target() / 2
+}
+
 fn hypercall(nr: Hypercall, a0: u64) -> u64 {
     // SAFETY: the sa_* calls take numbers or the address of a function of this image.
     unsafe { activm_stub::hypercall::raw(nr as u64, a0, 0, 0, 0) }
@@ -828,6 +841,11 @@ pub fn drain() {
         retry_later();
     }
     if !queue_nonempty() {
+        // A drain that ended in a lock holder's continuation or an adoption never got to its
+        // refill below; the scheduler that starts afresh afterwards refills here.
+        if pool_low() {
+            refill_pool();
+        }
         return;
     }
     let p = percpu::this();
@@ -1229,7 +1247,8 @@ enum Adopt {
     Suspended { sp: u64, sched_top: u64 },
 }
 
-static ADOPT: Bag<Adopt, 16> = Bag::new();
+/// Sized for bursts: every entry is a scheduler context on its own activation stack.
+static ADOPT: Bag<Adopt, 64> = Bag::new();
 
 /// Loop top: adopts a pending scheduler context, if any (does not return then).
 fn adopt_pending() {

@@ -359,6 +359,37 @@ impl Activations {
         self.lock().pending.len()
     }
 
+    /// What a stalled guest's upcall machinery looks like (diagnostics for its fault report):
+    /// per vCPU its activation and queue occupancy, then the stack pool.
+    pub fn describe(&self, ram: &GuestRam, plan: &Plan) -> String {
+        let state = self.lock();
+        let read_u32 = |at: u64| {
+            ram.read_bytes(at, 4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .unwrap_or(u32::MAX)
+        };
+        let mut out = String::new();
+        for (vcpu, (&activation, &head)) in state.current.iter().zip(&state.heads).enumerate() {
+            let tail = read_u32(area_field(
+                plan,
+                vcpu as u32,
+                offset_of!(VcpuArea, queue_tail),
+            ));
+            out += &format!(
+                "vCPU {vcpu}: activation {activation}, {} records queued; ",
+                head.wrapping_sub(tail)
+            );
+        }
+        let prod = read_u32(header_field(plan, offset_of!(SharedHeader, stack_prod)));
+        out += &format!(
+            "stack pool: {} stacks ready, {} kept from canceled activations; {} events pending",
+            prod.wrapping_sub(state.stack_cons),
+            state.spare_stacks.len(),
+            state.pending.len()
+        );
+        out
+    }
+
     /// The vCPU whose queue got the BLOCKED record of `activation`, if that vCPU still runs
     /// the activation that queue belongs to: the UNBLOCKED goes there too, behind it (a
     /// vCPU's queue is consumed in order). Forgets the record either way.

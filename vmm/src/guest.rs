@@ -283,6 +283,29 @@ impl Guest {
         let _ = console.write_all(bytes).and_then(|_| console.flush());
     }
 
+    /// Each vCPU's allocator slot and run-loop state (diagnostics for fault reports).
+    fn describe_vcpus(&self) -> String {
+        let view = self.procs.alloc.view(self.id);
+        let table = self
+            .procs
+            .controls
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let controls = table.get(self.id);
+        view.vcpus
+            .iter()
+            .enumerate()
+            .map(|(i, slot)| {
+                let state = controls
+                    .and_then(|c| c.get(i))
+                    .map(|c| format!("{:?}", c.state()))
+                    .unwrap_or_default();
+                format!("vCPU {i} {slot:?} {state}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// A vCPU that holds a processor and is not being revoked, other than `except`.
     pub fn running_vcpu(&self, except: Option<u32>) -> Option<u32> {
         let view = self.procs.alloc.view(self.id);
@@ -447,8 +470,11 @@ impl Guest {
                     self.running_vcpu(None).unwrap_or(0),
                     format!(
                         "the guest does not consume its upcalls, or corrupted its queue indices: \
-                         no room in its queues for {stalled:?} ({} events pending)",
-                        self.acts.pending()
+                         no room in its queues for {stalled:?} ({} events pending)\n  {}\n  \
+                         allocator: {}",
+                        self.acts.pending(),
+                        self.acts.describe(&self.ram, &self.plan),
+                        self.describe_vcpus()
                     ),
                 ));
             }

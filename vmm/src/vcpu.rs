@@ -313,12 +313,19 @@ impl VcpuThread {
                         self.guest.flush_pending(self.index);
                     }
                 }
-                Acquired::NewActivation => {
-                    if let Err(outcome) = self.start_activation() {
+                Acquired::NewActivation => match self.start_activation() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Revoked while it waited for an upcall stack: nothing started, nothing
+                        // to hand over; the processor goes back at once.
+                        self.release(Release::Preempted);
+                        continue;
+                    }
+                    Err(outcome) => {
                         self.guest.finish(outcome);
                         break;
                     }
-                }
+                },
                 Acquired::HandOff => {
                     // Waiting with a live context while the guest now takes upcalls: hand it
                     // over as if preempted now (running forward first if needed).
@@ -646,7 +653,8 @@ impl VcpuThread {
 
     /// Start a new activation here: NEWPROC (and pending events) in this vCPU's queue, then
     /// enter the guest's upcall entry on a stack from its pool.
-    fn start_activation(&mut self) -> Result<(), Outcome> {
+    /// `Ok(false)`: the processor was revoked while the activation waited for a stack.
+    fn start_activation(&mut self) -> Result<bool, Outcome> {
         // An empty stack pool is a guest that has not recycled its upcall stacks yet: wait for
         // it (its other vCPUs run), up to a bound; a pool that stays empty is a guest bug.
         let waiting_since = std::time::Instant::now();
@@ -656,6 +664,15 @@ impl VcpuThread {
                 Err(StartError::NoStack) if waiting_since.elapsed() < STACK_WAIT => {
                     if self.control.stop_requested.load(Ordering::Acquire) {
                         return Err(self.guest.outcome().unwrap_or(Outcome::AllStopped));
+                    }
+                    if self.control.revoke_requested.swap(false, Ordering::AcqRel)
+                        && self
+                            .guest
+                            .procs
+                            .alloc
+                            .revoking(self.guest.id, self.index as usize)
+                    {
+                        return Ok(false);
                     }
                     self.guest.stats.stack_waits.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(std::time::Duration::from_micros(50));
@@ -702,6 +719,6 @@ impl VcpuThread {
                 start.activation as u64,
             );
         }
-        Ok(())
+        Ok(true)
     }
 }

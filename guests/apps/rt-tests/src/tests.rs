@@ -35,6 +35,7 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("thread-local", Needs::Any, thread_local),
     ("park-unpark", Needs::Any, park_unpark),
     ("fp-preemption", Needs::Any, fp_preemption),
+    ("ud-retry-decoder", Needs::Any, ud_retry_decoder),
     ("sleep-accuracy", Needs::Any, sleep_accuracy),
     ("time-slicing", Needs::Any, time_slicing),
     ("heap-stack", Needs::Any, heap_stack),
@@ -740,6 +741,28 @@ fn park_unpark() -> TestResult {
     thread::current().unpark();
     thread::park();
     Ok("park/unpark and the token".into())
+}
+
+/// Which `#UD`s the exception handler retries: only valid FP/SSE control loads.
+fn ud_retry_decoder() -> TestResult {
+    use activm_rt::fault::fp_control_load;
+    let cases: [([u8; 4], bool, &str); 9] = [
+        ([0x0f, 0xae, 0x14, 0x24], true, "ldmxcsr (%rsp)"),
+        ([0xd9, 0x6c, 0x24, 0x04], true, "fldcw 4(%rsp)"),
+        ([0x48, 0x0f, 0xae, 0x0c], true, "fxrstor64 (%rsp)"),
+        ([0x0f, 0xae, 0x04, 0x24], false, "fxsave (%rsp)"),
+        ([0x0f, 0xae, 0x1c, 0x24], false, "stmxcsr (%rsp)"),
+        ([0x0f, 0xae, 0xe8, 0x90], false, "lfence"),
+        ([0xd9, 0xe8, 0x90, 0x90], false, "fld1"),
+        ([0x0f, 0x0b, 0x90, 0x90], false, "ud2"),
+        ([0x48, 0x0f, 0x0b, 0x90], false, "rex ud2"),
+    ];
+    for (bytes, want, name) in cases {
+        ensure(fp_control_load(bytes) == want, || {
+            format!("{name} ({bytes:02x?}): retried {}, expected {want}", !want)
+        })?;
+    }
+    Ok(format!("{} encodings classified", cases.len()))
 }
 
 fn fp_preemption() -> TestResult {
@@ -1959,12 +1982,13 @@ pub fn chaos_soak(seconds: u64) -> Result<String, String> {
     let kind =
         |k: UpcallKind| after.records_by_kind[k as usize] - before.records_by_kind[k as usize];
     Ok(format!(
-        "{seconds} s: {iters} increments exact, {children} children, {received} messages, {exchanges} ping-pongs, {slept} sleeps (none early), {disk_ops} disk write+read pairs verified; records: {} PREEMPTED, {} NEWPROC, {} BLOCKED, {} UNBLOCKED; {} contexts resumed, {} idle yields",
+        "{seconds} s: {iters} increments exact, {children} children, {received} messages, {exchanges} ping-pongs, {slept} sleeps (none early), {disk_ops} disk write+read pairs verified; records: {} PREEMPTED, {} NEWPROC, {} BLOCKED, {} UNBLOCKED; {} contexts resumed, {} idle yields, {} #UD retried",
         kind(UpcallKind::Preempted),
         kind(UpcallKind::NewProc),
         kind(UpcallKind::Blocked),
         kind(UpcallKind::Unblocked),
         after.resumed_contexts - before.resumed_contexts,
         after.idle_yields - before.idle_yields,
+        after.ud_retries - before.ud_retries,
     ))
 }
