@@ -250,10 +250,14 @@ pub fn on_timer(frame: &mut IrqFrame) {
 /// A timer tick for the running thread (clean thread context): wake sleepers, then preempt the
 /// thread if its slice is over and another waits, or re-arm.
 pub fn tick_in_thread() {
-    preempt::hold();
+    // Not under a preemption hold: `wake_due` may spin for the sleepers' lock, and a vCPU that
+    // spins holding one defers its upcalls, so it could never take the record that continues
+    // the lock's preempted holder (found by the soak: the guest stalled with that record in
+    // the spinning vCPU's queue).
     if sleepers_due() {
         wake_due();
     }
+    preempt::hold();
     let cur = sched::current();
     let start = cur.slice_start.load(Ordering::Relaxed);
     let now = cpu::rdtsc();

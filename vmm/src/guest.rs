@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::mem::offset_of;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use kvm_bindings::kvm_userspace_memory_region;
@@ -102,6 +102,8 @@ pub struct Guest {
     pub tsc_khz: u64,
     pub phases: Vec<(&'static str, u64)>,
     outcome: Mutex<Option<Outcome>>,
+    /// Set when the guest stalls: every vCPU in `KVM_RUN` prints its registers when kicked.
+    pub stall_snapshot: AtomicBool,
     running: AtomicUsize,
     console: Mutex<Box<dyn Write + Send>>,
 }
@@ -237,6 +239,7 @@ impl Guest {
             tsc_khz,
             phases,
             outcome: Mutex::new(None),
+            stall_snapshot: AtomicBool::new(false),
             running: AtomicUsize::new(config.vcpus as usize),
             console: Mutex::new(console),
         };
@@ -466,6 +469,12 @@ impl Guest {
         }
         if let Some(stalled) = self.acts.stalled_for() {
             if stalled > UPCALL_STALL_LIMIT {
+                // Where was each vCPU? Kick them all; those in `KVM_RUN` print their registers.
+                self.stall_snapshot.store(true, Ordering::Release);
+                for control in &self.vcpus {
+                    control.kick();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
                 self.finish(Outcome::fault(
                     self.running_vcpu(None).unwrap_or(0),
                     format!(

@@ -249,6 +249,8 @@ struct VcpuThread {
     timer: Option<KickTimer>,
     /// The activation last started here, until the processor is next given back.
     fresh: Option<NewActivation>,
+    /// Whether this vCPU printed its registers for a stalled guest already.
+    snapshot_taken: bool,
 }
 
 /// What one `KVM_RUN` led to.
@@ -277,6 +279,7 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
         control,
         timer: KickTimer::new(),
         fresh: None,
+        snapshot_taken: false,
     };
     vcpu.run();
     KVM_RUN_PTR.with(|p| p.set(null_mut()));
@@ -391,6 +394,14 @@ impl VcpuThread {
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 self.fd.set_kvm_immediate_exit(0);
+                if self.guest.stall_snapshot.load(Ordering::Acquire) && !self.snapshot_taken {
+                    self.snapshot_taken = true;
+                    eprintln!(
+                        "activm: vCPU {} of the stalled guest, in KVM_RUN:\n{}",
+                        self.index,
+                        arch::dump(&self.fd)
+                    );
+                }
                 self.control.exits[EXIT_KICK].fetch_add(1, Ordering::Relaxed);
                 return Step::Kicked;
             }
