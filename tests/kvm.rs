@@ -472,10 +472,7 @@ fn blk_tests() -> Vec<Trial> {
             // revokes and grants processors every 0.1-2 ms while threads run mutex and spinlock
             // counters, condvar ping-pong, sleeps, spawns, messages and disk I/O on a slow disk
             // (every request blocks its vCPU in the VMM); every invariant is checked at the end,
-            // including that no upcall record was left unhandled. `cargo xtask test` runs it
-            // alone, after the other tests: run beside them (a loaded host, debug VMM) it failed
-            // about 1 run in 4, the guest stalling with its activation-stack pool empty (known
-            // bug, docs/activations.md, "Not done yet").
+            // including that no upcall record was left unhandled.
             let secs = std::env::var("ACTIVM_SOAK_SECS").unwrap_or_else(|_| "20".into());
             let disk = temp_disk("soak", 4)?;
             let run = activm_run(

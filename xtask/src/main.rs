@@ -84,22 +84,9 @@ fn demo(args: &[String]) -> Result<(), String> {
         .args(["--vcpus", &vcpus]))
 }
 
-/// The KVM test that runs alone, after the others (see its comment in tests/kvm.rs).
-const SOAK_TEST: &str = "chaos_soak_keeps_every_invariant";
-
 fn test() -> Result<(), String> {
     build_guests(true)?;
-    run(host_cargo().args(["test", "--workspace", "--", "--skip", SOAK_TEST]))?;
-    run(host_cargo().args([
-        "test",
-        "-p",
-        "activm-vmm",
-        "--test",
-        "kvm",
-        "--",
-        "--exact",
-        SOAK_TEST,
-    ]))
+    run(host_cargo().args(["test", "--workspace"]))
 }
 
 fn bench(args: &[String]) -> Result<(), String> {
