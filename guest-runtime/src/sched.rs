@@ -845,18 +845,6 @@ pub extern "C" fn safepoint_from_switch() {
 
 /// Prints the scheduler's global state and every live thread's last event (diagnostics).
 pub fn dump() {
-    const EVENTS: [&str; 10] = [
-        "?",
-        "spawned",
-        "queued",
-        "running",
-        "parked",
-        "resumed",
-        "continued",
-        "exited",
-        "global",
-        "next",
-    ];
     {
         tcb::for_each(|t| {
             let raw = t as *const Tcb as usize;
@@ -868,7 +856,7 @@ pub fn dump() {
                 "activm-rt: thread #{} {:?} at {raw:#x}: {} on vCPU {}, wake {} join {:#x}",
                 t.id.get(),
                 t.name(),
-                EVENTS.get((ev >> 8) as usize).unwrap_or(&"?"),
+                tcb::event_name(ev),
                 ev & 0xff,
                 t.wake.load(Ordering::Relaxed),
                 t.join.load(Ordering::Relaxed),

@@ -118,6 +118,23 @@ pub const EV_EXITED: u32 = 7;
 pub const EV_GLOBAL: u32 = 8;
 pub const EV_NEXT: u32 = 9;
 
+/// The name of an event as `Tcb::last_event` stores it (`EV_*` << 8 | vCPU).
+pub fn event_name(e: u32) -> &'static str {
+    const NAMES: [&str; 10] = [
+        "?",
+        "spawned",
+        "queued",
+        "running",
+        "parked",
+        "resumed",
+        "continued",
+        "exited",
+        "global",
+        "next",
+    ];
+    NAMES.get((e >> 8) as usize).copied().unwrap_or("?")
+}
+
 /// Events kept per thread (diagnostics).
 pub const HISTORY: usize = 8;
 
@@ -134,23 +151,11 @@ pub fn event(t: &Tcb, ev: u32) {
 
 /// `t`'s last events, oldest first, as text (diagnostics).
 pub fn history(t: &Tcb) -> alloc::string::String {
-    const NAMES: [&str; 10] = [
-        "?",
-        "spawned",
-        "queued",
-        "running",
-        "parked",
-        "resumed",
-        "continued",
-        "exited",
-        "global",
-        "next",
-    ];
     let at = t.history_at.load(Ordering::Relaxed) as usize;
     let mut out = alloc::string::String::new();
     for i in at.saturating_sub(HISTORY)..at {
         let e = t.history[i % HISTORY].load(Ordering::Relaxed);
-        let name = NAMES.get((e >> 8) as usize).unwrap_or(&"?");
+        let name = event_name(e);
         out += &alloc::format!("{name}@{} ", e & 0xff);
     }
     out

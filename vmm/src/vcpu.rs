@@ -362,19 +362,24 @@ impl VcpuThread {
         }
     }
 
+    /// Whether a kick asked for this vCPU's processor and the allocator still wants it back
+    /// (consumes the request).
+    fn take_revoke(&self) -> bool {
+        self.control.revoke_requested.swap(false, Ordering::AcqRel)
+            && self
+                .guest
+                .procs
+                .alloc
+                .revoking(self.guest.id, self.index as usize)
+    }
+
     /// Run guest code until the processor is revoked or the vCPU/guest is done.
     fn run_until_revoked(&mut self) -> Step {
         loop {
             if self.control.stop_requested.load(Ordering::Acquire) {
                 return Step::Finish(self.guest.outcome().unwrap_or(Outcome::AllStopped));
             }
-            if self.control.revoke_requested.swap(false, Ordering::AcqRel)
-                && self
-                    .guest
-                    .procs
-                    .alloc
-                    .revoking(self.guest.id, self.index as usize)
-            {
+            if self.take_revoke() {
                 return Step::Kicked;
             }
             match self.step() {
@@ -676,13 +681,7 @@ impl VcpuThread {
                     if self.control.stop_requested.load(Ordering::Acquire) {
                         return Err(self.guest.outcome().unwrap_or(Outcome::AllStopped));
                     }
-                    if self.control.revoke_requested.swap(false, Ordering::AcqRel)
-                        && self
-                            .guest
-                            .procs
-                            .alloc
-                            .revoking(self.guest.id, self.index as usize)
-                    {
+                    if self.take_revoke() {
                         return Ok(false);
                     }
                     self.guest.stats.stack_waits.fetch_add(1, Ordering::Relaxed);
