@@ -23,7 +23,7 @@ pub mod sync;
 pub use protocol;
 
 pub use arch::current::percpu::vcpu_id;
-pub use arch::current::{current_cpl, rdtsc};
+pub use arch::current::{current_cpl, current_level_name, rdtsc};
 #[cfg(target_arch = "x86_64")]
 pub use arch::x86_64::irqchip as lapic;
 #[cfg(target_arch = "x86_64")]

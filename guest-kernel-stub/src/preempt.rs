@@ -2,8 +2,8 @@
 //! interrupts (and whose interrupt handlers may switch threads).
 //!
 //! Code that must not be preempted on this vCPU (a held spinlock, a short per-vCPU update)
-//! brackets itself with [`hold`] and [`release`]. Both are single `%gs`-relative instructions on
-//! this vCPU's counter, so a thread that migrates between vCPUs never changes another vCPU's
+//! brackets itself with [`hold`] and [`release`]. Both change this vCPU's counter atomically with
+//! respect to migration (x86_64: one `%gs`-relative instruction; aarch64: see `arch::aarch64::percpu`), so a thread that migrates between vCPUs never changes another vCPU's
 //! count. The layer above's interrupt handlers look at [`held`]: while it is non-zero they only
 //! record what they wanted to do in this vCPU's pending word ([`defer`]) and return; the
 //! [`release`] that brings the count back to zero sees the pending word and calls the hook the
@@ -12,7 +12,9 @@
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
-use crate::arch::current::percpu::{gs_or, gs_read, HOLD_OFFSET, PENDING_OFFSET};
+use crate::arch::current::percpu::{
+    hold_enter, hold_leave, local_or, local_read, HOLD_OFFSET, PENDING_OFFSET,
+};
 
 static RELEASE_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 static WAIT_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
@@ -42,33 +44,15 @@ pub fn set_release_hook(hook: fn()) {
 /// Enters a region that must not be preempted on this vCPU.
 #[inline(always)]
 pub fn hold() {
-    // SAFETY: one instruction on this vCPU's hold counter.
-    unsafe {
-        core::arch::asm!(
-            "inc qword ptr gs:[{off}]",
-            off = const HOLD_OFFSET,
-            options(nostack),
-        );
-    }
+    hold_enter();
 }
 
 /// Leaves a region entered with [`hold`]; runs the release hook if that was the last hold and
 /// an interrupt handler deferred work meanwhile.
 #[inline(always)]
 pub fn release() {
-    let zero: u8;
-    // SAFETY: one instruction on this vCPU's hold counter.
-    unsafe {
-        core::arch::asm!(
-            "dec qword ptr gs:[{off}]",
-            "setz {z}",
-            off = const HOLD_OFFSET,
-            z = out(reg_byte) zero,
-            options(nostack),
-        );
-    }
     // SAFETY: reads this vCPU's pending word.
-    if zero != 0 && unsafe { gs_read(PENDING_OFFSET) } != 0 {
+    if hold_leave() && unsafe { local_read(PENDING_OFFSET) } != 0 {
         release_slow();
     }
 }
@@ -90,7 +74,7 @@ fn release_slow() {
 #[inline(always)]
 pub fn check_pending() {
     // SAFETY: reads this vCPU's pending word.
-    if held() == 0 && unsafe { gs_read(PENDING_OFFSET) } != 0 {
+    if held() == 0 && unsafe { local_read(PENDING_OFFSET) } != 0 {
         release_slow();
     }
 }
@@ -99,12 +83,12 @@ pub fn check_pending() {
 #[inline(always)]
 pub fn held() -> u64 {
     // SAFETY: reads this vCPU's hold counter.
-    unsafe { gs_read(HOLD_OFFSET) }
+    unsafe { local_read(HOLD_OFFSET) }
 }
 
 /// Records deferred work for the layer above in this vCPU's pending word.
 #[inline(always)]
 pub fn defer(bits: u64) {
     // SAFETY: one locked instruction on this vCPU's pending word.
-    unsafe { gs_or(PENDING_OFFSET, bits) }
+    unsafe { local_or(PENDING_OFFSET, bits) }
 }

@@ -1,3 +1,218 @@
-//! TODO(aarch64): the VBAR_EL1 vector table. Synchronous exceptions from EL0/EL1 and anything
-//! from EL1 are fatal (`fatal_trap`); IRQs from EL0 are delivered to an EL0 trampoline
-//! signal-style (save x0-x30, q0-q31, FPCR, FPSR), like `arch::x86_64::traps`.
+//! The EL1 exception vectors (VBAR_EL1, set by the VMM from `BootHeader::vectors`).
+//!
+//! * IRQ from EL0: acknowledge (ICC_IAR1_EL1) and EOI (ICC_EOIR1_EL1) at once, push an
+//!   [`IrqFrame`] (x0, x1, PC, PSTATE, INTID, SP) on the interrupted EL0 stack and `eret` to the
+//!   EL0 trampoline with interrupts on: 20 EL1 instructions. The trampoline saves the rest
+//!   (x2-x30, q0-q31, FPCR, FPSR), runs the Rust handler, restores, and returns with `svc #0`.
+//! * `svc #0` from EL0: the return path. Reloads PC, PSTATE (NZCV only: always EL0 with
+//!   interrupts on), SP and x0/x1 from the frame at SP_EL0 and `eret`s: 12 EL1 instructions.
+//! * Anything else (a synchronous exception from EL0 other than `svc #0`, any exception taken
+//!   at EL1, FIQ, SError, AArch32) is fatal: the `fatal_trap` hypercall with x1 = the vector
+//!   offset; the VMM reads ESR_EL1, ELR_EL1, FAR_EL1 and SPSR_EL1 itself.
+
+use core::mem::{offset_of, size_of};
+
+use protocol::arch::aarch64::HYPERCALL_BASE;
+use protocol::hypercall::Hypercall;
+
+pub use protocol::arch::aarch64::IrqFrame;
+
+/// Registers the EL0 trampoline saves around the Rust handler: x2-x30 (29, plus a pad word),
+/// FPCR and FPSR, q0-q31.
+const SAVE_GPRS: usize = 30 * 8;
+const SAVE_FP_CTRL: usize = 16;
+const SAVE_SIZE: usize = SAVE_GPRS + SAVE_FP_CTRL + 32 * 16;
+
+const _: () = assert!(size_of::<IrqFrame>() % 16 == 0 && SAVE_SIZE % 16 == 0);
+
+macro_rules! fatal_vector {
+    ($offset:literal) => {
+        concat!(
+            ".org ",
+            $offset,
+            "\n stp x0, x1, [sp, #-16]!\n mov x1, #",
+            $offset,
+            "\n b __activm_el1_fatal\n"
+        )
+    };
+}
+
+core::arch::global_asm!(
+    ".pushsection .text.activm.vectors, \"ax\"",
+    ".balign 2048",
+    ".globl __activm_vectors",
+    "__activm_vectors:",
+    fatal_vector!("0x000"),
+    fatal_vector!("0x080"),
+    fatal_vector!("0x100"),
+    fatal_vector!("0x180"),
+    fatal_vector!("0x200"),
+    fatal_vector!("0x280"),
+    fatal_vector!("0x300"),
+    fatal_vector!("0x380"),
+    // Synchronous from EL0: `svc #0` returns from an interrupt, anything else is fatal.
+    ".org 0x400",
+    "    stp x0, x1, [sp, #-16]!",
+    "    mrs x0, esr_el1",
+    "    movz x1, #{esr_svc0_hi}, lsl #16",
+    "    cmp x0, x1",
+    "    mov x1, #0x400",
+    "    b.ne __activm_el1_fatal",
+    "    add sp, sp, #16",
+    "    mrs x0, sp_el0",
+    "    ldr x1, [x0, {off_pc}]",
+    "    msr elr_el1, x1",
+    "    ldr x1, [x0, {off_pstate}]",
+    "    and x1, x1, #0xf0000000",
+    "    msr spsr_el1, x1",
+    "    ldr x1, [x0, {off_sp}]",
+    "    msr sp_el0, x1",
+    "    ldp x0, x1, [x0]",
+    "    eret",
+    // IRQ from EL0.
+    ".org 0x480",
+    "    msr tpidr_el1, x1",
+    "    mrs x1, sp_el0",
+    "    sub x1, x1, {frame}",
+    "    and x1, x1, #~15",
+    "    str x0, [x1]",
+    "    mrs x0, tpidr_el1",
+    "    str x0, [x1, #8]",
+    "    mrs x0, elr_el1",
+    "    str x0, [x1, {off_pc}]",
+    "    mrs x0, spsr_el1",
+    "    str x0, [x1, {off_pstate}]",
+    "    mrs x0, sp_el0",
+    "    str x0, [x1, {off_sp}]",
+    "    mrs x0, icc_iar1_el1",
+    "    str x0, [x1, {off_intid}]",
+    "    b __activm_el0_irq_tail",
+    fatal_vector!("0x500"),
+    fatal_vector!("0x580"),
+    fatal_vector!("0x600"),
+    fatal_vector!("0x680"),
+    fatal_vector!("0x700"),
+    fatal_vector!("0x780"),
+    ".org 0x800",
+    "__activm_el0_irq_tail:",
+    "    cmp x0, {intid_special}",
+    "    b.hs 1f",
+    "    msr icc_eoir1_el1, x0",
+    "1:  msr sp_el0, x1",
+    "    mov x0, x1",
+    "    adr x1, __activm_irq_trampoline",
+    "    msr elr_el1, x1",
+    "    msr spsr_el1, xzr",
+    "    eret",
+    // Fatal: x0, x1 of the trapped code are on the EL1 stack, x1 = vector offset.
+    "__activm_el1_fatal:",
+    "    movz x0, #{hc_hi}, lsl #16",
+    "    ldr x0, [x0, {hc_fatal}]",
+    "2:  wfi",
+    "    b 2b",
+    ".popsection",
+    // EL0: x0 = sp = the IrqFrame.
+    ".pushsection .text.activm.user, \"ax\"",
+    "__activm_irq_trampoline:",
+    "    sub sp, sp, {save}",
+    "    stp x2, x3, [sp, #0]",
+    "    stp x4, x5, [sp, #16]",
+    "    stp x6, x7, [sp, #32]",
+    "    stp x8, x9, [sp, #48]",
+    "    stp x10, x11, [sp, #64]",
+    "    stp x12, x13, [sp, #80]",
+    "    stp x14, x15, [sp, #96]",
+    "    stp x16, x17, [sp, #112]",
+    "    stp x18, x19, [sp, #128]",
+    "    stp x20, x21, [sp, #144]",
+    "    stp x22, x23, [sp, #160]",
+    "    stp x24, x25, [sp, #176]",
+    "    stp x26, x27, [sp, #192]",
+    "    stp x28, x29, [sp, #208]",
+    "    str x30, [sp, #224]",
+    "    mrs x9, fpcr",
+    "    mrs x10, fpsr",
+    "    stp x9, x10, [sp, #240]",
+    "    add x9, sp, #256",
+    "    stp q0, q1, [x9, #0]",
+    "    stp q2, q3, [x9, #32]",
+    "    stp q4, q5, [x9, #64]",
+    "    stp q6, q7, [x9, #96]",
+    "    stp q8, q9, [x9, #128]",
+    "    stp q10, q11, [x9, #160]",
+    "    stp q12, q13, [x9, #192]",
+    "    stp q14, q15, [x9, #224]",
+    "    stp q16, q17, [x9, #256]",
+    "    stp q18, q19, [x9, #288]",
+    "    stp q20, q21, [x9, #320]",
+    "    stp q22, q23, [x9, #352]",
+    "    stp q24, q25, [x9, #384]",
+    "    stp q26, q27, [x9, #416]",
+    "    stp q28, q29, [x9, #448]",
+    "    stp q30, q31, [x9, #480]",
+    "    mov x29, #0",
+    "    bl {irq_entry}",
+    "    add x9, sp, #256",
+    "    ldp q0, q1, [x9, #0]",
+    "    ldp q2, q3, [x9, #32]",
+    "    ldp q4, q5, [x9, #64]",
+    "    ldp q6, q7, [x9, #96]",
+    "    ldp q8, q9, [x9, #128]",
+    "    ldp q10, q11, [x9, #160]",
+    "    ldp q12, q13, [x9, #192]",
+    "    ldp q14, q15, [x9, #224]",
+    "    ldp q16, q17, [x9, #256]",
+    "    ldp q18, q19, [x9, #288]",
+    "    ldp q20, q21, [x9, #320]",
+    "    ldp q22, q23, [x9, #352]",
+    "    ldp q24, q25, [x9, #384]",
+    "    ldp q26, q27, [x9, #416]",
+    "    ldp q28, q29, [x9, #448]",
+    "    ldp q30, q31, [x9, #480]",
+    "    ldp x9, x10, [sp, #240]",
+    "    msr fpcr, x9",
+    "    msr fpsr, x10",
+    "    ldp x2, x3, [sp, #0]",
+    "    ldp x4, x5, [sp, #16]",
+    "    ldp x6, x7, [sp, #32]",
+    "    ldp x8, x9, [sp, #48]",
+    "    ldp x10, x11, [sp, #64]",
+    "    ldp x12, x13, [sp, #80]",
+    "    ldp x14, x15, [sp, #96]",
+    "    ldp x16, x17, [sp, #112]",
+    "    ldp x18, x19, [sp, #128]",
+    "    ldp x20, x21, [sp, #144]",
+    "    ldp x22, x23, [sp, #160]",
+    "    ldp x24, x25, [sp, #176]",
+    "    ldp x26, x27, [sp, #192]",
+    "    ldp x28, x29, [sp, #208]",
+    "    ldr x30, [sp, #224]",
+    "    add sp, sp, {save}",
+    "    svc #0",
+    ".popsection",
+    esr_svc0_hi = const (0x15u64 << 26 | 1 << 25) >> 16,
+    off_pc = const offset_of!(IrqFrame, pc),
+    off_pstate = const offset_of!(IrqFrame, pstate),
+    off_intid = const offset_of!(IrqFrame, intid),
+    off_sp = const offset_of!(IrqFrame, sp),
+    frame = const size_of::<IrqFrame>(),
+    intid_special = const protocol::arch::aarch64::INTID_SPECIAL,
+    hc_hi = const HYPERCALL_BASE >> 16,
+    hc_fatal = const Hypercall::FatalTrap as u64 * 8,
+    save = const SAVE_SIZE,
+    irq_entry = sym irq_entry,
+);
+
+const _: () = assert!(HYPERCALL_BASE & 0xffff == 0 && HYPERCALL_BASE >> 32 == 0);
+
+/// The Rust side of interrupt delivery, at EL0 with interrupts on.
+extern "C" fn irq_entry(frame: &mut IrqFrame) {
+    if let Ok(vector) = u8::try_from(frame.intid) {
+        crate::irq::run_handler(vector, frame);
+    }
+}
+
+/// Which INTIDs (below 256, the handler table's size) may have a handler: SGIs, PPIs and SPIs.
+pub(crate) fn may_have_handler(_vector: u8) -> bool {
+    true
+}

@@ -242,3 +242,36 @@ pub unsafe fn gs_or(offset: usize, bits: u64) {
         );
     }
 }
+
+pub use gs_or as local_or;
+pub use gs_read as local_read;
+
+/// Enters a preemption hold on this vCPU (see `crate::preempt`): one instruction.
+#[inline(always)]
+pub fn hold_enter() {
+    // SAFETY: one instruction on this vCPU's hold counter.
+    unsafe {
+        core::arch::asm!(
+            "inc qword ptr gs:[{off}]",
+            off = const HOLD_OFFSET,
+            options(nostack),
+        );
+    }
+}
+
+/// Leaves a preemption hold; true if this vCPU's count is now zero (one instruction).
+#[inline(always)]
+pub fn hold_leave() -> bool {
+    let zero: u8;
+    // SAFETY: one instruction on this vCPU's hold counter.
+    unsafe {
+        core::arch::asm!(
+            "dec qword ptr gs:[{off}]",
+            "setz {z}",
+            off = const HOLD_OFFSET,
+            z = out(reg_byte) zero,
+            options(nostack),
+        );
+    }
+    zero != 0
+}
