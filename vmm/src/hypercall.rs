@@ -2,7 +2,7 @@
 //! `protocol::hypercall`) and every other exit, which ends the guest with a report. Every
 //! argument is untrusted.
 
-use kvm_bindings::{kvm_mp_state, kvm_regs, KVM_MP_STATE_HALTED};
+use kvm_bindings::{kvm_mp_state, KVM_MP_STATE_HALTED};
 use kvm_ioctls::VcpuFd;
 use protocol::blk::BLK_ERR_NO_DEVICE;
 use protocol::hypercall::{decode, Hypercall, HC_UNSUPPORTED, MAX_WRITE_LEN};
@@ -11,7 +11,9 @@ use protocol::shared::UpcallKind;
 use crate::activation::Event;
 use crate::allocator::Slot;
 use crate::arch::current::abi::HYPERCALL_BASE;
-use crate::arch::current::vcpu::{dump, fatal_trap_report, hypercall_args};
+use crate::arch::current::vcpu::{
+    dump, exit_pc, exit_regs, fatal_trap_report, hypercall_args, ExitRegs,
+};
 use crate::devices::blk::{Op, Request};
 use crate::guest::Guest;
 use crate::vcpu::{Exit, EXIT_HYPERCALL, EXIT_OTHER};
@@ -44,7 +46,7 @@ pub fn handle_exit(fd: &mut VcpuFd, index: u32, guest: &Guest, exit: Exit) -> Hc
     match exit {
         Exit::MmioRead { addr, len } => {
             count(EXIT_HYPERCALL);
-            let regs = fd.sync_regs().regs;
+            let regs = exit_regs(fd);
             match handle_load(fd, index, guest, addr, len, &regs) {
                 Ok(value) => {
                     set_load_result(fd, value);
@@ -114,13 +116,13 @@ fn handle_load(
     guest: &Guest,
     addr: u64,
     len: usize,
-    regs: &kvm_regs,
+    regs: &ExitRegs,
 ) -> Result<u64, HcAction> {
     let nr = match decode(addr, HYPERCALL_BASE) {
         None => {
             return Err(violation(index, fd, format!(
-                "vCPU {index} read unbacked guest-physical address {addr:#x} (rip {:#x}): no device there",
-                regs.rip
+                "vCPU {index} read unbacked guest-physical address {addr:#x} (pc {:#x}): no device there",
+                exit_pc(fd, regs)
             )))
         }
         Some(Err(offset)) => {
@@ -140,13 +142,13 @@ fn handle_load(
             index,
             fd,
             format!(
-                "unknown hypercall {nr} on vCPU {index} (rip {:#x})",
-                regs.rip
+                "unknown hypercall {nr} on vCPU {index} (pc {:#x})",
+                exit_pc(fd, regs)
             ),
         ));
     };
     if let Some(trace) = &guest.trace {
-        trace.instant(guest.id, index, call.name(), regs.rdi);
+        trace.instant(guest.id, index, call.name(), hypercall_args(regs)[0]);
     }
     let [a0, a1, a2, _a3] = hypercall_args(regs);
     match call {

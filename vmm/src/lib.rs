@@ -50,7 +50,16 @@ pub fn rdtsc() -> u64 {
         // SAFETY: rdtsc has no preconditions on x86_64.
         unsafe { core::arch::x86_64::_rdtsc() }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        let count: u64;
+        // SAFETY: reading CNTVCT_EL0 at EL0 has no side effects (Linux enables EL0 access).
+        unsafe {
+            std::arch::asm!("isb", "mrs {}, cntvct_el0", out(reg) count, options(nomem, nostack))
+        };
+        count
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         0
     }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Once, OnceLock};
 
 use kvm_bindings::kvm_run;
-use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
+use kvm_ioctls::{VcpuExit, VcpuFd};
 use protocol::shared::{UpcallKind, VcpuRunState};
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
@@ -267,8 +267,7 @@ enum Step {
 /// The body of vCPU thread `index` of `guest`.
 pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
     KVM_RUN_PTR.with(|p| p.set(fd.get_kvm_run() as *mut kvm_run));
-    fd.set_sync_valid_reg(SyncReg::Register);
-    fd.set_sync_valid_reg(SyncReg::SystemRegister);
+    arch::enable_sync_regs(&mut fd);
     let control = Arc::clone(&guest.vcpus[index as usize]);
     // SAFETY: pthread_self has no preconditions.
     let _ = control.thread.set(unsafe { libc::pthread_self() });
@@ -447,8 +446,7 @@ impl VcpuThread {
         // Revoked before the new activation ran a single instruction: there is no context to
         // hand over, and its NEWPROC must not reach another vCPU. Cancel it.
         if let Some(fresh) = self.fresh.take() {
-            let regs = self.fd.sync_regs().regs;
-            if regs.rip == fresh.entry && regs.rsp == fresh.stack_top - 8 {
+            if arch::at_fresh_entry(&self.fd, fresh.entry, fresh.stack_top) {
                 self.guest.acts.cancel_activation(
                     &self.guest.ram,
                     &self.guest.plan,

@@ -151,7 +151,9 @@ fn ensure_host_packages() -> Result<(), Failure> {
     }
     for tool in ["qemu-system-aarch64", "cpio", CROSS_GCC] {
         if !have(tool) {
-            return Err(skip(format!("`{tool}` still missing after apt-get install")));
+            return Err(skip(format!(
+                "`{tool}` still missing after apt-get install"
+            )));
         }
     }
     Ok(())
@@ -204,9 +206,11 @@ fn ensure_kernel_and_busybox() -> Result<(PathBuf, PathBuf), Failure> {
     std::fs::create_dir_all(&debs).map_err(|e| format!("{}: {e}", debs.display()))?;
     let kernel_pkg = kernel_package()?;
     println!("xtask: aarch64: apt-get download {kernel_pkg}:arm64 busybox-static:arm64");
-    run(Command::new("apt-get")
-        .current_dir(&debs)
-        .args(["download", &format!("{kernel_pkg}:arm64"), "busybox-static:arm64"]))
+    run(Command::new("apt-get").current_dir(&debs).args([
+        "download",
+        &format!("{kernel_pkg}:arm64"),
+        "busybox-static:arm64",
+    ]))
     .map_err(skip)?;
     for entry in std::fs::read_dir(&debs).map_err(|e| format!("{}: {e}", debs.display()))? {
         let deb = entry.map_err(|e| e.to_string())?.path();
@@ -237,7 +241,15 @@ fn build_activm() -> Result<PathBuf, Failure> {
     }
     let env_target = RUST_TARGET.to_uppercase().replace('-', "_");
     run(crate::host_cargo()
-        .args(["build", "--release", "--quiet", "-p", "activm-vmm", "--bin", "activm"])
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "activm-vmm",
+            "--bin",
+            "activm",
+        ])
         .args(["--target", RUST_TARGET])
         .env(format!("CARGO_TARGET_{env_target}_LINKER"), CROSS_GCC)
         .env(
@@ -357,7 +369,11 @@ fn boot(kernel: &Path, initrd: &Path) -> Result<String, Failure> {
     println!(
         "xtask: aarch64: QEMU ran {:.1} s{}",
         started.elapsed().as_secs_f64(),
-        if timed_out { " (TIMED OUT, killed)" } else { "" }
+        if timed_out {
+            " (TIMED OUT, killed)"
+        } else {
+            ""
+        }
     );
     Ok(text)
 }
@@ -379,7 +395,10 @@ fn check(console: &str, cases: &[Case]) -> Result<(), String> {
         let body = &console[start..];
         let Some(stop) = body.find(&end) else {
             println!("{body}");
-            failures.push(format!("{}: no end marker (guest or kernel hung?)", case.name));
+            failures.push(format!(
+                "{}: no end marker (guest or kernel hung?)",
+                case.name
+            ));
             continue;
         };
         let output = &body[..stop];
@@ -402,9 +421,16 @@ fn check(console: &str, cases: &[Case]) -> Result<(), String> {
         }
     }
     if failures.is_empty() {
-        println!("xtask: aarch64: {} of {} cases passed", cases.len(), cases.len());
+        println!(
+            "xtask: aarch64: {} of {} cases passed",
+            cases.len(),
+            cases.len()
+        );
         Ok(())
     } else {
-        Err(format!("aarch64 end-to-end failed:\n  {}", failures.join("\n  ")))
+        Err(format!(
+            "aarch64 end-to-end failed:\n  {}",
+            failures.join("\n  ")
+        ))
     }
 }

@@ -9,6 +9,16 @@ pub use protocol::arch::x86_64 as abi;
 /// The ELF machine number guests for this architecture carry.
 pub const ELF_MACHINE: u16 = 62; // EM_X86_64
 
+/// KVM capabilities this back end needs besides the common ones.
+pub const REQUIRED_CAPS: [(kvm_ioctls::Cap, &str); 3] = [
+    (kvm_ioctls::Cap::Irqchip, "KVM_CAP_IRQCHIP"),
+    (kvm_ioctls::Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
+    (kvm_ioctls::Cap::SignalMsi, "KVM_CAP_SIGNAL_MSI"),
+];
+
+/// `BootInfo::irq_controller_base`: the local APIC.
+pub const IRQ_CONTROLLER_BASE: u64 = abi::LAPIC_BASE;
+
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
@@ -33,6 +43,11 @@ pub fn setup_vm(kvm: &Kvm, vm: &VmFd) -> Result<ArchVm, Error> {
 
 pub fn configure_vcpu(fd: &VcpuFd, arch: &ArchVm, index: u32, plan: &Plan) -> Result<(), Error> {
     vcpu::configure(fd, &arch.cpuid, index, plan)
+}
+
+/// The TSC frequency in kHz (0 if KVM does not say).
+pub fn counter_khz(fd: &VcpuFd) -> u64 {
+    fd.get_tsc_khz().map(u64::from).unwrap_or(0)
 }
 
 /// Raise the upcall interrupt on `vcpu` (its APIC id is its index) through the in-kernel

@@ -169,6 +169,31 @@ pub fn dump(vcpu: &VcpuFd) -> String {
 }
 
 /// Arguments of a hypercall, from the registers KVM synced on exit.
+/// Ask KVM to copy the general and system registers into `kvm_run` on every exit.
+pub fn enable_sync_regs(fd: &mut VcpuFd) {
+    fd.set_sync_valid_reg(kvm_ioctls::SyncReg::Register);
+    fd.set_sync_valid_reg(kvm_ioctls::SyncReg::SystemRegister);
+}
+
+/// What a hypercall exit needs from the registers: the synced `kvm_regs` (no ioctl).
+pub type ExitRegs = kvm_regs;
+
+pub fn exit_regs(fd: &VcpuFd) -> ExitRegs {
+    fd.sync_regs().regs
+}
+
+/// The instruction pointer of the exit (for error messages).
+pub fn exit_pc(_fd: &VcpuFd, regs: &ExitRegs) -> u64 {
+    regs.rip
+}
+
+/// Whether a new activation has not run an instruction yet (`rip` and `rsp` as
+/// `enter_activation` left them).
+pub fn at_fresh_entry(fd: &VcpuFd, entry: u64, stack_top: u64) -> bool {
+    let regs = fd.sync_regs().regs;
+    regs.rip == entry && regs.rsp == stack_top - 8
+}
+
 pub fn hypercall_args(regs: &kvm_regs) -> [u64; 4] {
     [regs.rdi, regs.rsi, regs.rdx, regs.r10]
 }
