@@ -50,6 +50,11 @@ pub fn counter_khz(fd: &VcpuFd) -> u64 {
     fd.get_tsc_khz().map(u64::from).unwrap_or(0)
 }
 
+/// Register transfers are not counted here: they ride in `kvm_run` (sync_regs).
+pub fn register_transfer_stats() -> Option<String> {
+    None
+}
+
 /// Raise the upcall interrupt on `vcpu` (its APIC id is its index) through the in-kernel
 /// irqchip: one VM ioctl, no vCPU exit on the sender's side.
 pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
