@@ -34,7 +34,7 @@ const HOST_PACKAGES: &[&str] = &[
 const RUST_TARGET: &str = "aarch64-unknown-linux-gnu";
 const CROSS_GCC: &str = "aarch64-linux-gnu-gcc";
 /// Guest apps that build for aarch64 so far.
-pub const APPS: &[&str] = &["demo"];
+pub const APPS: &[&str] = &["demo", "archcheck"];
 /// Whole QEMU run (boot + every case) under TCG on a shared machine.
 const QEMU_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -43,6 +43,7 @@ struct Case {
     name: &'static str,
     command: String,
     status: i32,
+    /// Text the output must contain, each on some line.
     expect: Vec<String>,
 }
 
@@ -51,12 +52,29 @@ fn cases() -> Vec<Case> {
         .map(|i| format!("hello from vCPU {i} of 4 at EL0"))
         .collect();
     hello.push("all 4 vCPUs reported".into());
-    vec![Case {
-        name: "demo-4",
-        command: "/activm run /guests/demo --vcpus 4 --stats".into(),
-        status: 0,
-        expect: hello,
-    }]
+    vec![
+        Case {
+            name: "demo-4",
+            command: "/activm run /guests/demo --vcpus 4 --stats".into(),
+            status: 0,
+            expect: hello,
+        },
+        Case {
+            name: "archcheck-irq",
+            command: "/activm run /guests/archcheck --vcpus 2 --stats".into(),
+            status: 0,
+            expect: vec![
+                "archcheck: 50 timer interrupts and ".into(),
+                "SGIs at EL0, registers intact".into(),
+            ],
+        },
+        Case {
+            name: "archcheck-fault",
+            command: "/activm run /guests/archcheck -- fault".into(),
+            status: 125,
+            expect: vec!["synchronous exception from EL0 on vCPU 0: data abort".into()],
+        },
+    ]
 }
 
 /// Why the run could not happen (reported as SKIPPED), or a real failure.
@@ -415,7 +433,7 @@ fn check(console: &str, cases: &[Case]) -> Result<(), String> {
             ));
         }
         for want in &case.expect {
-            if !output.lines().any(|l| l.trim_end() == want) {
+            if !output.lines().any(|l| l.contains(want.as_str())) {
                 failures.push(format!("{}: missing line `{want}`", case.name));
             }
         }

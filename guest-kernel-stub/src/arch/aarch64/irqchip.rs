@@ -51,12 +51,18 @@ pub(crate) fn enable() {
     let vcpu = super::percpu::vcpu_id();
     let private = (1 << INTID_VTIMER) | (1 << INTID_RESCHEDULE);
     let redist = GICR_BASE + u64::from(vcpu) * GICR_STRIDE;
-    write32(redist + GICR_IGROUPR0, read32(redist + GICR_IGROUPR0) | private);
+    write32(
+        redist + GICR_IGROUPR0,
+        read32(redist + GICR_IGROUPR0) | private,
+    );
     write32(redist + GICR_ISENABLER0, private);
 
     let spi = upcall_intid(vcpu);
     let (word, bit) = (u64::from(spi / 32) * 4, spi % 32);
-    write64(GICD_BASE + GICD_IROUTER + 8 * u64::from(spi), affinity(vcpu));
+    write64(
+        GICD_BASE + GICD_IROUTER + 8 * u64::from(spi),
+        affinity(vcpu),
+    );
     // Two configuration bits per INTID; 0b10 = edge-triggered. Each vCPU owns its own field,
     // but the word is shared: the read-modify-write is made under the stub's lock.
     let _guard = GIC_LOCK.lock();
@@ -69,3 +75,49 @@ pub(crate) fn enable() {
 }
 
 static GIC_LOCK: crate::sync::SpinLock<()> = crate::sync::SpinLock::new(());
+
+/// Sends SGI `intid` (0..16) to vCPU `vcpu`: `svc #1` (ICC_SGI1R_EL1 is EL1-only).
+pub fn send_sgi(vcpu: u32, intid: u32) {
+    let value = (1u64 << (vcpu & 0xf))
+        | (u64::from((vcpu >> 4) & 0xff) << 16)
+        | (u64::from(intid & 0xf) << 24);
+    // SAFETY: `svc #1` makes the EL1 stub write x0 to ICC_SGI1R_EL1 and return; nothing else
+    // changes.
+    unsafe { core::arch::asm!("svc #1", in("x0") value, options(nostack)) };
+}
+
+/// Sends SGI `intid` to this vCPU.
+pub fn send_self_sgi(intid: u32) {
+    send_sgi(super::percpu::vcpu_id(), intid);
+}
+
+/// The counter frequency (CNTFRQ_EL0, readable at EL0) in Hz.
+pub fn counter_hz() -> u64 {
+    let hz: u64;
+    // SAFETY: reading CNTFRQ_EL0 has no side effects.
+    unsafe { core::arch::asm!("mrs {}, cntfrq_el0", out(reg) hz, options(nomem, nostack)) };
+    hz
+}
+
+/// Arms this vCPU's virtual timer (INTID 27) to fire once, `ticks` counter ticks from now
+/// (CNTKCTL_EL1.EL0VTEN lets EL0 program it, as x86 CPL3 programs the user-mapped APIC).
+pub fn arm_timer_ticks(ticks: u64) {
+    let ticks = ticks.clamp(1, i32::MAX as u64);
+    // SAFETY: CNTV_TVAL_EL0 and CNTV_CTL_EL0 only program this vCPU's virtual timer.
+    unsafe {
+        core::arch::asm!(
+            "msr cntv_tval_el0, {t}",
+            "msr cntv_ctl_el0, {on}",
+            "isb",
+            t = in(reg) ticks,
+            on = in(reg) 1u64,
+            options(nomem, nostack),
+        )
+    };
+}
+
+/// Stops this vCPU's virtual timer.
+pub fn stop_timer() {
+    // SAFETY: as `arm_timer_ticks`.
+    unsafe { core::arch::asm!("msr cntv_ctl_el0, xzr", "isb", options(nomem, nostack)) };
+}

@@ -12,7 +12,10 @@ pub mod irqchip;
 pub mod percpu;
 pub mod traps;
 
-pub use traps::IrqFrame;
+pub use traps::{
+    arm_exception_stack, set_exception_handler, trap_eoi_window, ExceptionFrame, ExceptionHandler,
+    ExceptionInfo, IrqFrame,
+};
 
 /// Reads the virtual counter (CNTVCT_EL0, readable at EL0: CNTKCTL_EL1.EL0VCTEN). It plays the
 /// part of x86's TSC; `BootInfo::tsc_khz` is its frequency.
@@ -41,4 +44,14 @@ pub fn current_level_name() -> &'static str {
 /// Per-vCPU set-up at EL0, before the heap and the layer above.
 pub(crate) fn init_vcpu() {
     irqchip::enable();
+}
+
+/// Checks the architecture's part of the VMM's layout against the one this guest was built for.
+pub(crate) fn check_boot_info(info: &protocol::boot::BootInfo) {
+    assert!(
+        info.irq_controller_base == protocol::arch::aarch64::GICD_BASE,
+        "BootInfo GIC distributor {:#x} is not the ABI's {:#x}",
+        info.irq_controller_base,
+        protocol::arch::aarch64::GICD_BASE
+    );
 }

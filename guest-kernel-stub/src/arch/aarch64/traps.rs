@@ -5,15 +5,23 @@
 //!   EL0 trampoline with interrupts on: 20 EL1 instructions. The trampoline saves the rest
 //!   (x2-x30, q0-q31, FPCR, FPSR), runs the Rust handler, restores, and returns with `svc #0`.
 //! * `svc #0` from EL0: the return path. Reloads PC, PSTATE (NZCV only: always EL0 with
-//!   interrupts on), SP and x0/x1 from the frame at SP_EL0 and `eret`s: 12 EL1 instructions.
+//!   interrupts on), SP and x0/x1 from the frame at SP_EL0 and `eret`s: 17 EL1 instructions.
+//! * `svc #1` from EL0: sends the SGI x0 describes (ICC_SGI1R_EL1 is EL1-only): 11 instructions.
+//! * The virtual timer (INTID 27) is masked (CNTV_CTL_EL0.IMASK) before its EOI: it is
+//!   level-triggered and would fire again at once; the EL0 handler re-arms it.
+//! * CPU exceptions from EL0 are fatal for now: [`set_exception_handler`] and
+//!   [`arm_exception_stack`] are accepted (the runtime calls them) but nothing is delivered.
 //! * Anything else (a synchronous exception from EL0 other than `svc #0`, any exception taken
 //!   at EL1, FIQ, SError, AArch32) is fatal: the `fatal_trap` hypercall with x1 = the vector
 //!   offset; the VMM reads ESR_EL1, ELR_EL1, FAR_EL1 and SPSR_EL1 itself.
 
 use core::mem::{offset_of, size_of};
 
-use protocol::arch::aarch64::HYPERCALL_BASE;
+use core::sync::atomic::{AtomicPtr, Ordering};
+
+use protocol::arch::aarch64::{HYPERCALL_BASE, INTID_UPCALL_BASE};
 use protocol::hypercall::Hypercall;
+use protocol::MAX_VCPUS;
 
 pub use protocol::arch::aarch64::IrqFrame;
 
@@ -56,8 +64,16 @@ core::arch::global_asm!(
     "    mrs x0, esr_el1",
     "    movz x1, #{esr_svc0_hi}, lsl #16",
     "    cmp x0, x1",
+    "    b.eq 3f",
+    "    add x1, x1, #1",
+    "    cmp x0, x1",
     "    mov x1, #0x400",
     "    b.ne __activm_el1_fatal",
+    // `svc #1`: send the SGI described by x0 (ICC_SGI1R_EL1 format), return after the svc.
+    "    ldp x0, x1, [sp], #16",
+    "    msr icc_sgi1r_el1, x0",
+    "    eret",
+    "3:",
     "    add sp, sp, #16",
     "    mrs x0, sp_el0",
     "    ldr x1, [x0, {off_pc}]",
@@ -95,7 +111,14 @@ core::arch::global_asm!(
     fatal_vector!("0x780"),
     ".org 0x800",
     "__activm_el0_irq_tail:",
-    "    cmp x0, {intid_special}",
+    // The virtual timer is level-triggered: mask it (ENABLE | IMASK) before the EOI, or it
+    // fires again at once; the EL0 handler re-arms it.
+    "    cmp x0, {intid_vtimer}",
+    "    b.ne 4f",
+    "    mov x0, #3",
+    "    msr cntv_ctl_el0, x0",
+    "    mov x0, {intid_vtimer}",
+    "4:  cmp x0, {intid_special}",
     "    b.hs 1f",
     "    msr icc_eoir1_el1, x0",
     "1:  msr sp_el0, x1",
@@ -197,6 +220,7 @@ core::arch::global_asm!(
     off_sp = const offset_of!(IrqFrame, sp),
     frame = const size_of::<IrqFrame>(),
     intid_special = const protocol::arch::aarch64::INTID_SPECIAL,
+    intid_vtimer = const protocol::arch::aarch64::INTID_VTIMER,
     hc_hi = const HYPERCALL_BASE >> 16,
     hc_fatal = const Hypercall::FatalTrap as u64 * 8,
     save = const SAVE_SIZE,
@@ -205,11 +229,63 @@ core::arch::global_asm!(
 
 const _: () = assert!(HYPERCALL_BASE & 0xffff == 0 && HYPERCALL_BASE >> 32 == 0);
 
-/// The Rust side of interrupt delivery, at EL0 with interrupts on.
+/// The Rust side of interrupt delivery, at EL0 with interrupts on. Every vCPU's upcall SPI
+/// (`INTID_UPCALL_BASE + vcpu`) runs the handler of `INTID_UPCALL_BASE`, so one registration
+/// serves every vCPU, as x86's single upcall vector does.
 extern "C" fn irq_entry(frame: &mut IrqFrame) {
-    if let Ok(vector) = u8::try_from(frame.intid) {
+    let intid = frame.intid as u32;
+    let vector = if (INTID_UPCALL_BASE..INTID_UPCALL_BASE + MAX_VCPUS as u32).contains(&intid) {
+        INTID_UPCALL_BASE
+    } else {
+        intid
+    };
+    if let Ok(vector) = u8::try_from(vector) {
         crate::irq::run_handler(vector, frame);
     }
+}
+
+/// What an exception handler would get for a CPU exception at EL0 (not delivered yet).
+#[repr(C)]
+#[derive(Clone, Debug, Default)]
+pub struct ExceptionFrame {
+    pub x: [u64; 31],
+    pub sp: u64,
+    pub pc: u64,
+    pub pstate: u64,
+    /// ESR_EL1 and FAR_EL1, read at EL1.
+    pub esr: u64,
+    pub far: u64,
+}
+
+/// The part of [`ExceptionFrame`] the EL1 stub would write.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExceptionInfo {
+    pub esr: u64,
+    pub far: u64,
+    pub pc: u64,
+    pub pstate: u64,
+    pub sp: u64,
+}
+
+/// A CPU-exception handler.
+pub type ExceptionHandler = fn(&mut ExceptionFrame);
+
+static EXCEPTION_HANDLER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Installs the handler for CPU exceptions at EL0. Not called yet on aarch64: exceptions at EL0
+/// end the guest with the VMM's report.
+pub fn set_exception_handler(handler: ExceptionHandler) {
+    EXCEPTION_HANDLER.store(handler as *mut (), Ordering::Release);
+}
+
+/// Arms this vCPU's alternate exception stack (recorded; see [`set_exception_handler`]).
+pub fn arm_exception_stack(_top: u64) {}
+
+/// The EOI is sent at EL1 before the EL0 trampoline runs: there is no window in which an
+/// interrupted context still owes it.
+pub fn trap_eoi_window() -> (u64, u64) {
+    (0, 0)
 }
 
 /// Which INTIDs (below 256, the handler table's size) may have a handler: SGIs, PPIs and SPIs.

@@ -26,7 +26,7 @@ const MAIR: u64 = 0x04 | (0xff << 8);
 const CPACR: u64 = 3 << 20;
 /// CNTKCTL_EL1: EL0VCTEN (EL0 reads CNTVCT_EL0) and EL0VTEN (EL0 programs the virtual timer,
 /// as x86 CPL3 programs the user-mapped APIC timer).
-const CNTKCTL: u64 = (1 << 1) | (1 << 9);
+const CNTKCTL: u64 = (1 << 1) | (1 << 8);
 
 /// Every vCPU starts at once at the image's entry (no PSCI CPU_ON): EL1, MMU on, the VMM's
 /// page tables, x0 = BootInfo, x1 = index, x2 = EL0 stack top, SP_EL1 = its EL1 stack. 14
