@@ -59,13 +59,14 @@ const BOOT_HEADER_MAGIC: &[u8; 8] = b"ACTIVMHD";
 const USAGE: &str = "\
 usage: cargo xtask COMMAND
   demo [--vcpus N]               build everything and boot the demo guest (default 4 vCPUs)
-  test                           build the guests, then run the whole test suite (cargo test --workspace)
+  test                           build the guests, run the whole test suite (cargo test --workspace),
+                                 then aarch64-test
   bench [NAME]                   build the guests, then run the benchmarks (or only benches/NAME)
   build-guests [--release] [--arch x86_64|aarch64]
                                  install the guest toolchain if missing, build guests/, print the ELF paths
   aarch64-test [--keep]          end to end on arm64 KVM inside QEMU (installs QEMU and an arm64
                                  kernel when missing; exit status 77 = skipped)
-  clippy-guests                  run clippy on the guest workspace for the guest target (-D warnings)
+  clippy-guests [--arch ARCH]    run clippy on the guest workspace for the guest target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
   install-toolchain              only install the Debian packages the guest build needs";
 
@@ -89,7 +90,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Some("clippy-guests") => no_more(&args[1..]).and_then(|()| clippy_guests()),
+        Some("clippy-guests") => parse_arch(&args[1..]).and_then(clippy_guests),
         Some("guest-path") => guest_path(&args[1..]),
         Some("install-toolchain") => no_more(&args[1..]).and_then(|()| install_toolchain()),
         Some("help" | "-h" | "--help") => {
@@ -137,7 +138,17 @@ fn demo(args: &[String]) -> Result<(), String> {
 
 fn test() -> Result<(), String> {
     build_guests(true)?;
-    run(host_cargo().args(["test", "--workspace"]))
+    run(host_cargo().args(["test", "--workspace"]))?;
+    // The aarch64 back end, end to end under arm64 KVM inside QEMU: skipped (loudly) where
+    // QEMU or the packages cannot be had, never reported as passed.
+    match aarch64::test(&[]) {
+        Ok(()) => Ok(()),
+        Err(aarch64::Failure::Skipped(why)) => {
+            eprintln!("xtask: test: ***** aarch64 end-to-end SKIPPED, NOT PASSED: {why} *****");
+            Ok(())
+        }
+        Err(aarch64::Failure::Failed(e)) => Err(e),
+    }
 }
 
 fn bench(args: &[String]) -> Result<(), String> {
@@ -362,11 +373,8 @@ fn build_guests_cmd(args: &[String]) -> Result<(), String> {
         match arg.as_str() {
             "--release" => release = true,
             "--arch" => {
-                arch = match rest.next().map(String::as_str) {
-                    Some("x86_64") => GuestArch::X86_64,
-                    Some("aarch64") => GuestArch::Aarch64,
-                    other => return Err(format!("--arch takes x86_64 or aarch64, not {other:?}")),
-                }
+                let value = rest.next().cloned().unwrap_or_default();
+                arch = parse_arch(&["--arch".to_string(), value])?;
             }
             a => return Err(format!("unexpected argument `{a}`\n{USAGE}")),
         }
@@ -409,12 +417,43 @@ fn build_guests_for(arch: GuestArch, release: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn clippy_guests() -> Result<(), String> {
+fn clippy_guests(arch: GuestArch) -> Result<(), String> {
     install_toolchain()?;
     let mut cmd = guest_cargo();
-    cmd.args(["clippy", "--workspace", "--", "-D", "warnings"]);
-    println!("xtask: cd guests && RUSTC={GUEST_RUSTC} RUSTC_BOOTSTRAP=1 {GUEST_CARGO} clippy --workspace -- -D warnings");
+    cmd.arg("clippy");
+    match arch {
+        GuestArch::X86_64 => {
+            cmd.arg("--workspace");
+        }
+        GuestArch::Aarch64 => {
+            cmd.args(["--target", "aarch64-activm.json"]);
+            for app in aarch64::APPS {
+                cmd.args(["-p", app]);
+            }
+        }
+    }
+    cmd.args(["--", "-D", "warnings"]);
+    println!(
+        "xtask: cd guests && RUSTC={GUEST_RUSTC} RUSTC_BOOTSTRAP=1 {GUEST_CARGO} {}",
+        cmd.get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     run(&mut cmd)
+}
+
+/// `[--arch x86_64|aarch64]`.
+fn parse_arch(args: &[String]) -> Result<GuestArch, String> {
+    match args {
+        [] => Ok(GuestArch::X86_64),
+        [flag, arch] if flag == "--arch" => match arch.as_str() {
+            "x86_64" => Ok(GuestArch::X86_64),
+            "aarch64" => Ok(GuestArch::Aarch64),
+            other => Err(format!("--arch takes x86_64 or aarch64, not `{other}`")),
+        },
+        [a, ..] => Err(format!("unexpected argument `{a}`\n{USAGE}")),
+    }
 }
 
 fn u16_at(b: &[u8], off: usize) -> u16 {

@@ -31,7 +31,7 @@ const SAVE_GPRS: usize = 30 * 8;
 const SAVE_FP_CTRL: usize = 16;
 const SAVE_SIZE: usize = SAVE_GPRS + SAVE_FP_CTRL + 32 * 16;
 
-const _: () = assert!(size_of::<IrqFrame>() % 16 == 0 && SAVE_SIZE % 16 == 0);
+const _: () = assert!(size_of::<IrqFrame>().is_multiple_of(16) && SAVE_SIZE.is_multiple_of(16));
 
 macro_rules! fatal_vector {
     ($offset:literal) => {
