@@ -13,12 +13,13 @@ use crate::activation::{Activations, Event, QueueError};
 use crate::allocator::{Allocator, GuestId, Slot};
 use crate::arch::current as arch;
 use crate::bootinfo::{self, HostFacts};
+use crate::config::VmConfig;
 use crate::devices::blk::Disk;
 use crate::error::Error;
 use crate::memory::{GuestRam, Plan, StackSlots};
 use crate::trace::Trace;
 use crate::vcpu::VcpuControl;
-use crate::vm::{Outcome, VmConfig};
+use crate::vm::Outcome;
 use crate::{loader, rdtsc};
 
 /// The physical CPUs shared by every guest of one monitor: the allocator and a way to reach

@@ -22,6 +22,7 @@ pub mod hypercall;
 pub mod loader;
 pub mod memory;
 pub mod monitor;
+pub mod report;
 pub mod signals;
 pub mod stats;
 #[doc(hidden)]
@@ -30,9 +31,11 @@ pub mod trace;
 pub mod vcpu;
 pub mod vm;
 
+pub use config::{MonitorOptions, VmConfig};
 pub use error::Error;
-pub use monitor::{run_guests, MonitorOptions};
-pub use vm::{run, Outcome, RunReport, VmConfig};
+pub use monitor::{run, run_guests};
+pub use report::RunReport;
+pub use vm::Outcome;
 
 /// The TSC frequency in kHz, measured against the monotonic clock over 5 ms.
 pub fn tsc_khz_estimate() -> u64 {
