@@ -15,10 +15,12 @@ pub mod arch;
 pub mod bootinfo;
 pub mod config;
 pub mod ctl;
+pub mod delivery;
 pub mod devices;
 pub mod error;
 pub mod guest;
 pub mod hypercall;
+pub mod kick;
 pub mod loader;
 pub mod memory;
 pub mod monitor;
@@ -37,7 +39,7 @@ pub use monitor::{run, run_guests};
 pub use report::RunReport;
 pub use vm::Outcome;
 
-/// The TSC frequency in kHz, measured against the monotonic clock over 5 ms.
+/// The timestamp counter's frequency in kHz, measured against the monotonic clock over 5 ms.
 pub fn tsc_khz_estimate() -> u64 {
     let start = std::time::Instant::now();
     let tsc = rdtsc();
@@ -46,15 +48,7 @@ pub fn tsc_khz_estimate() -> u64 {
     (ticks as f64 / start.elapsed().as_secs_f64() / 1000.0) as u64
 }
 
-/// Read the host TSC (guest and host TSC agree: the VMM sets a zero TSC offset).
+/// Read the host's timestamp counter (guest and host agree: the VMM sets a zero offset).
 pub fn rdtsc() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: rdtsc has no preconditions on x86_64.
-        unsafe { core::arch::x86_64::_rdtsc() }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        0
-    }
+    arch::current::timestamp()
 }

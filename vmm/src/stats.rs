@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 
 use protocol::shared::UpcallKind;
 
-use crate::guest::{upcall_name, Guest};
+use crate::activation::upcall_name;
+use crate::guest::Guest;
 
 /// Median and 99th percentile of `samples` (sorted in place).
 pub fn median_p99(samples: &mut [u64]) -> Option<(u64, u64)> {

@@ -1,6 +1,8 @@
 //! x86_64: the guest enters at CPL0 in long mode with VMM-built GDT, TSS, IDT and page tables.
 
 pub mod boot;
+pub mod context;
+pub mod exit;
 pub mod layout;
 pub mod vcpu;
 
