@@ -14,10 +14,10 @@ use crate::bootinfo::{self, HostFacts};
 use crate::config::VmConfig;
 use crate::devices::blk::Disk;
 use crate::error::Error;
+use crate::kick::VcpuControl;
 use crate::loader;
 use crate::memory::{GuestRam, Plan, StackSlots};
 use crate::trace::Trace;
-use crate::vcpu::VcpuControl;
 use crate::vm::Outcome;
 
 /// The physical CPUs shared by every guest of one monitor: the allocator and a way to reach

@@ -9,9 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use protocol::shared::UpcallKind;
-
-use crate::activation::Event;
 use crate::allocator::Allocator;
 use crate::config::{MonitorOptions, VmConfig};
 use crate::error::Error;
@@ -203,18 +200,6 @@ fn wait_all(procs: &Processors, guests: &[Arc<Guest>], timeout: Option<Duration>
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
-        }
-    }
-}
-
-/// Deliver a host signal to every guest: as a SIGNAL upcall where the guest takes upcalls,
-/// otherwise by stopping it (it could not shut down cleanly anyway).
-pub fn forward_signal(guests: &[Arc<Guest>], signal: i32, forced: bool) {
-    for guest in guests {
-        if forced || !guest.acts.enabled() {
-            guest.finish(Outcome::Signaled(signal));
-        } else {
-            guest.deliver(Event::new(UpcallKind::Signal, 0, 0, signal as u64));
         }
     }
 }

@@ -48,3 +48,10 @@ pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::e
     };
     vm.signal_msi(msi).map(|_| ())
 }
+
+/// x86_64 code that loads an empty IDT and raises #UD: a triple fault.
+pub const TRIPLE_FAULT_CODE: &[u8] = &[
+    0x0f, 0x01, 0x1d, 0x02, 0x00, 0x00, 0x00, // lidt 2(%rip)
+    0x0f, 0x0b, // ud2
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // the empty IDT descriptor
+];
