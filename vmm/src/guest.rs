@@ -119,13 +119,11 @@ impl std::fmt::Debug for Guest {
 fn open_kvm() -> Result<Kvm, Error> {
     let kvm = Kvm::new()
         .map_err(|e| Error::KvmUnavailable(std::io::Error::from_raw_os_error(e.errno())))?;
-    for (cap, name) in [
-        (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
+    let common = [
         (Cap::ImmediateExit, "KVM_CAP_IMMEDIATE_EXIT"),
-        (Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
         (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
-        (Cap::SignalMsi, "KVM_CAP_SIGNAL_MSI"),
-    ] {
+    ];
+    for &(cap, name) in common.iter().chain(arch::REQUIRED_CAPS) {
         if !kvm.check_extension(cap) {
             return Err(Error::KvmCapability(name));
         }

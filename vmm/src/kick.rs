@@ -99,12 +99,13 @@ extern "C" fn handle_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc:
 }
 
 /// Install the kick handler once per process.
-pub fn install_kick_handler() -> Result<(), crate::Error> {
+pub fn install_kick_handler() -> Result<(), crate::error::Error> {
     static ONCE: Once = Once::new();
     let mut result = Ok(());
     ONCE.call_once(|| {
-        result = register_signal_handler(kick_signal(), handle_kick)
-            .map_err(|e| crate::Error::Host(format!("cannot install the vCPU kick handler: {e}")));
+        result = register_signal_handler(kick_signal(), handle_kick).map_err(|e| {
+            crate::error::Error::Host(format!("cannot install the vCPU kick handler: {e}"))
+        });
     });
     result
 }

@@ -98,7 +98,7 @@ pub fn run_guests(
         }
         guests.push(created.guest);
     }
-    let started = crate::rdtsc();
+    let started = crate::arch::current::timestamp();
 
     let stop_dispatcher = Arc::new(AtomicBool::new(false));
     let dispatcher = {

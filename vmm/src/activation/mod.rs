@@ -1,5 +1,5 @@
 //! The VMM side of scheduler activations: each guest's activation state, the upcall records
-//! it writes ([`records`], over the one view of the shared area, [`SharedArea`]), and new
+//! it writes (`records.rs`, over the one view of the shared area, [`SharedArea`]), and new
 //! activations. Where a record goes (which vCPU, with which interrupt) is `delivery.rs`.
 //!
 //! Every event that changes a guest's processors becomes an [`Event`]. It is written as a

@@ -130,7 +130,7 @@ pub(super) fn pop_stack(state: &mut State, area: SharedArea<'_>) -> Result<u64, 
     if let Some(top) = state.spare_stacks.pop() {
         return Ok(top);
     }
-    let fatal = |e: crate::Error| StartError::Fatal(e.to_string());
+    let fatal = |e: crate::error::Error| StartError::Fatal(e.to_string());
     let prod = area.stack_prod().map_err(fatal)?;
     let available = prod.wrapping_sub(state.stack_cons);
     if available == 0 {

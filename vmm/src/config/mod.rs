@@ -139,7 +139,7 @@ impl VmConfig {
             args: Vec::new(),
             boot_timing: false,
             timeout: None,
-            start_tsc: crate::rdtsc(),
+            start_tsc: arch::timestamp(),
             thread_stack_size: DEFAULT_THREAD_STACK,
             thread_stacks: None,
             disk: None,

@@ -1,5 +1,5 @@
 //! What a vCPU exit means: a load from the hypercall page is a hypercall
-//! ([`hypercalls`](super::hypercalls)); every other exit ends the guest with a report.
+//! (`hypercalls.rs`); every other exit ends the guest with a report.
 
 use std::sync::atomic::Ordering;
 
@@ -81,7 +81,8 @@ impl VcpuThread {
                 let suberror = unsafe { run.__bindgen_anon_1.internal.suberror };
                 self.violation(format!(
                     "KVM internal error (suberror {suberror}) on vCPU {index}: the guest ran an \
-                     instruction KVM could not emulate (at CPL0: no SSE or xgetbv there)"
+                     instruction KVM could not emulate ({})",
+                    arch::INTERNAL_ERROR_HINT
                 ))
             }
             Exit::FailEntry { reason } => self.violation(format!(

@@ -1,6 +1,6 @@
-//! One host thread per vCPU: the run loop ([`run`]), what each exit means ([`exits`], with the
-//! hypercalls in [`hypercalls`]) and what the vCPU does when it loses its processor
-//! ([`handoff`]). Other threads reach a vCPU through its [`VcpuControl`] (the kick); where it
+//! One host thread per vCPU: the run loop (`run.rs`), what each exit means (`exits.rs`, with the
+//! hypercalls in `hypercalls.rs`) and what the vCPU does when it loses its processor
+//! (`handoff.rs`). Other threads reach a vCPU through its [`VcpuControl`] (the kick); where it
 //! stands is its allocator [`Slot`](crate::allocator::Slot).
 //!
 //! **Processors.** The thread runs guest code only while the allocator grants it a physical CPU
@@ -41,7 +41,7 @@ pub enum ExitAction {
     Stop,
     /// The whole guest is done.
     Finish(Outcome),
-    /// A device request that must wait: the vCPU blocks in the VMM ([`handoff`]); the load's
+    /// A device request that must wait: the vCPU blocks in the VMM (`handoff.rs`); the load's
     /// result is set when the request completes.
     Block(Request),
 }

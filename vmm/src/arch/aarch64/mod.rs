@@ -41,5 +41,7 @@
 //! - `dump` / `fatal_trap_report`: the general registers, `ESR_EL1`, `FAR_EL1`, `ELR_EL1`,
 //!   `SPSR_EL1`, with the exception class named; `TRIPLE_FAULT_CODE` becomes an `hvc` with no
 //!   PSCI function, which KVM reports as a system event.
+//! - `REQUIRED_CAPS`: `KVM_CAP_ARM_PSCI_0_2`, `KVM_CAP_ONE_REG`, `KVM_CAP_IRQCHIP` (vGIC);
+//!   `INTERNAL_ERROR_HINT`: what an unemulated instruction means there.
 //! - `ELF_MACHINE`: 183 (EM_AARCH64).
 compile_error!("activm's aarch64 VMM back end is not implemented yet; see docs/architecture.md");

@@ -12,10 +12,21 @@ pub use protocol::arch::x86_64 as abi;
 pub const ELF_MACHINE: u16 = 62; // EM_X86_64
 
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
-use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 
 use crate::error::Error;
 use crate::memory::Plan;
+
+/// The KVM capabilities this back end needs beyond the common ones: the in-kernel irqchip
+/// and MSIs (the upcall interrupt), synced registers (hypercall arguments without an ioctl).
+pub const REQUIRED_CAPS: &[(Cap, &str)] = &[
+    (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
+    (Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
+    (Cap::SignalMsi, "KVM_CAP_SIGNAL_MSI"),
+];
+
+/// What an internal error (an instruction KVM could not emulate) most likely means here.
+pub const INTERNAL_ERROR_HINT: &str = "at CPL0: no SSE or xgetbv there";
 
 /// Per-VM x86_64 state the vCPUs are configured from.
 #[derive(Debug)]
