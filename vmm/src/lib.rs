@@ -1,13 +1,16 @@
 //! activm: a KVM virtual machine monitor whose vCPUs are scheduler activations.
 //!
 //! The crate's map: [`monitor`] runs guests on a budget of physical CPUs that [`allocator`]
-//! shares out; [`guest`] is one guest; [`vcpu`] is the per-vCPU thread, its state machine and
-//! its kick; [`activation`] writes upcall records and starts new activations; [`hypercall`]
-//! dispatches guest requests; [`loader`] checks and loads guest ELFs; [`memory`] is guest RAM
-//! and the plan of what goes where; [`bootinfo`] writes the boot information; [`signals`],
-//! [`ctl`], [`trace`] and [`stats`] are the host-facing services; [`config`] is what
-//! `activm run` is asked to run (flags or a TOML file), checked; [`arch`] holds what differs
-//! per architecture.
+//! shares out (its `Slot` is a vCPU's one state machine); [`guest`] is one guest; [`vcpu`] is
+//! the per-vCPU thread (run loop, exits, hypercall handlers, hand-off) and [`kick`] how other
+//! threads reach it; [`hypercall`] decodes a hypercall into a typed call; [`activation`] keeps
+//! the activation state and writes upcall records through one view of the shared area, and
+//! [`delivery`] decides where they go; [`loader`] checks and loads guest ELFs; [`memory`] is
+//! guest RAM and the plan of what goes where; [`bootinfo`] writes the boot information;
+//! [`signals`], [`ctl`], [`trace`] and [`stats`] are the host-facing services; [`config`] is
+//! what `activm run` is asked to run (flags or a TOML file), checked, as plain data; [`vm`] is
+//! how a guest ended and [`report`] the report of a run; [`arch`] holds what differs per
+//! architecture, reached only through `arch::current`.
 
 pub mod activation;
 pub mod allocator;

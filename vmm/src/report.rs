@@ -67,9 +67,9 @@ impl RunReport {
             .map(|v| {
                 let n = |i: usize| v.exits[i].load(Ordering::Relaxed);
                 (
-                    n(crate::vcpu::EXIT_HYPERCALL),
-                    n(crate::vcpu::EXIT_KICK),
-                    n(crate::vcpu::EXIT_OTHER),
+                    n(crate::kick::EXIT_HYPERCALL),
+                    n(crate::kick::EXIT_KICK),
+                    n(crate::kick::EXIT_OTHER),
                 )
             })
             .collect();

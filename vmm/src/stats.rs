@@ -67,9 +67,9 @@ pub fn render(guest: &Guest) -> String {
     }
     let (mut hypercalls, mut kicks, mut other) = (0, 0, 0);
     for v in &guest.vcpus {
-        hypercalls += v.exits[crate::vcpu::EXIT_HYPERCALL].load(Ordering::Relaxed);
-        kicks += v.exits[crate::vcpu::EXIT_KICK].load(Ordering::Relaxed);
-        other += v.exits[crate::vcpu::EXIT_OTHER].load(Ordering::Relaxed);
+        hypercalls += v.exits[crate::kick::EXIT_HYPERCALL].load(Ordering::Relaxed);
+        kicks += v.exits[crate::kick::EXIT_KICK].load(Ordering::Relaxed);
+        other += v.exits[crate::kick::EXIT_OTHER].load(Ordering::Relaxed);
     }
     let _ = write!(
         out,
