@@ -3,6 +3,8 @@
 //! enabled but unused (the VMM starts every vCPU at the entry itself, through ONE_REG).
 
 pub mod boot;
+pub mod context;
+pub mod exit;
 pub mod layout;
 pub mod regs;
 pub mod vcpu;
@@ -14,9 +16,24 @@ pub const ELF_MACHINE: u16 = 183; // EM_AARCH64
 
 /// KVM capabilities this back end needs besides the common ones (no sync_regs on arm64:
 /// registers move through ONE_REG; the upcall is an SPI, not an MSI).
-pub const REQUIRED_CAPS: [(kvm_ioctls::Cap, &str); 2] = [
+pub const REQUIRED_CAPS: &[(kvm_ioctls::Cap, &str)] = &[
     (kvm_ioctls::Cap::Irqchip, "KVM_CAP_IRQCHIP"),
     (kvm_ioctls::Cap::OneReg, "KVM_CAP_ONE_REG"),
+];
+
+/// What an internal error (an instruction KVM could not emulate) most likely means here.
+pub const INTERNAL_ERROR_HINT: &str =
+    "a load or store KVM could not decode (writeback or pair access to an unbacked address?)";
+
+/// aarch64 code that faults at EL1 with no vector table (VBAR_EL1 points at the image base,
+/// whose header is not code): `udf #0` — a recursive exception KVM reports as... the guest's
+/// own report path is used instead: the fault loops until the VMM's timeout. So this is an
+/// `hvc #0` with an unknown PSCI function, which KVM answers with NOT_SUPPORTED, followed by
+/// a store to the hypercall page: the VMM's "malformed hypercall" stop.
+pub const TRIPLE_FAULT_CODE: &[u8] = &[
+    0x02, 0x00, 0x00, 0xd4, // hvc #0
+    0x00, 0x00, 0x80, 0xd2, // mov x0, #0
+    0x01, 0x00, 0x00, 0xf9, // str x1, [x0]
 ];
 
 /// `BootInfo::irq_controller_base`: the GICv3 distributor.
@@ -115,8 +132,8 @@ pub fn configure_vcpu(fd: &VcpuFd, arch: &ArchVm, index: u32, plan: &Plan) -> Re
 }
 
 /// The `--stats` line: register ioctls over the whole run (every guest of this process). Per
-/// event: 14 sets per vCPU at boot, 3 gets per hypercall exit, 1 get per preemption check, 69
-/// gets per captured user context, 6 sets per new activation.
+/// event: 14 sets per vCPU at boot, 4 gets per hypercall exit, 1 get per preemption check, 69
+/// gets per captured user context, 6 sets per new activation, 2 gets per activation-entry check.
 pub fn register_transfer_stats() -> Option<String> {
     let (gets, sets) = regs::transfers();
     Some(format!(
@@ -132,12 +149,4 @@ const IRQ_TYPE_SPI: u32 = 1 << 24;
 /// never lowered.
 pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
     vm.set_irq_line(IRQ_TYPE_SPI | (abi::INTID_UPCALL_BASE + vcpu), true)
-}
-
-/// The guest's counter frequency (CNTFRQ_EL0, the same in host and guest), in kHz.
-pub fn counter_khz(_fd: &VcpuFd) -> u64 {
-    let freq: u64;
-    // SAFETY: reading CNTFRQ_EL0 at EL0 has no side effects.
-    unsafe { std::arch::asm!("mrs {}, cntfrq_el0", out(reg) freq, options(nomem, nostack)) };
-    freq / 1000
 }

@@ -10,8 +10,6 @@ use crate::memory::{GuestRam, Plan};
 
 /// PSTATE at entry: EL1h with D, A, I, F masked.
 const PSTATE_EL1H_MASKED: u64 = 0x3c5;
-/// PSTATE of a new activation: EL0t, interrupts on.
-const PSTATE_EL0: u64 = 0;
 /// SCTLR_EL1: the RES1 bits, M (MMU), C, I (caches), DZE and UCT (EL0 `dc zva`, CTR_EL0),
 /// nTWI and nTWE (EL0 `wfi`/`wfe` not trapped); SPAN (RES1 here) keeps PSTATE.PAN clear so
 /// the EL1 stub can write the interrupted EL0 stack.
@@ -48,39 +46,12 @@ pub fn configure(fd: &VcpuFd, index: u32, plan: &Plan) -> Result<(), Error> {
         (regs::PC, plan.entry),
         // The guest's virtual counter follows the host's (as x86's TSC offset 0), so the
         // boot timestamps compare.
-        (regs::TIMER_CNT, crate::rdtsc()),
+        (regs::TIMER_CNT, super::exit::timestamp()),
     ];
     for (reg, value) in set {
         regs::set(fd, reg, value)?;
     }
     Ok(())
-}
-
-/// arm64 KVM has no sync_regs: registers move through ONE_REG on demand.
-pub fn enable_sync_regs(_fd: &mut VcpuFd) {}
-
-/// What a hypercall exit needs from the registers: the arguments x0..x2 (no call takes a
-/// fourth), three `KVM_GET_ONE_REG`s. The PC is read only for error messages.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ExitRegs {
-    pub args: [u64; 4],
-}
-
-pub fn exit_regs(fd: &VcpuFd) -> ExitRegs {
-    let mut args = [0u64; 4];
-    for (n, arg) in args.iter_mut().take(3).enumerate() {
-        *arg = regs::get(fd, regs::x(n as u64)).unwrap_or(u64::MAX);
-    }
-    ExitRegs { args }
-}
-
-pub fn hypercall_args(regs: &ExitRegs) -> [u64; 4] {
-    regs.args
-}
-
-/// The PC of the exit (for error messages).
-pub fn exit_pc(fd: &VcpuFd, _regs: &ExitRegs) -> u64 {
-    regs::get(fd, regs::PC).unwrap_or(u64::MAX)
 }
 
 /// Exception class names for ESR_EL1.EC.
@@ -123,9 +94,9 @@ pub fn dump(fd: &VcpuFd) -> String {
 
 /// The `fatal_trap` report: the EL1 stub left the vector offset in x1 and the trapped x0/x1 on
 /// its stack; ESR_EL1, ELR_EL1, FAR_EL1 and SPSR_EL1 say what happened.
-pub fn fatal_trap_report(fd: &VcpuFd, index: u32, _ram: &GuestRam, regs: &ExitRegs) -> String {
+pub fn fatal_trap_report(fd: &VcpuFd, index: u32, _ram: &GuestRam) -> String {
     let get = |r: Reg| regs::get(fd, r).unwrap_or(0);
-    let vector = regs.args[1];
+    let vector = get(regs::x(1));
     let from = match vector >> 9 {
         0 => "EL1 with SP_EL0",
         1 => "EL1",
@@ -142,57 +113,4 @@ pub fn fatal_trap_report(fd: &VcpuFd, index: u32, _ram: &GuestRam, regs: &ExitRe
         get(regs::SPSR_EL1),
         dump(fd)
     )
-}
-
-/// Whether the vCPU is at EL0 with IRQs unmasked: the only place its context can be handed to
-/// the guest. One `KVM_GET_ONE_REG`.
-pub fn at_user_level(fd: &VcpuFd) -> bool {
-    regs::get(fd, regs::PSTATE).is_ok_and(|p| p & 0xf == 0 && p & (1 << 7) == 0)
-}
-
-/// Whether a new activation has not run an instruction yet (PC and SP as `enter_activation`
-/// left them).
-pub fn at_fresh_entry(fd: &VcpuFd, entry: u64, stack_top: u64) -> bool {
-    regs::get(fd, regs::PC).is_ok_and(|pc| pc == entry)
-        && regs::get(fd, regs::SP_EL0).is_ok_and(|sp| sp == stack_top)
-}
-
-/// The vCPU's EL0 context: 31 + 4 + 2 + 32 = 69 `KVM_GET_ONE_REG`s.
-pub fn capture_user_context(fd: &VcpuFd) -> Result<protocol::arch::aarch64::UserContext, Error> {
-    let mut ctx = protocol::arch::aarch64::UserContext::default();
-    for (n, x) in ctx.x.iter_mut().enumerate() {
-        *x = regs::get(fd, regs::x(n as u64))?;
-    }
-    ctx.sp = regs::get(fd, regs::SP_EL0)?;
-    ctx.pc = regs::get(fd, regs::PC)?;
-    ctx.pstate = regs::get(fd, regs::PSTATE)?;
-    ctx.tpidr_el0 = regs::get(fd, regs::TPIDR_EL0)?;
-    ctx.fpcr = regs::get(fd, regs::FPCR)?;
-    ctx.fpsr = regs::get(fd, regs::FPSR)?;
-    for (n, q) in ctx.q.iter_mut().enumerate() {
-        *q = regs::get_u128(fd, regs::v(n as u64))?;
-    }
-    Ok(ctx)
-}
-
-/// Start a new activation on this vCPU: EL0 at `entry` with x0 = vCPU index, x1 = activation
-/// id, SP = `stack_top` (16-byte aligned, x30 = 0: no return), interrupts on. 6
-/// `KVM_SET_ONE_REG`s.
-pub fn enter_activation(fd: &mut VcpuFd, entry: u64, stack_top: u64, vcpu: u32, activation: u32) {
-    let set: [(Reg, u64); 6] = [
-        (regs::x(0), vcpu as u64),
-        (regs::x(1), activation as u64),
-        (regs::x(30), 0),
-        (regs::SP_EL0, stack_top),
-        (regs::PSTATE, PSTATE_EL0),
-        (regs::PC, entry),
-    ];
-    for (reg, value) in set {
-        if let Err(e) = regs::set(fd, reg, value) {
-            // The vCPU cannot be pointed at the activation; it resumes where it was, which the
-            // guest sees as a lost NEWPROC. Say so.
-            eprintln!("activm: error: starting an activation on vCPU {vcpu}: {e}");
-            return;
-        }
-    }
 }

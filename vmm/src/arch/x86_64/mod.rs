@@ -1,6 +1,8 @@
 //! x86_64: the guest enters at CPL0 in long mode with VMM-built GDT, TSS, IDT and page tables.
 
 pub mod boot;
+pub mod context;
+pub mod exit;
 pub mod layout;
 pub mod vcpu;
 
@@ -9,21 +11,25 @@ pub use protocol::arch::x86_64 as abi;
 /// The ELF machine number guests for this architecture carry.
 pub const ELF_MACHINE: u16 = 62; // EM_X86_64
 
-/// KVM capabilities this back end needs besides the common ones.
-pub const REQUIRED_CAPS: [(kvm_ioctls::Cap, &str); 3] = [
-    (kvm_ioctls::Cap::Irqchip, "KVM_CAP_IRQCHIP"),
-    (kvm_ioctls::Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
-    (kvm_ioctls::Cap::SignalMsi, "KVM_CAP_SIGNAL_MSI"),
-];
-
 /// `BootInfo::irq_controller_base`: the local APIC.
 pub const IRQ_CONTROLLER_BASE: u64 = abi::LAPIC_BASE;
 
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
-use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 
 use crate::error::Error;
 use crate::memory::Plan;
+
+/// The KVM capabilities this back end needs beyond the common ones: the in-kernel irqchip
+/// and MSIs (the upcall interrupt), synced registers (hypercall arguments without an ioctl).
+pub const REQUIRED_CAPS: &[(Cap, &str)] = &[
+    (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
+    (Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
+    (Cap::SignalMsi, "KVM_CAP_SIGNAL_MSI"),
+];
+
+/// What an internal error (an instruction KVM could not emulate) most likely means here.
+pub const INTERNAL_ERROR_HINT: &str = "at CPL0: no SSE or xgetbv there";
 
 /// Per-VM x86_64 state the vCPUs are configured from.
 #[derive(Debug)]
@@ -45,11 +51,6 @@ pub fn configure_vcpu(fd: &VcpuFd, arch: &ArchVm, index: u32, plan: &Plan) -> Re
     vcpu::configure(fd, &arch.cpuid, index, plan)
 }
 
-/// The TSC frequency in kHz (0 if KVM does not say).
-pub fn counter_khz(fd: &VcpuFd) -> u64 {
-    fd.get_tsc_khz().map(u64::from).unwrap_or(0)
-}
-
 /// Register transfers are not counted here: they ride in `kvm_run` (sync_regs).
 pub fn register_transfer_stats() -> Option<String> {
     None
@@ -66,3 +67,10 @@ pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::e
     };
     vm.signal_msi(msi).map(|_| ())
 }
+
+/// x86_64 code that loads an empty IDT and raises #UD: a triple fault.
+pub const TRIPLE_FAULT_CODE: &[u8] = &[
+    0x0f, 0x01, 0x1d, 0x02, 0x00, 0x00, 0x00, // lidt 2(%rip)
+    0x0f, 0x0b, // ud2
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // the empty IDT descriptor
+];
