@@ -69,6 +69,16 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "archcheck-upcall",
+            command: "/activm run /guests/archcheck --vcpus 2 --pcpus 2 --stats -- upcall".into(),
+            status: 0,
+            expect: vec![
+                "archcheck: upcall on vCPU 1: kind 6 arg 0".into(),
+                "the USER upcall arrived on vCPU 1 through its SPI".into(),
+                "USER=1".into(),
+            ],
+        },
+        Case {
             name: "archcheck-fault",
             command: "/activm run /guests/archcheck -- fault".into(),
             status: 125,

@@ -6,6 +6,8 @@
 //!   counts and exits 0.
 //! * `fault`: a load from an unmapped address at EL0; the VMM must report a data abort (status
 //!   125).
+//! * `upcall` (2 vCPUs): vCPU 0 enables upcalls and sends vCPU 1 a USER upcall (`sa_preempt`);
+//!   the VMM queues the record and raises vCPU 1's upcall SPI, whose handler must find it.
 //!
 //! On x86_64 it only says there is nothing to check.
 #![no_std]
@@ -16,7 +18,11 @@ mod aarch64 {
     use core::sync::atomic::{AtomicU64, Ordering};
 
     use activm_stub::arch::aarch64::irqchip;
-    use activm_stub::protocol::arch::aarch64::{INTID_RESCHEDULE, INTID_VTIMER};
+    use activm_stub::protocol::arch::aarch64::{INTID_RESCHEDULE, INTID_UPCALL_BASE, INTID_VTIMER};
+    use activm_stub::protocol::hypercall::Hypercall;
+    use activm_stub::protocol::shared::{
+        vcpu_area_offset, SharedHeader, UpcallKind, VcpuArea, UPCALL_QUEUE_CAPACITY,
+    };
     use activm_stub::{args, exit, println, register_irq_handler, IrqFrame};
 
     static TICKS: AtomicU64 = AtomicU64::new(0);
@@ -73,7 +79,95 @@ mod aarch64 {
         exit(1)
     }
 
+    static UPCALLS: AtomicU64 = AtomicU64::new(0);
+    static GO: AtomicU64 = AtomicU64::new(0);
+    static mut STACKS: [[u8; 4096]; 4] = [[0; 4096]; 4];
+
+    fn area(vcpu: u32) -> &'static VcpuArea {
+        let base = activm_stub::boot_info().shared_area;
+        // SAFETY: the VMM maps the shared area EL0 read-write; vCPU i's area is at this offset.
+        unsafe { &*((base + vcpu_area_offset(vcpu as usize) as u64) as *const VcpuArea) }
+    }
+
+    /// INTID 32 stands for every vCPU's upcall SPI: take the records of this vCPU's queue.
+    fn on_upcall(_frame: &mut IrqFrame) {
+        let area = area(activm_stub::vcpu_id());
+        let head = area.queue_head.0.load(Ordering::Acquire);
+        let mut tail = area.queue_tail.0.load(Ordering::Relaxed);
+        while tail != head {
+            let record = &area.records[tail as usize % UPCALL_QUEUE_CAPACITY];
+            println!(
+                "archcheck: upcall on vCPU {}: kind {} arg {} seq {}",
+                activm_stub::vcpu_id(),
+                record.kind,
+                record.arg,
+                record.seq
+            );
+            if record.kind == UpcallKind::User as u32 {
+                UPCALLS.fetch_add(1, Ordering::Release);
+            }
+            tail = tail.wrapping_add(1);
+        }
+        area.queue_tail.0.store(tail, Ordering::Release);
+    }
+
+    extern "C" fn new_activation() -> ! {
+        println!("archcheck: FAILED: unexpected new activation");
+        exit(1)
+    }
+
+    fn call(nr: Hypercall, a0: u64, a1: u64) -> u64 {
+        // SAFETY: the sa_* calls take plain numbers or the address of a function of the image.
+        unsafe { activm_stub::hypercall::raw(nr as u64, a0, a1, 0, 0) }
+    }
+
+    fn upcall(vcpu: u32) -> ! {
+        if vcpu == 1 {
+            register_irq_handler(INTID_UPCALL_BASE as u8, on_upcall);
+            GO.store(1, Ordering::Release);
+            while UPCALLS.load(Ordering::Acquire) == 0 {
+                core::hint::spin_loop();
+            }
+            println!("archcheck: the USER upcall arrived on vCPU 1 through its SPI");
+            exit(0)
+        }
+        while GO.load(Ordering::Acquire) == 0 {
+            core::hint::spin_loop();
+        }
+        let header = activm_stub::boot_info().shared_area as *const SharedHeader;
+        // SAFETY: the static stacks are handed to the VMM once; nothing else uses them.
+        let stacks = unsafe { &*core::ptr::addr_of!(STACKS) };
+        for (i, stack) in stacks.iter().enumerate() {
+            let top = stack.as_ptr() as u64 + 4096;
+            // SAFETY: the shared header is mapped; the guest owns the pool's producer side.
+            unsafe {
+                let stacks = core::ptr::addr_of!((*header).stacks) as *mut u64;
+                stacks.add(i).write_volatile(top);
+                (*header)
+                    .stack_prod
+                    .0
+                    .store(i as u32 + 1, Ordering::Release);
+            }
+        }
+        let entry = new_activation as *const () as u64;
+        let checks = [
+            ("sa_register", call(Hypercall::SaRegister, entry, 0)),
+            ("sa_enable", call(Hypercall::SaEnable, 0, 0)),
+            ("sa_preempt(1)", call(Hypercall::SaPreempt, 1, 0)),
+        ];
+        for (what, result) in checks {
+            if result != 0 {
+                println!("archcheck: FAILED: {what} returned {result:#x}");
+                exit(1);
+            }
+        }
+        activm_stub::vcpu_stop()
+    }
+
     pub fn main(vcpu: u32) -> ! {
+        if args().any(|a| a == "upcall") {
+            upcall(vcpu);
+        }
         if vcpu != 0 {
             activm_stub::vcpu_stop();
         }
