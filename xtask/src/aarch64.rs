@@ -64,7 +64,8 @@ fn cases() -> Vec<Case> {
             command: "/activm run /guests/archcheck --vcpus 2 --stats".into(),
             status: 0,
             expect: vec![
-                "archcheck: 50 timer interrupts and ".into(),
+                "archcheck: halt woke on the timer interrupt".into(),
+                "archcheck: 51 timer interrupts and ".into(),
                 "SGIs at EL0, registers intact".into(),
             ],
         },

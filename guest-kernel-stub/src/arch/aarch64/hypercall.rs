@@ -26,3 +26,10 @@ pub(crate) unsafe fn load(addr: u64, a0: u64, a1: u64, a2: u64, a3: u64) -> u64 
     }
     ret
 }
+
+/// Sleeps until an interrupt is pending: `wfi` at EL0 (SCTLR_EL1.nTWI lets EL0 run it; KVM
+/// blocks the vCPU until an interrupt is pending), no VMM exit.
+pub(crate) fn halt() {
+    // SAFETY: `wfi` only waits.
+    unsafe { core::arch::asm!("wfi", options(nomem, nostack, preserves_flags)) };
+}

@@ -194,6 +194,13 @@ mod aarch64 {
                 exit(1);
             }
         }
+        // `halt` (wfi at EL0) sleeps until the next timer interrupt.
+        let before = TICKS.load(Ordering::Relaxed);
+        irqchip::arm_timer_ticks(irqchip::counter_hz() / 1000);
+        while TICKS.load(Ordering::Relaxed) == before {
+            activm_stub::halt();
+        }
+        println!("archcheck: halt woke on the timer interrupt");
         irqchip::stop_timer();
         println!(
             "archcheck: {} timer interrupts and {} SGIs at EL0, registers {}",
