@@ -12,6 +12,7 @@
 
 pub mod arch;
 pub mod console;
+pub mod cpu_local;
 pub mod heap;
 pub mod hypercall;
 pub mod irq;

@@ -6,104 +6,13 @@
 //! loop: an interrupt between the read and the `stxr` ends in an exception return, which clears
 //! the exclusive monitor, so the `stxr` fails and the loop retries with the new vCPU's block.
 
-use core::mem::offset_of;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::Ordering;
 
-use protocol::MAX_VCPUS;
-
-/// Words of the block owned by the layer above.
-pub const RT_WORDS: usize = 8;
-
-/// One vCPU's block: two cache lines, so `_start` indexes the array with a shift.
-#[repr(C, align(128))]
-#[derive(Debug)]
-pub struct CpuLocal {
-    /// This block's address.
-    this: AtomicU64,
-    /// The vCPU index.
-    vcpu: AtomicU32,
-    /// Set while this vCPU formats a panic message.
-    panicking: AtomicBool,
-    /// Free for the layer above.
-    user: AtomicU64,
-    /// Preemption holds (held spinlocks) of the code running on this vCPU (`crate::preempt`).
-    hold: AtomicU64,
-    /// Work the layer above deferred while `hold` was non-zero; see `crate::preempt`.
-    pending: AtomicU64,
-    /// Words owned by the layer above.
-    rt: [AtomicU64; RT_WORDS],
-}
-
-/// Offset of the preemption-hold counter.
-pub const HOLD_OFFSET: usize = offset_of!(CpuLocal, hold);
-/// Offset of the pending-work word.
-pub const PENDING_OFFSET: usize = offset_of!(CpuLocal, pending);
-/// Offset of the first word owned by the layer above.
-pub const RT_OFFSET: usize = offset_of!(CpuLocal, rt);
-
-/// log2 of `size_of::<CpuLocal>()`, for `_start`.
-pub(crate) const CPU_LOCAL_SHIFT: u32 = core::mem::size_of::<CpuLocal>().trailing_zeros();
-
-const _: () = assert!(1 << CPU_LOCAL_SHIFT == core::mem::size_of::<CpuLocal>());
-
-#[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: CpuLocal = CpuLocal {
-    this: AtomicU64::new(0),
-    vcpu: AtomicU32::new(0),
-    panicking: AtomicBool::new(false),
-    user: AtomicU64::new(0),
-    hold: AtomicU64::new(0),
-    pending: AtomicU64::new(0),
-    rt: [const { AtomicU64::new(0) }; RT_WORDS],
-};
-
-/// One block per possible vCPU; `_start` uses its address.
-pub(crate) static CPU_LOCAL: [CpuLocal; MAX_VCPUS] = [EMPTY; MAX_VCPUS];
-
-impl CpuLocal {
-    /// Marks this vCPU as panicking; returns whether it already was.
-    pub(crate) fn enter_panic(&self) -> bool {
-        self.panicking.swap(true, Ordering::Relaxed)
-    }
-
-    /// The value the layer above stored with [`set_user`].
-    pub fn user(&self) -> u64 {
-        self.user.load(Ordering::Relaxed)
-    }
-
-    /// The vCPU this block belongs to.
-    pub fn vcpu(&self) -> u32 {
-        self.vcpu.load(Ordering::Relaxed)
-    }
-
-    /// The preemption-hold counter (see `crate::preempt`).
-    pub fn hold(&self) -> &AtomicU64 {
-        &self.hold
-    }
-
-    /// The pending-work word (see `crate::preempt`).
-    pub fn pending(&self) -> &AtomicU64 {
-        &self.pending
-    }
-
-    /// Word `i` of the layer above's area.
-    pub fn rt_word(&self, i: usize) -> &AtomicU64 {
-        &self.rt[i]
-    }
-}
-
-/// vCPU `vcpu`'s block.
-pub fn cpu_local(vcpu: usize) -> &'static CpuLocal {
-    &CPU_LOCAL[vcpu]
-}
+pub use crate::cpu_local::*;
 
 /// Fills `CPU_LOCAL[vcpu]` and checks that TPIDRRO_EL0 points at it.
 pub(crate) fn init(vcpu: usize) -> bool {
-    let block = &CPU_LOCAL[vcpu];
-    let addr = block as *const CpuLocal as u64;
-    block.this.store(addr, Ordering::Relaxed);
-    block.vcpu.store(vcpu as u32, Ordering::Relaxed);
-    base() == addr
+    base() == fill(vcpu)
 }
 
 /// TPIDRRO_EL0: the address of this vCPU's block.
@@ -129,12 +38,12 @@ pub fn this_cpu() -> &'static CpuLocal {
 /// two still gets the index of a vCPU it ran on).
 #[inline(always)]
 pub fn vcpu_id() -> u32 {
-    this_cpu().vcpu.load(Ordering::Relaxed)
+    this_cpu().vcpu()
 }
 
 /// Stores a word for the layer above in this vCPU's block.
 pub fn set_user(value: u64) {
-    this_cpu().user.store(value, Ordering::Relaxed);
+    this_cpu().user_field().store(value, Ordering::Relaxed);
 }
 
 /// Reads the 64-bit field at `offset` of this vCPU's block (re-reading the base if the thread
