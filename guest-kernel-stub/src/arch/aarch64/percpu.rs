@@ -68,32 +68,41 @@ pub unsafe fn local_read(offset: usize) -> u64 {
     value
 }
 
+/// One read-modify-write of the field at `offset` of *this* vCPU's block with the instruction
+/// `op` (`add`/`orr`), retried from the base register read if the thread moved (see the module
+/// documentation); evaluates to the new value.
+macro_rules! local_rmw {
+    ($op:literal, $offset:expr, $operand:expr) => {{
+        let new: u64;
+        // SAFETY: the caller passes the offset of a writable field of this vCPU's block.
+        unsafe {
+            core::arch::asm!(
+                "2:",
+                "mrs {p}, tpidrro_el0",
+                "add {p}, {p}, {off}",
+                "ldxr {v}, [{p}]",
+                concat!($op, " {v}, {v}, {x}"),
+                "stxr {f:w}, {v}, [{p}]",
+                "cbnz {f:w}, 2b",
+                p = out(reg) _,
+                v = out(reg) new,
+                f = out(reg) _,
+                off = in(reg) $offset,
+                x = in(reg) $operand,
+                options(nostack),
+            );
+        }
+        new
+    }};
+}
+
 /// Atomically adds `delta` to the field at `offset` of *this* vCPU's block; returns the new value.
 ///
 /// # Safety
 /// As [`local_read`]; the field is one the caller may write.
 #[inline(always)]
 pub unsafe fn local_add(offset: usize, delta: u64) -> u64 {
-    let new: u64;
-    // SAFETY: the caller passes the offset of a writable field of this vCPU's block.
-    unsafe {
-        core::arch::asm!(
-            "2:",
-            "mrs {p}, tpidrro_el0",
-            "add {p}, {p}, {off}",
-            "ldxr {v}, [{p}]",
-            "add {v}, {v}, {d}",
-            "stxr {f:w}, {v}, [{p}]",
-            "cbnz {f:w}, 2b",
-            p = out(reg) _,
-            v = out(reg) new,
-            f = out(reg) _,
-            off = in(reg) offset,
-            d = in(reg) delta,
-            options(nostack),
-        );
-    }
-    new
+    local_rmw!("add", offset, delta)
 }
 
 /// Atomically ors `bits` into the field at `offset` of *this* vCPU's block.
@@ -102,24 +111,7 @@ pub unsafe fn local_add(offset: usize, delta: u64) -> u64 {
 /// As [`local_add`].
 #[inline(always)]
 pub unsafe fn local_or(offset: usize, bits: u64) {
-    // SAFETY: the caller passes the offset of a writable field of this vCPU's block.
-    unsafe {
-        core::arch::asm!(
-            "2:",
-            "mrs {p}, tpidrro_el0",
-            "add {p}, {p}, {off}",
-            "ldxr {v}, [{p}]",
-            "orr {v}, {v}, {b}",
-            "stxr {f:w}, {v}, [{p}]",
-            "cbnz {f:w}, 2b",
-            p = out(reg) _,
-            v = out(reg) _,
-            f = out(reg) _,
-            off = in(reg) offset,
-            b = in(reg) bits,
-            options(nostack),
-        );
-    }
+    local_rmw!("orr", offset, bits);
 }
 
 /// Enters a preemption hold on this vCPU (see `crate::preempt`).
