@@ -1,4 +1,4 @@
-//! Keeping processors busy while I/O is in flight (seed 001, section 3.1): a guest serves
+//! Keeping processors busy while I/O is in flight (Anderson et al. 1992, section 3.1): a guest serves
 //! requests that each wait for a slow block device (`--io-latency`) and then compute, on 2
 //! physical CPUs. With scheduler activations a vCPU blocked in the VMM hands its processor to a
 //! new activation (BLOCKED / UNBLOCKED upcalls); an oblivious guest loses the vCPU while it waits,

@@ -1,4 +1,4 @@
-//! vCPU overcommit (seed 001, Table V): two copies of a parallel application run at once on
+//! vCPU overcommit (Anderson et al. 1992, Table V): two copies of a parallel application run at once on
 //! fewer physical CPUs than they have vCPUs, with scheduler activations and in oblivious mode
 //! (`--no-activations`), reporting each copy's speedup over the same application alone on one
 //! vCPU. Then the upcall latency beside the raw cost of a kick and of an interrupt.
@@ -71,7 +71,7 @@ fn main() {
     println!(
         "vCPU overcommit, multiprogramming level 2: two copies of an app on {pcpus} physical CPUs"
     );
-    println!("(seed 001 Table V: 6 processors, FastThreads on Topaz 1.29, original FastThreads 1.26, new FastThreads 2.45)");
+    println!("(Anderson et al. 1992, Table V: 6 processors, FastThreads on Topaz 1.29, original FastThreads 1.26, new FastThreads 2.45)");
     println!("speedup = time of one copy alone on 1 vCPU / time of each copy under multiprogramming; medians of {rounds} rounds");
     let workloads = [
         Workload {

@@ -4,27 +4,45 @@ pub mod floor;
 pub mod stats;
 pub mod threads;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The repository root, found at run time: the nearest directory at or above the current one
+/// whose `Cargo.toml` is a `[workspace]` with `xtask` among its members. (`cargo bench` runs a
+/// benchmark in its package directory, `benches/`.) Exits with status 2 outside a checkout.
+pub fn repo_root() -> PathBuf {
+    let is_root = |dir: &Path| {
+        std::fs::read_to_string(dir.join("Cargo.toml"))
+            .is_ok_and(|toml| toml.contains("[workspace]") && toml.contains("\"xtask\""))
+    };
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    match cwd.ancestors().find(|dir| is_root(dir)) {
+        Some(root) => root.to_path_buf(),
+        None => {
+            eprintln!(
+                "no activm workspace at or above {}: run the benchmarks with `cargo xtask bench`",
+                cwd.display()
+            );
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Where `cargo xtask build-guests` puts the guest ELFs (or `ACTIVM_GUEST_DIR`).
+fn guest_dir() -> PathBuf {
+    std::env::var_os("ACTIVM_GUEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("guests/target/x86_64-activm/release"))
+}
 
 /// The guest ELF `name`, if it has been built.
 pub fn guest_path(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("ACTIVM_GUEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guests/target/x86_64-activm/release")
-        });
-    let path = dir.join(name);
+    let path = guest_dir().join(name);
     path.is_file().then_some(path)
 }
 
-/// Where `cargo xtask build-guests` puts the guest ELFs.
+/// The guest ELF `name`; exits with a hint when it has not been built.
 pub fn guest(name: &str) -> PathBuf {
-    let dir = std::env::var_os("ACTIVM_GUEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guests/target/x86_64-activm/release")
-        });
-    let path = dir.join(name);
+    let path = guest_dir().join(name);
     if !path.is_file() {
         eprintln!(
             "guest {} is missing: run `cargo xtask build-guests` first",

@@ -1,4 +1,4 @@
-//! Overcommit workloads (seed 001, Table V), for `cargo xtask bench overcommit`:
+//! Overcommit workloads (Anderson et al. 1992, Table V), for `cargo xtask bench overcommit`:
 //!
 //! * `nbody BODIES STEPS THREADS`: direct O(N^2) gravitational N-body in f64; the threads each
 //!   own a slice of the bodies and meet at a barrier twice per step (after the forces, after the
