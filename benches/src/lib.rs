@@ -1,6 +1,8 @@
 //! Shared pieces of activm's benchmarks: statistics, the platform floor, guest lookup.
 
 pub mod floor;
+pub mod modes;
+pub mod plot;
 pub mod stats;
 pub mod threads;
 

@@ -9,7 +9,8 @@
 //!
 //! ```toml
 //! pcpus = 2            # also: quantum (ms), chaos (seed), timeout (s), stats, boot_timing,
-//! timeout = 60         #       trace, ctl, io_latency (us, for every guest with a disk)
+//! timeout = 60         #       trace, ctl, io_latency (us, for every guest with a disk),
+//!                      #       host_sched (no allocator: the host schedules every vCPU)
 //!
 //! [[guest]]
 //! image = "rt-tests"   # the only required key
@@ -122,6 +123,8 @@ pub struct Machine {
     pub ctl: Option<PathBuf>,
     /// Emulated latency of every guest's disk, in microseconds.
     pub io_latency_us: u64,
+    /// No allocator: every vCPU thread is left to the host's scheduler (`--host-sched`).
+    pub host_sched: bool,
     /// Settings a command-line flag set over a file's value: errors about them name the flag.
     pub from_flags: Vec<Key>,
 }
@@ -138,6 +141,7 @@ impl Default for Machine {
             trace: None,
             ctl: None,
             io_latency_us: 0,
+            host_sched: false,
             from_flags: Vec::new(),
         }
     }
@@ -395,6 +399,7 @@ pub fn build(
             handle_signals: true,
             ctl_socket: machine.ctl.clone(),
             chaos_seed: machine.chaos,
+            host_sched: machine.host_sched,
         },
         stats: machine.stats,
     })
@@ -473,6 +478,8 @@ struct FileDoc {
     /// Microseconds.
     #[serde(default)]
     io_latency: u64,
+    #[serde(default)]
+    host_sched: bool,
     #[serde(default, deserialize_with = "guest_tables")]
     guest: Vec<FileGuest>,
 }
@@ -554,6 +561,7 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
         trace: doc.trace.map(here),
         ctl: doc.ctl.map(here),
         io_latency_us: doc.io_latency,
+        host_sched: doc.host_sched,
         from_flags: Vec::new(),
     };
     let guests = doc
@@ -738,6 +746,7 @@ mod tests {
                 trace: Some("/etc/activm/run.json".into()),
                 ctl: Some("/tmp/activm.sock".into()),
                 io_latency_us: 1000,
+                host_sched: false,
                 from_flags: Vec::new(),
             }
         );
