@@ -45,15 +45,16 @@ struct RunArgs {
     /// Read the guests and the machine-wide settings from a TOML file.
     ///
     /// At the top, the machine-wide keys, as the flags: pcpus, quantum (ms), chaos (seed),
-    /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), host_sched. Then one [[guest]] table
-    /// per guest: image (required), name (its label in output, --stats and `activm ctl`),
+    /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), host_sched. Then one
+    /// [[guest]] table per guest: image (required), name (its label in output, --stats and
+    /// `activm ctl`),
     /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only,
     /// thread_stack, thread_stacks. Sizes are numbers of bytes or strings like "256M"; paths
     /// are relative to the file's directory. Unknown keys are errors.
     ///
     /// Machine-wide flags given with --config (--pcpus, --quantum, --chaos, --timeout, --stats,
-    /// --boot-timing, --trace, --ctl, --io-latency, --host-sched) override the file. Per-guest ones (GUEST,
-    /// --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
+    /// --boot-timing, --trace, --ctl, --io-latency, --host-sched) override the file. Per-guest
+    /// ones (GUEST, --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
     /// --thread-stacks, GUEST_ARGS) are refused: set them in the [[guest]] tables.
     #[arg(long, value_name = "FILE.toml")]
     config: Option<PathBuf>,
