@@ -13,31 +13,13 @@
 use std::time::Duration;
 
 use activm::devices::blk::DiskConfig;
-use activm::{MonitorOptions, Outcome, VmConfig};
+use activm::{MonitorOptions, VmConfig};
 use activm_benches::modes::{pin_and_report, Mode};
-use activm_benches::{field, guest, stats::summary, Captured};
-
-/// A sparse disk image, removed when dropped.
-struct Disk(std::path::PathBuf);
-
-impl Disk {
-    fn new() -> Disk {
-        let path = std::env::temp_dir().join(format!("activm-bench-io-{}.img", std::process::id()));
-        let file = std::fs::File::create(&path).expect("create the disk image");
-        file.set_len(64 << 20).expect("size the disk image");
-        Disk(path)
-    }
-}
-
-impl Drop for Disk {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+use activm_benches::{field, guest, run_captured, stats::summary, TempDisk};
 
 /// One guest of `iobench` with `args`; returns the `key=` value of its RESULT line.
 fn run(
-    disk: Option<(&Disk, u64)>,
+    disk: Option<(&TempDisk, u64)>,
     vcpus: u32,
     mode: Mode,
     args: &[&str],
@@ -53,23 +35,21 @@ fn run(
         }),
         ..VmConfig::new(guest("iobench"))
     };
-    let console = Captured::default();
     let options = MonitorOptions {
         timeout: Some(Duration::from_secs(120)),
         ..mode.options(2)
     };
-    let reports = activm::run_guests(&[config], vec![Box::new(console.clone())], &options)
-        .map_err(|e| e.to_string())?;
-    if reports[0].outcome != Outcome::Exited(0) {
-        return Err(format!("{:?}: {}", reports[0].outcome, console.text()));
-    }
-    field(&console.text(), key).ok_or_else(|| format!("no {key}= in {:?}", console.text()))
+    let text = run_captured(&[config], &options)?.remove(0);
+    field(&text, key).ok_or_else(|| format!("no {key}= in {text:?}"))
 }
 
 fn main() {
     let quick = std::env::var_os("ACTIVM_BENCH_QUICK").is_some();
     let rounds = if quick { 1 } else { 3 };
-    let disk = Disk::new();
+    let disk = match TempDisk::new("activm-bench-io") {
+        Ok(disk) => disk,
+        Err(e) => return println!("io: {e}"),
+    };
     let latency_us = 1000;
     let requests = if quick { "100" } else { "400" };
     let serve = ["serve", "16", requests, "100", "20"];

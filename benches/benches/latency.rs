@@ -11,9 +11,9 @@
 use std::time::Duration;
 
 use activm::devices::blk::DiskConfig;
-use activm::{MonitorOptions, Outcome, VmConfig};
+use activm::{MonitorOptions, VmConfig};
 use activm_benches::modes::{pin_and_report, Mode};
-use activm_benches::{field, guest, plot, stats::summary, Captured};
+use activm_benches::{field, guest, plot, run_captured, stats::summary, TempDisk};
 
 const PCPUS: usize = 2;
 const SERVER_VCPUS: u32 = 4;
@@ -34,16 +34,7 @@ struct Sample {
     steps_per_s: Option<f64>,
 }
 
-/// A sparse disk image, removed when dropped.
-struct Disk(std::path::PathBuf);
-
-impl Drop for Disk {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn run(mode: Mode, disk: &Disk, requests: u64, with_batch: bool) -> Result<Sample, String> {
+fn run(mode: Mode, disk: &TempDisk, requests: u64, with_batch: bool) -> Result<Sample, String> {
     let run_ms = requests * INTERVAL_US / 1000;
     let server = VmConfig {
         name: Some("server".into()),
@@ -81,23 +72,13 @@ fn run(mode: Mode, disk: &Disk, requests: u64, with_batch: bool) -> Result<Sampl
     } else {
         vec![server]
     };
-    let consoles: Vec<Captured> = configs.iter().map(|_| Captured::default()).collect();
-    let boxed = consoles
-        .iter()
-        .map(|c| Box::new(c.clone()) as Box<dyn std::io::Write + Send>)
-        .collect();
     let options = MonitorOptions {
         timeout: Some(Duration::from_secs(120)),
         ..mode.options(PCPUS)
     };
-    let reports = activm::run_guests(&configs, boxed, &options).map_err(|e| e.to_string())?;
-    for (report, console) in reports.iter().zip(&consoles) {
-        if report.outcome != Outcome::Exited(0) {
-            return Err(format!("{:?}: {}", report.outcome, console.text()));
-        }
-    }
-    let text = consoles[0].text();
-    let value = |key: &str| field(&text, key).ok_or_else(|| format!("no {key}= in {text:?}"));
+    let outputs = run_captured(&configs, &options)?;
+    let text = &outputs[0];
+    let value = |key: &str| field(text, key).ok_or_else(|| format!("no {key}= in {text:?}"));
     let cdf = text
         .find("CDF us=")
         .map(|at| &text[at + 7..])
@@ -113,9 +94,7 @@ fn run(mode: Mode, disk: &Disk, requests: u64, with_batch: bool) -> Result<Sampl
         p99: value("p99_us")?,
         p999: value("p999_us")?,
         cdf,
-        steps_per_s: consoles
-            .get(1)
-            .and_then(|c| field(&c.text(), "steps_per_s")),
+        steps_per_s: outputs.get(1).and_then(|text| field(text, "steps_per_s")),
     })
 }
 
@@ -124,12 +103,10 @@ fn main() {
     let rounds = if quick { 1 } else { 3 };
     let requests: u64 = if quick { 1000 } else { 4000 };
     pin_and_report(PCPUS);
-    let disk =
-        Disk(std::env::temp_dir().join(format!("activm-bench-lat-{}.img", std::process::id())));
-    if let Err(e) = std::fs::File::create(&disk.0).and_then(|f| f.set_len(64 << 20)) {
-        println!("latency: cannot create the disk image: {e}");
-        return;
-    }
+    let disk = match TempDisk::new("activm-bench-latency") {
+        Ok(disk) => disk,
+        Err(e) => return println!("latency: {e}"),
+    };
     println!("request latency beside a batch job, on {PCPUS} physical CPUs, one activm process:");
     println!(
         "  server: {SERVER_VCPUS} vCPUs, {SERVER_THREADS} threads, a request every {INTERVAL_US} us ({requests} in all); each waits for its"

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use activm::{MonitorOptions, Outcome, VmConfig};
 use activm_benches::modes::{pin_and_report, Mode};
-use activm_benches::{field, floor, guest, plot, stats::summary, Captured};
+use activm_benches::{field, floor, guest, plot, run_captured, stats::summary, Captured};
 
 /// Run `copies` copies of `image` with `guest_args` on `pcpus` physical CPUs in `mode`; returns
 /// what each copy printed, or why it failed.
@@ -31,27 +31,11 @@ fn run(
         args: guest_args.iter().map(|s| s.to_string()).collect(),
         ..VmConfig::new(image)
     };
-    let configs = vec![config; copies];
-    let consoles: Vec<Captured> = (0..copies).map(|_| Captured::default()).collect();
-    let boxed = consoles
-        .iter()
-        .map(|c| Box::new(c.clone()) as Box<dyn std::io::Write + Send>)
-        .collect();
     let options = MonitorOptions {
         timeout: Some(Duration::from_secs(300)),
         ..mode.options(pcpus)
     };
-    let reports = activm::run_guests(&configs, boxed, &options).map_err(|e| e.to_string())?;
-    for (report, console) in reports.iter().zip(&consoles) {
-        if report.outcome != Outcome::Exited(0) {
-            return Err(format!(
-                "{:?}: {}",
-                report.outcome,
-                console.text().lines().last().unwrap_or("")
-            ));
-        }
-    }
-    Ok(consoles.iter().map(Captured::text).collect())
+    run_captured(&vec![config; copies], &options)
 }
 
 fn ms_of(outputs: &[String]) -> Result<Vec<f64>, String> {

@@ -79,6 +79,52 @@ impl std::io::Write for Captured {
     }
 }
 
+/// Run `configs` as guests of one activm monitor with `options`, each with a captured console;
+/// returns what each printed, or, if one did not exit with status 0, its outcome and name and
+/// the last line it printed.
+pub fn run_captured(
+    configs: &[activm::VmConfig],
+    options: &activm::MonitorOptions,
+) -> Result<Vec<String>, String> {
+    let consoles: Vec<Captured> = configs.iter().map(|_| Captured::default()).collect();
+    let boxed = consoles
+        .iter()
+        .map(|c| Box::new(c.clone()) as Box<dyn std::io::Write + Send>)
+        .collect();
+    let reports = activm::run_guests(configs, boxed, options).map_err(|e| e.to_string())?;
+    for ((report, console), config) in reports.iter().zip(&consoles).zip(configs) {
+        if report.outcome != activm::Outcome::Exited(0) {
+            return Err(format!(
+                "{}: {:?}: {}",
+                config.image.display(),
+                report.outcome,
+                console.text().lines().last().unwrap_or("")
+            ));
+        }
+    }
+    Ok(consoles.iter().map(Captured::text).collect())
+}
+
+/// A sparse 64 MiB disk image in the temporary directory, removed when dropped.
+#[derive(Debug)]
+pub struct TempDisk(pub PathBuf);
+
+impl TempDisk {
+    pub fn new(stem: &str) -> Result<TempDisk, String> {
+        let path = std::env::temp_dir().join(format!("{stem}-{}.img", std::process::id()));
+        std::fs::File::create(&path)
+            .and_then(|file| file.set_len(64 << 20))
+            .map_err(|e| format!("cannot create the disk image {}: {e}", path.display()))?;
+        Ok(TempDisk(path))
+    }
+}
+
+impl Drop for TempDisk {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The number after `key=` in `text`, if any.
 pub fn field(text: &str, key: &str) -> Option<f64> {
     let at = text.find(&format!("{key}="))? + key.len() + 1;
