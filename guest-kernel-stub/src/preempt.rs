@@ -8,7 +8,7 @@
 //! record what they wanted to do in this vCPU's pending word ([`defer`]) and return; the
 //! [`release`] that brings the count back to zero sees the pending word and calls the hook the
 //! layer above installed with [`set_release_hook`] (the thread runtime's safepoint). This is the
-//! held-count half of the critical-section recovery of seed 000, section 6.
+//! held-count half of the critical-section recovery of Williams 2002, section 6.
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 

@@ -1,6 +1,6 @@
 //! [`SpinLock`]: a test-and-test-and-set lock that holds off preemption on this vCPU while it is
 //! held ([`crate::preempt`]), so a thread is never switched out with a spinlock held and a lock
-//! holder preempted by the VMM can be recognised and continued (seed 000, section 6).
+//! holder preempted by the VMM can be recognised and continued (Williams 2002, section 6).
 
 use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};

@@ -15,7 +15,7 @@
 
 use core::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 
-use activm_stub::protocol::arch::x86_64::VECTOR_RESCHEDULE;
+use activm_stub::protocol::arch::x86_64::RESCHEDULE_IRQ;
 use activm_stub::sync::SpinLock;
 use activm_stub::{preempt, IrqFrame};
 
@@ -268,7 +268,7 @@ fn wake_idle_vcpu_after_rmw() {
     let bit = 1u64 << v;
     if HALTED.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
         preempt::hold();
-        cpu::send_ipi(percpu::of(v).apic_id, VECTOR_RESCHEDULE);
+        cpu::send_ipi(percpu::of(v).apic_id, RESCHEDULE_IRQ);
         percpu::bump(&percpu::this().counters.ipis_sent);
         preempt::release();
     }
@@ -696,7 +696,7 @@ fn idle() {
     upcall::set_idle(me, true);
     if !work_visible() && watch_next(cpu::rdtsc()).is_none() {
         timer::arm_for_sleepers();
-        // With activations, a vCPU idle for long enough gives its processor back (seed 001:
+        // With activations, a vCPU idle for long enough gives its processor back (Anderson et al. 1992:
         // "this processor is idle"); the guest asks again when work needs it (see
         // `wake_idle_vcpu_after_rmw`). Not while threads sleep: a vCPU that halts arms the
         // timer for them, and the busy ones may not have.

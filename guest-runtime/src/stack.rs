@@ -1,4 +1,4 @@
-//! Thread stacks (NPTL-style cache, seed 004).
+//! Thread stacks (NPTL-style cache, Drepper & Molnar 2003).
 //!
 //! The VMM maps `BootInfo::nr_stack_slots` slots of `stack_slot_size` bytes from
 //! `stack_region`, the lowest 4 KiB page of each left unmapped: a guard page, so running off

@@ -10,7 +10,7 @@ use alloc::vec::Vec;
 use core::fmt::Write as _;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-use activm_stub::protocol::arch::x86_64::{VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL};
+use activm_stub::protocol::arch::x86_64::{RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};
 use activm_stub::{preempt, register_irq_handler};
 
 use crate::arch::context;
@@ -102,9 +102,9 @@ fn init(main: MainFn) {
         .collect();
     let args: &'static [&'static str] = args.leak();
 
-    register_irq_handler(VECTOR_TIMER, timer::on_timer);
-    register_irq_handler(VECTOR_RESCHEDULE, sched::on_resched);
-    register_irq_handler(VECTOR_UPCALL, upcall::on_upcall);
+    register_irq_handler(TIMER_IRQ, timer::on_timer);
+    register_irq_handler(RESCHEDULE_IRQ, sched::on_resched);
+    register_irq_handler(UPCALL_IRQ, upcall::on_upcall);
     register_irq_handler(upcall::VECTOR_SIM, upcall::sim::on_sim);
     activm_stub::set_exception_handler(fault::on_exception);
     activm_stub::set_panic_context(panic_context);

@@ -148,15 +148,15 @@ pub fn dump() {
         );
     }
     {
-        use activm_stub::protocol::arch::x86_64::{VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL};
+        use activm_stub::protocol::arch::x86_64::{RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};
         let state = |v: u8| activm_stub::lapic::vector_state(v);
         println!(
             "activm-rt: this vCPU ({}) APIC: timer count {} in-service/requested timer {:?} resched {:?} upcall {:?}",
             activm_stub::vcpu_id(),
             activm_stub::lapic::timer_count(),
-            state(VECTOR_TIMER),
-            state(VECTOR_RESCHEDULE),
-            state(VECTOR_UPCALL),
+            state(TIMER_IRQ),
+            state(RESCHEDULE_IRQ),
+            state(UPCALL_IRQ),
         );
     }
     crate::sched::dump();

@@ -1,7 +1,7 @@
 //! Scheduler activations: turning them on, new activations, and the upcall handler.
 //!
 //! **Records.** The VMM puts records in a vCPU's queue (`protocol::shared`) and raises
-//! `VECTOR_UPCALL`. The handler ([`on_upcall`]) only preempts the interrupted thread (or, if it
+//! `UPCALL_IRQ`. The handler ([`on_upcall`]) only preempts the interrupted thread (or, if it
 //! may not, defers); the scheduler drains the queue at the top of its loop ([`drain`]), one
 //! record at a time with a restartable sequence that copies the record and publishes the new
 //! tail in one commit, in sequence order. Each kind:
@@ -23,7 +23,7 @@
 //! vCPU's activation word from the record's activation to 0), or the vCPU's next activation
 //! (its entry swaps in its own id and files a snapshot under the old id for the record to find).
 //!
-//! **Critical-section recovery** (seed 000 section 6, seed 002). Before anything else a context
+//! **Critical-section recovery** (Williams 2002, section 6; Anderson et al. 1992, section 4.3). Before anything else a context
 //! whose `rip` lies in a restartable sequence is rewound to its abort address, one inside the
 //! stub trampoline before its EOI skips that EOI (it belongs to the other vCPU's APIC), and one
 //! inside an activation entry is resolved by hand. Then:
@@ -43,9 +43,7 @@ use core::sync::atomic::{
 };
 
 use activm_stub::arch::x86_64::percpu::{HOLD_OFFSET, PENDING_OFFSET};
-use activm_stub::protocol::arch::x86_64::{
-    UserContext, VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL,
-};
+use activm_stub::protocol::arch::x86_64::{UserContext, RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};
 use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
 use activm_stub::protocol::shared::{
     SharedHeader, UpcallKind, UpcallRecord, VcpuArea, VcpuRunState, RECORD_HAS_CONTEXT,
@@ -298,7 +296,7 @@ pub fn queue_nonempty() -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activation stacks (the seed's sa_stacks pool).
+// Activation stacks (NetBSD's sa_stacks pool).
 
 /// Activation stacks not in the shared pool (tops; 0: empty slot). Lock-free: stacks are given
 /// back and taken on upcall paths, which must not wait for a lock a preempted context may hold.
@@ -763,7 +761,7 @@ pub fn in_unsafe_window(rip: u64) -> bool {
 }
 
 /// The vectors whose EOI a previous activation may have left owed on this vCPU.
-const OUR_VECTORS: [u8; 4] = [VECTOR_TIMER, VECTOR_RESCHEDULE, VECTOR_UPCALL, VECTOR_SIM];
+const OUR_VECTORS: [u8; 4] = [TIMER_IRQ, RESCHEDULE_IRQ, UPCALL_IRQ, VECTOR_SIM];
 
 /// Rust side of a new activation, on its pool stack, with the vCPU's words already reset.
 extern "C" fn activation_start(_vcpu: u64, _activation: u64, _top: u64, old: *const OldWords) -> ! {
@@ -783,7 +781,7 @@ extern "C" fn activation_start(_vcpu: u64, _activation: u64, _top: u64, old: *co
 // ---------------------------------------------------------------------------------------------
 // The upcall interrupt and the queue.
 
-/// `VECTOR_UPCALL`: the scheduler drains the queue; preempt the thread to get there.
+/// `UPCALL_IRQ`: the scheduler drains the queue; preempt the thread to get there.
 pub fn on_upcall(frame: &mut IrqFrame) {
     percpu::bump(&percpu::this().counters.upcalls);
     if sched::irq_prologue(frame) {
@@ -797,7 +795,7 @@ pub fn on_upcall(frame: &mut IrqFrame) {
         && !in_unsafe_window(frame.rip)
     {
         // The scheduler, holding nothing, maybe waiting for a lock whose holder's context is
-        // in this very queue: handle the records now (seed 000 section 6: continue preempted
+        // in this very queue: handle the records now (Williams 2002, section 6: continue preempted
         // holders before anything else).
         percpu::trace(percpu::T_NESTED, frame.rip);
         drain_nested();
@@ -1189,7 +1187,7 @@ fn resume_context_in(r: &UpcallRecord, nested: bool) {
 static CONTINUE: Bag<(u64, u64), 64> = Bag::new();
 
 /// Scheduler context at its loop top: runs the lock holder `t` (its resume frame built) now,
-/// with its holds moved here, until its last release (seed 000, section 6); the safepoint then
+/// with its holds moved here, until its last release (Williams 2002, section 6); the safepoint then
 /// switches it out (`PEND_CONT`) and this vCPU's scheduler starts afresh.
 fn continue_holder(t: &Tcb, hold: u64) -> ! {
     // Leaving the scheduler (and whatever drain called this) for good.
@@ -1463,9 +1461,9 @@ pub mod sim {
         }
         preempt::hold();
         if target == activm_stub::vcpu_id() {
-            cpu::send_self_ipi(VECTOR_UPCALL);
+            cpu::send_self_ipi(UPCALL_IRQ);
         } else {
-            cpu::send_ipi(percpu::of(target).apic_id, VECTOR_UPCALL);
+            cpu::send_ipi(percpu::of(target).apic_id, UPCALL_IRQ);
         }
         preempt::release();
         seq

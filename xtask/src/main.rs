@@ -31,18 +31,18 @@ impl GuestArch {
             GuestArch::Aarch64 => "aarch64-activm",
         }
     }
-    /// Where the BootHeader must be: protocol::arch::<arch>::IMAGE_BASE.
+    /// Where the BootHeader must be.
     fn image_base(self) -> u64 {
         match self {
-            GuestArch::X86_64 => 0x20_0000,
-            GuestArch::Aarch64 => 0x20_0000,
+            GuestArch::X86_64 => protocol::arch::x86_64::IMAGE_BASE,
+            GuestArch::Aarch64 => protocol::arch::aarch64::IMAGE_BASE,
         }
     }
-    /// `BootHeader::arch`: protocol::Arch.
+    /// `BootHeader::arch`.
     fn boot_header_arch(self) -> u32 {
         match self {
-            GuestArch::X86_64 => 1,
-            GuestArch::Aarch64 => 2,
+            GuestArch::X86_64 => protocol::Arch::X86_64 as u32,
+            GuestArch::Aarch64 => protocol::Arch::Aarch64 as u32,
         }
     }
     /// ELF e_machine: EM_X86_64, EM_AARCH64.
@@ -53,8 +53,6 @@ impl GuestArch {
         }
     }
 }
-/// BootHeader magic, "ACTIVMHD".
-const BOOT_HEADER_MAGIC: &[u8; 8] = b"ACTIVMHD";
 
 const USAGE: &str = "\
 usage: cargo xtask COMMAND
@@ -180,11 +178,37 @@ fn parse_release(args: &[String]) -> Result<bool, String> {
     }
 }
 
+/// The repository (the host workspace's root), found at run time from the current directory
+/// with `cargo locate-project --workspace`, so a moved or copied checkout works.
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the repository root")
-        .to_path_buf()
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let located = Command::new(cargo)
+            .args(["locate-project", "--workspace", "--message-format", "plain"])
+            .output();
+        match located {
+            Ok(out) if out.status.success() => {
+                let manifest = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+                let root = manifest.parent().map(Path::to_path_buf);
+                if let Some(root) = root.filter(|r| r.join("xtask/Cargo.toml").is_file()) {
+                    return root;
+                }
+                eprintln!(
+                    "xtask: error: {} is not activm's host workspace: run from the repository root",
+                    manifest.display()
+                );
+                std::process::exit(2);
+            }
+            _ => {
+                eprintln!(
+                    "xtask: error: cargo locate-project failed: run inside the activm repository"
+                );
+                std::process::exit(2);
+            }
+        }
+    })
+    .clone()
 }
 
 fn guests_dir() -> PathBuf {
@@ -498,7 +522,7 @@ fn check_elf(arch: GuestArch, path: &Path) -> Result<(), String> {
             arch.image_base()
         )));
     }
-    if b.get(offset..offset + 8) != Some(&BOOT_HEADER_MAGIC[..]) {
+    if b.get(offset..offset + 8) != Some(&protocol::boot::BOOT_HEADER_MAGIC.to_le_bytes()[..]) {
         return Err(bad("no BootHeader at the lowest loadable address"));
     }
     let header_arch = b.get(offset + 16..offset + 20).map(|a| u32_at(a, 0));

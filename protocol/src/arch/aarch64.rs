@@ -24,10 +24,13 @@ pub const HYPERCALL_BASE: u64 = 0xFEB0_0000;
 /// edge-triggered and routed to vCPU i (the VMM can inject SPIs, not SGIs, and KVM keeps PPIs
 /// level-triggered, where a raise-and-lower pulse can be lost).
 pub const INTID_UPCALL_BASE: u32 = 32;
+/// The handler number every vCPU's upcall SPI is reported under: the reference stub runs the
+/// handler registered for `UPCALL_IRQ` for any INTID `INTID_UPCALL_BASE + i`.
+pub const UPCALL_IRQ: u8 = INTID_UPCALL_BASE as u8;
 /// Guest-to-guest reschedule SGI.
-pub const INTID_RESCHEDULE: u32 = 9;
+pub const RESCHEDULE_IRQ: u8 = 9;
 /// EL1 virtual timer PPI: the runtime's preemption tick.
-pub const INTID_VTIMER: u32 = 27;
+pub const TIMER_IRQ: u8 = 27;
 /// INTIDs from here on are special (1023: none pending).
 pub const INTID_SPECIAL: u32 = 1020;
 
@@ -58,6 +61,30 @@ pub struct UserContext {
     pub fpsr: u64,
     pub _pad: u64,
     pub q: [u128; 32],
+}
+
+impl UserContext {
+    /// The program counter (`pc`).
+    pub const fn pc(&self) -> u64 {
+        self.pc
+    }
+    pub fn set_pc(&mut self, pc: u64) {
+        self.pc = pc;
+    }
+    /// The stack pointer (`sp`, i.e. SP_EL0).
+    pub const fn sp(&self) -> u64 {
+        self.sp
+    }
+    pub fn set_sp(&mut self, sp: u64) {
+        self.sp = sp;
+    }
+    /// The register a hypercall's result comes back in with the reference stub's load (`x0`).
+    pub const fn result(&self) -> u64 {
+        self.x[0]
+    }
+    pub fn set_result(&mut self, value: u64) {
+        self.x[0] = value;
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! (ICC_IAR1_EL1, ICC_EOIR1_EL1) the EL1 stub uses on interrupt entry.
 
 use protocol::arch::aarch64::{
-    GICD_BASE, GICR_BASE, GICR_STRIDE, INTID_RESCHEDULE, INTID_UPCALL_BASE, INTID_VTIMER,
+    GICD_BASE, GICR_BASE, GICR_STRIDE, INTID_UPCALL_BASE, RESCHEDULE_IRQ, TIMER_IRQ,
 };
 
 /// Distributor registers.
@@ -49,7 +49,7 @@ pub fn upcall_intid(vcpu: u32) -> u32 {
 /// redistributor, and its upcall SPI (edge-triggered, group 1, routed to it) in the distributor.
 pub(crate) fn enable() {
     let vcpu = super::percpu::vcpu_id();
-    let private = (1 << INTID_VTIMER) | (1 << INTID_RESCHEDULE);
+    let private = (1 << TIMER_IRQ) | (1 << RESCHEDULE_IRQ);
     let redist = GICR_BASE + u64::from(vcpu) * GICR_STRIDE;
     write32(
         redist + GICR_IGROUPR0,

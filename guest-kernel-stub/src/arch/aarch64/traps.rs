@@ -220,7 +220,7 @@ core::arch::global_asm!(
     off_sp = const offset_of!(IrqFrame, sp),
     frame = const size_of::<IrqFrame>(),
     intid_special = const protocol::arch::aarch64::INTID_SPECIAL,
-    intid_vtimer = const protocol::arch::aarch64::INTID_VTIMER,
+    intid_vtimer = const protocol::arch::aarch64::TIMER_IRQ,
     hc_hi = const HYPERCALL_BASE >> 16,
     hc_fatal = const Hypercall::FatalTrap as u64 * 8,
     save = const SAVE_SIZE,

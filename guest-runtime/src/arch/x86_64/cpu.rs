@@ -5,7 +5,7 @@
 //! vCPU's copy even in code that may be preempted and continued on another vCPU.
 
 use activm_stub::arch::x86_64::percpu::{self, RT_OFFSET};
-use activm_stub::protocol::arch::x86_64::VECTOR_TIMER;
+use activm_stub::protocol::arch::x86_64::TIMER_IRQ;
 
 /// A runtime word of the per-vCPU block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,7 +100,7 @@ pub fn rdtsc() -> u64 {
 
 /// Programs this vCPU's APIC timer for one-shot interrupts on the runtime's timer vector.
 pub fn init_timer() {
-    activm_stub::lapic::setup_oneshot_timer(VECTOR_TIMER);
+    activm_stub::lapic::setup_oneshot_timer(TIMER_IRQ);
 }
 
 /// Arms this vCPU's one-shot timer to fire `ns` nanoseconds from now (KVM's APIC timer ticks

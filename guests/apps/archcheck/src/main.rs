@@ -18,7 +18,7 @@ mod aarch64 {
     use core::sync::atomic::{AtomicU64, Ordering};
 
     use activm_stub::arch::aarch64::irqchip;
-    use activm_stub::protocol::arch::aarch64::{INTID_RESCHEDULE, INTID_UPCALL_BASE, INTID_VTIMER};
+    use activm_stub::protocol::arch::aarch64::{RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};
     use activm_stub::protocol::hypercall::Hypercall;
     use activm_stub::protocol::shared::{
         vcpu_area_offset, SharedHeader, UpcallKind, VcpuArea, UPCALL_QUEUE_CAPACITY,
@@ -123,7 +123,7 @@ mod aarch64 {
 
     fn upcall(vcpu: u32) -> ! {
         if vcpu == 1 {
-            register_irq_handler(INTID_UPCALL_BASE as u8, on_upcall);
+            register_irq_handler(UPCALL_IRQ, on_upcall);
             GO.store(1, Ordering::Release);
             while UPCALLS.load(Ordering::Acquire) == 0 {
                 core::hint::spin_loop();
@@ -174,14 +174,14 @@ mod aarch64 {
         if args().any(|a| a == "fault") {
             fault();
         }
-        register_irq_handler(INTID_VTIMER as u8, on_timer);
-        register_irq_handler(INTID_RESCHEDULE as u8, on_sgi);
+        register_irq_handler(TIMER_IRQ, on_timer);
+        register_irq_handler(RESCHEDULE_IRQ, on_sgi);
         irqchip::arm_timer_ticks(irqchip::counter_hz() / 2000);
         let mut intact = true;
         let mut rounds = 0u64;
         while TICKS.load(Ordering::Relaxed) < WANT || SGIS.load(Ordering::Relaxed) < WANT {
             if SGIS.load(Ordering::Relaxed) < WANT {
-                irqchip::send_self_sgi(INTID_RESCHEDULE);
+                irqchip::send_self_sgi(u32::from(RESCHEDULE_IRQ));
             }
             intact &= registers_survive(20_000);
             rounds += 1;

@@ -25,14 +25,10 @@ pub const REQUIRED_CAPS: &[(kvm_ioctls::Cap, &str)] = &[
 pub const INTERNAL_ERROR_HINT: &str =
     "a load or store KVM could not decode (writeback or pair access to an unbacked address?)";
 
-/// aarch64 code that faults at EL1 with no vector table (VBAR_EL1 points at the image base,
-/// whose header is not code): `udf #0` — a recursive exception KVM reports as... the guest's
-/// own report path is used instead: the fault loops until the VMM's timeout. So this is an
-/// `hvc #0` with an unknown PSCI function, which KVM answers with NOT_SUPPORTED, followed by
-/// a store to the hypercall page: the VMM's "malformed hypercall" stop.
+/// aarch64 code for a guest that breaks the protocol at once: a store to the hypercall page
+/// (`movz x0, #0xfeb0, lsl #16; str x1, [x0]`), which the VMM stops as a malformed hypercall.
 pub const TRIPLE_FAULT_CODE: &[u8] = &[
-    0x02, 0x00, 0x00, 0xd4, // hvc #0
-    0x00, 0x00, 0x80, 0xd2, // mov x0, #0
+    0x00, 0xd6, 0xbf, 0xd2, // movz x0, #0xfeb0, lsl #16
     0x01, 0x00, 0x00, 0xf9, // str x1, [x0]
 ];
 
