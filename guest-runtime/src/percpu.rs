@@ -7,7 +7,11 @@
 //! happen; it goes through [`this`] each time, or uses the restartable sequences, which read
 //! `%gs` themselves.
 
+use alloc::boxed::Box;
+use alloc::vec::Vec;
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use activm_stub::protocol::boot::BootInfo;
 
 use crate::arch::cpu::{self, Word};
 use crate::tcb::Tcb;
@@ -102,7 +106,7 @@ pub fn print_trace() {
 /// Prints the last `n` entries of every vCPU's trace ring.
 pub fn print_trace_last(n: usize) {
     TRACE_FROZEN.store(true, Ordering::Release);
-    for p in crate::start::pcpus() {
+    for p in pcpus() {
         let at = p.trace_at.load(Ordering::Relaxed) as usize;
         let mut last_tsc = 0;
         for i in TRACE - n.min(TRACE)..TRACE {
@@ -130,7 +134,7 @@ pub fn print_trace_last(n: usize) {
 /// (diagnostics: what happened to one thread).
 pub fn print_trace_about(value: u64) {
     TRACE_FROZEN.store(true, Ordering::Release);
-    for p in crate::start::pcpus() {
+    for p in pcpus() {
         let at = p.trace_at.load(Ordering::Relaxed) as usize;
         let mut show_next = false;
         for i in 0..TRACE {
@@ -357,5 +361,40 @@ pub fn this() -> &'static Pcpu {
 
 /// vCPU `vcpu`'s `Pcpu`.
 pub fn of(vcpu: u32) -> &'static Pcpu {
-    crate::start::pcpus()[vcpu as usize]
+    pcpus()[vcpu as usize]
+}
+
+static NR_VCPUS: AtomicU32 = AtomicU32::new(1);
+static TSC_KHZ: AtomicU64 = AtomicU64::new(1_000_000);
+static PCPUS: AtomicPtr<&'static Pcpu> = AtomicPtr::new(core::ptr::null_mut());
+
+/// vCPU 0, at boot, before any other vCPU uses the runtime: the vCPU count, the TSC rate and
+/// every vCPU's `Pcpu`.
+pub fn init(info: &BootInfo) {
+    NR_VCPUS.store(info.nr_vcpus.max(1), Ordering::Relaxed);
+    TSC_KHZ.store(info.tsc_khz.max(1), Ordering::Relaxed);
+    let pcpus: Vec<&'static Pcpu> = (0..info.nr_vcpus)
+        .map(|v| &*Box::leak(Box::new(Pcpu::new(v, info.vcpus[v as usize].irq_id))))
+        .collect();
+    PCPUS.store(pcpus.leak().as_mut_ptr(), Ordering::Release);
+}
+
+/// Number of vCPUs.
+#[inline]
+pub fn nr_vcpus() -> u32 {
+    NR_VCPUS.load(Ordering::Relaxed)
+}
+
+/// TSC frequency.
+#[inline]
+pub fn tsc_khz() -> u64 {
+    TSC_KHZ.load(Ordering::Relaxed)
+}
+
+/// Every vCPU's `Pcpu`, by index.
+pub fn pcpus() -> &'static [&'static Pcpu] {
+    let p = PCPUS.load(Ordering::Acquire);
+    // SAFETY: vCPU 0 leaks this slice of `nr_vcpus` entries (`init`) before any other vCPU
+    // uses the runtime.
+    unsafe { core::slice::from_raw_parts(p, nr_vcpus() as usize) }
 }

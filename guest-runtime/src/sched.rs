@@ -24,7 +24,7 @@ use crate::arch::cpu::{self, Word};
 use crate::arch::rseq;
 use crate::percpu::{self, RQ_CAP};
 use crate::tcb::{self, Tcb};
-use crate::{config, stack, start, timer, upcall};
+use crate::{config, stack, timer, upcall};
 
 /// Switch actions (`switch_out`'s second argument).
 pub const ACT_YIELD: usize = 1;
@@ -241,7 +241,7 @@ pub fn runnable_elsewhere() -> bool {
 
 /// If vCPUs are halted and none is spinning, wakes one with a reschedule IPI (Go's `wakep`).
 pub fn wake_idle_vcpu() {
-    if start::nr_vcpus() == 1 {
+    if percpu::nr_vcpus() == 1 {
         return;
     }
     fence(Ordering::SeqCst);
@@ -251,7 +251,7 @@ pub fn wake_idle_vcpu() {
 /// [`wake_idle_vcpu`] after the work was published by a SeqCst read-modify-write (a full
 /// barrier already: no fence needed).
 fn wake_idle_vcpu_after_rmw() {
-    if start::nr_vcpus() == 1 {
+    if percpu::nr_vcpus() == 1 {
         return;
     }
     if SPINNING.load(Ordering::SeqCst) != 0 {
@@ -432,7 +432,7 @@ fn find_runnable() -> (*const Tcb, bool) {
     if !t.is_null() {
         return (t, false);
     }
-    let n = start::nr_vcpus() as usize;
+    let n = percpu::nr_vcpus() as usize;
     let t = global_pop(GLOBAL_LEN.load(Ordering::Relaxed) / n + 1);
     if !t.is_null() {
         return (t, false);
@@ -441,7 +441,7 @@ fn find_runnable() -> (*const Tcb, bool) {
 }
 
 fn steal() -> *const Tcb {
-    let n = start::nr_vcpus();
+    let n = percpu::nr_vcpus();
     if n == 1 {
         return core::ptr::null();
     }
@@ -478,7 +478,7 @@ fn steal_next() -> *const Tcb {
     }
     let t = p.seen_next.swap(core::ptr::null_mut(), Ordering::Relaxed);
     let v = p.seen_next_vcpu.load(Ordering::Relaxed);
-    if t.is_null() || v >= start::nr_vcpus() {
+    if t.is_null() || v >= percpu::nr_vcpus() {
         return core::ptr::null();
     }
     // If another thread took its place meanwhile, nothing is taken (the idle loop looks again).
@@ -505,7 +505,7 @@ fn steal_next() -> *const Tcb {
 /// is lock-free (only a full ring of ours spills into the global queue, as `make_runnable`
 /// does).
 pub fn rescue_ring_of(vcpu: u32) {
-    if vcpu == activm_stub::vcpu_id() || vcpu >= start::nr_vcpus() {
+    if vcpu == activm_stub::vcpu_id() || vcpu >= percpu::nr_vcpus() {
         return;
     }
     let next = percpu::of(vcpu)
@@ -544,7 +544,7 @@ fn watch_next(now: u64) -> Option<bool> {
     let me = activm_stub::vcpu_id();
     let p = percpu::this();
     let mut busy = None;
-    for v in 0..start::nr_vcpus() {
+    for v in 0..percpu::nr_vcpus() {
         if v == me {
             continue;
         }
@@ -643,7 +643,7 @@ pub(crate) fn work_queued() -> bool {
         return true;
     }
     let me = activm_stub::vcpu_id();
-    (0..start::nr_vcpus()).any(|v| v != me && !percpu::of(v).is_empty())
+    (0..percpu::nr_vcpus()).any(|v| v != me && !percpu::of(v).is_empty())
 }
 
 /// Nothing to run: spin a while looking, then halt until an interrupt. Nothing is in flight

@@ -4,8 +4,8 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use activm_stub::println;
 
+use crate::percpu;
 use crate::percpu::Counters;
-use crate::start;
 
 static PRINT_AT_EXIT: AtomicBool = AtomicBool::new(false);
 /// TSC after which the next timer interrupt dumps the state and ends the guest (0: off).
@@ -86,7 +86,7 @@ pub struct Stats {
 /// Sums the counters of every vCPU.
 pub fn snapshot() -> Stats {
     let mut s = Stats::default();
-    for p in start::pcpus() {
+    for p in percpu::pcpus() {
         let c: &Counters = &p.counters;
         let get = |a: &core::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         s.switches += get(&c.switches);
@@ -126,7 +126,7 @@ pub fn print() {
 /// Prints every vCPU's runtime words and queues (diagnostics: the default SIGNAL action).
 pub fn dump() {
     use crate::arch::cpu::{self, Word};
-    for (v, p) in start::pcpus().iter().enumerate() {
+    for (v, p) in percpu::pcpus().iter().enumerate() {
         let v = v as u32;
         let (hold, pending) = {
             let b = activm_stub::arch::x86_64::percpu::cpu_local(v as usize);

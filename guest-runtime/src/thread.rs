@@ -182,7 +182,7 @@ pub fn park() {
 
 /// The number of vCPUs (`std::thread::available_parallelism`).
 pub fn available_parallelism() -> usize {
-    crate::start::nr_vcpus() as usize
+    crate::percpu::nr_vcpus() as usize
 }
 
 /// Spawns a thread (default stack: one guard-paged slot).

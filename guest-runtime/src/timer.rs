@@ -26,10 +26,10 @@ use activm_stub::sync::SpinLock;
 use activm_stub::{preempt, IrqFrame};
 
 use crate::arch::cpu::{self, Word};
+use crate::config;
 use crate::percpu;
 use crate::sched::{self, PEND_TIMER};
 use crate::tcb::{self, Tcb};
-use crate::{config, start};
 
 /// Sleeps shorter than this spin (yielding) instead of parking.
 const SPIN_SLEEP_NS: u64 = 60_000;
@@ -85,12 +85,12 @@ fn insert_sleeper(list: &mut Sleepers, t: &Tcb) {
 
 /// TSC ticks in `ns` nanoseconds.
 pub fn ns_to_ticks(ns: u64) -> u64 {
-    (u128::from(ns) * u128::from(start::tsc_khz()) / 1_000_000) as u64
+    (u128::from(ns) * u128::from(percpu::tsc_khz()) / 1_000_000) as u64
 }
 
 /// Nanoseconds in `ticks` TSC ticks.
 pub fn ticks_to_ns(ticks: u64) -> u64 {
-    (u128::from(ticks) * 1_000_000 / u128::from(start::tsc_khz().max(1))) as u64
+    (u128::from(ticks) * 1_000_000 / u128::from(percpu::tsc_khz().max(1))) as u64
 }
 
 /// Arms this vCPU's timer for TSC `deadline` unless it is armed for an earlier one. Call with

@@ -423,3 +423,39 @@ pub fn reset_fp_control() {
         );
     }
 }
+
+/// The instruction pointer of a handed-over context.
+#[inline]
+pub fn pc(ctx: &UserContext) -> u64 {
+    ctx.rip
+}
+
+/// Moves a handed-over context's instruction pointer (a restartable sequence rewound).
+#[inline]
+pub fn set_pc(ctx: &mut UserContext, pc: u64) {
+    ctx.rip = pc;
+}
+
+/// The stack pointer of a handed-over context.
+#[inline]
+pub fn sp(ctx: &UserContext) -> u64 {
+    ctx.gprs.rsp
+}
+
+/// The instruction pointer of the code an interrupt frame interrupted.
+#[inline]
+pub fn frame_pc(frame: &IrqFrame) -> u64 {
+    frame.rip
+}
+
+/// Moves where an interrupt frame returns to (a restartable sequence rewound).
+#[inline]
+pub fn set_frame_pc(frame: &mut IrqFrame, pc: u64) {
+    frame.rip = pc;
+}
+
+/// The stack pointer of the code an interrupt frame interrupted.
+#[inline]
+pub fn frame_sp(frame: &IrqFrame) -> u64 {
+    frame.rsp()
+}

@@ -120,3 +120,14 @@ pub fn send_ipi(apic_id: u32, vector: u8) {
 pub fn send_self_ipi(vector: u8) {
     activm_stub::lapic::send_self_ipi(vector);
 }
+
+/// Ends the in-service interrupts among `vectors` that a previous activation of this vCPU may
+/// have left without their EOI.
+pub fn end_owed_interrupts(vectors: &[u8]) {
+    activm_stub::lapic::clear_in_service(vectors);
+}
+
+/// The runtime word `word` of vCPU `vcpu`, as an atomic (for compare-and-swap from elsewhere).
+pub fn word_of(vcpu: u32, word: Word) -> &'static core::sync::atomic::AtomicU64 {
+    percpu::cpu_local(vcpu as usize).rt_word(word as usize)
+}

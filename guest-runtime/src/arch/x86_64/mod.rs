@@ -2,4 +2,9 @@
 
 pub mod context;
 pub mod cpu;
+pub mod entry;
 pub mod rseq;
+
+pub use activm_stub::protocol::arch::x86_64::{
+    UserContext, VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL,
+};
