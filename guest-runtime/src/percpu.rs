@@ -208,7 +208,7 @@ pub struct Pcpu {
     /// The thread to run next here (Go's `runnext`), on a line of its own: one the running
     /// thread just spawned or woke, so it runs when that thread blocks (a hand-off, usually at
     /// once) instead of crossing to another vCPU. Taken by this vCPU's scheduler first (or by a
-    /// joiner here); other vCPUs take it only after it stayed there for `sched::NEXT_GRACE_NS`.
+    /// joiner here); other vCPUs take it only after it stayed there for `sched::queue::NEXT_GRACE_NS`.
     pub next: Line<NextSlot>,
     pub ring: [AtomicPtr<Tcb>; RQ_CAP],
     /// The counter `rseq::probe_increment` adds to (tests).

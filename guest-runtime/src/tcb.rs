@@ -354,7 +354,7 @@ pub fn alloc(refs: u32) -> &'static Tcb {
 }
 
 fn take_cached() -> Option<&'static Tcb> {
-    preempt::hold();
+    let hold = preempt::Hold::new();
     let p = percpu::this();
     let n = p.nr_tcbs.load(Ordering::Relaxed);
     let local = if n > 0 {
@@ -363,7 +363,7 @@ fn take_cached() -> Option<&'static Tcb> {
     } else {
         None
     };
-    preempt::release();
+    drop(hold);
     let raw = match local {
         Some(raw) => raw as *const Tcb,
         None => {
@@ -406,7 +406,7 @@ fn recycle(t: &Tcb) {
         (*t.tls.get()).clear();
     }
     debug_assert!(t.stack.get().is_none());
-    preempt::hold();
+    let hold = preempt::Hold::new();
     let p = percpu::this();
     let n = p.nr_tcbs.load(Ordering::Relaxed);
     let cached = if (n as usize) < TCB_CACHE {
@@ -416,7 +416,7 @@ fn recycle(t: &Tcb) {
     } else {
         false
     };
-    preempt::release();
+    drop(hold);
     if !cached {
         let mut pool = POOL.lock();
         t.link.set(pool.0);

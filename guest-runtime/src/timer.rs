@@ -28,7 +28,7 @@ use activm_stub::{preempt, IrqFrame};
 use crate::arch::cpu::{self, Word};
 use crate::config;
 use crate::percpu;
-use crate::sched::{self, PEND_TIMER};
+use crate::sched::{self, Pending};
 use crate::tcb::{self, Tcb};
 
 /// Sleeps shorter than this spin (yielding) instead of parking.
@@ -137,7 +137,7 @@ pub fn ensure_slice_timer() {
     if cpu::get(Word::Armed) != 0 {
         return;
     }
-    preempt::hold();
+    let hold = preempt::Hold::new();
     let cur = sched::current_raw();
     if !cur.is_null() && cpu::get(Word::Armed) == 0 {
         // SAFETY: the running thread's TCB.
@@ -146,7 +146,7 @@ pub fn ensure_slice_timer() {
             .load(Ordering::Relaxed);
         ensure_armed_by(start + config::slice_ticks());
     }
-    preempt::release();
+    drop(hold);
 }
 
 /// Scheduler, before halting: wake up for the earliest sleeper.
@@ -235,7 +235,7 @@ pub fn on_timer(frame: &mut IrqFrame) {
     percpu::bump(&percpu::this().counters.timer_irqs);
     crate::upcall::sim_on_interrupt(frame);
     if !sched::irq_prologue(frame) {
-        preempt::defer(PEND_TIMER);
+        Pending::Timer.defer();
         if let Some((min, _)) = config::random_preemption() {
             // Keep interrupting at random points even while deferring (tests).
             ensure_armed_by(cpu::rdtsc() + ns_to_ticks(min));
@@ -257,7 +257,7 @@ pub fn tick_in_thread() {
     if sleepers_due() {
         wake_due();
     }
-    preempt::hold();
+    let hold = preempt::Hold::new();
     let cur = sched::current();
     let start = cur.slice_start.load(Ordering::Relaxed);
     let now = cpu::rdtsc();
@@ -269,7 +269,7 @@ pub fn tick_in_thread() {
     } else if let Some(deadline) = wanted_deadline(start) {
         ensure_armed_by(deadline.max(now + ns_to_ticks(MIN_ARM_NS)));
     }
-    preempt::release();
+    drop(hold);
     if preempt {
         sched::preempt_current();
     }
@@ -301,9 +301,9 @@ pub fn add_sleeper(me: &Tcb, deadline: u64) {
         insert_sleeper(&mut list, me);
         EARLIEST.fetch_min(deadline, Ordering::AcqRel);
     }
-    preempt::hold();
+    let hold = preempt::Hold::new();
     ensure_armed_by(deadline.saturating_sub(ns_to_ticks(SLEEP_EARLY_NS)));
-    preempt::release();
+    drop(hold);
 }
 
 /// Takes `me` off the sleepers' list if it is still there (a timed wait a notifier ended).

@@ -42,7 +42,7 @@ impl<T: Copy, const N: usize> Bag<T, N> {
     }
 
     pub(super) fn push(&self, key: u64, item: T) {
-        preempt::hold();
+        let _hold = preempt::Hold::new();
         for i in 0..N {
             if self.state[i]
                 .compare_exchange(
@@ -58,7 +58,6 @@ impl<T: Copy, const N: usize> Bag<T, N> {
                 self.key[i].store(key, Ordering::Relaxed);
                 self.len.fetch_add(1, Ordering::AcqRel);
                 self.state[i].store(SLOT_FULL, Ordering::Release);
-                preempt::release();
                 return;
             }
         }
@@ -86,7 +85,7 @@ impl<T: Copy, const N: usize> Bag<T, N> {
 
     /// Takes an item filed under `key`.
     pub(super) fn take_key(&self, key: u64) -> Option<T> {
-        preempt::hold();
+        let hold = preempt::Hold::new();
         let mut found = None;
         for i in 0..N {
             if self.state[i].load(Ordering::Acquire) == SLOT_FULL
@@ -99,7 +98,7 @@ impl<T: Copy, const N: usize> Bag<T, N> {
                 }
             }
         }
-        preempt::release();
+        drop(hold);
         found
     }
 
@@ -131,7 +130,7 @@ impl<T: Copy, const N: usize> Bag<T, N> {
         if self.len() == 0 {
             return None;
         }
-        preempt::hold();
+        let hold = preempt::Hold::new();
         let mut found = None;
         for i in 0..N {
             if self.state[i].load(Ordering::Relaxed) == SLOT_FULL {
@@ -141,7 +140,7 @@ impl<T: Copy, const N: usize> Bag<T, N> {
                 }
             }
         }
-        preempt::release();
+        drop(hold);
         found
     }
 

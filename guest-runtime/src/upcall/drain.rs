@@ -14,7 +14,7 @@ use super::{recover, sa, signal, stacks, state};
 use crate::arch::cpu::{self, Word};
 use crate::arch::{context, rseq};
 use crate::percpu;
-use crate::sched::{self, PEND_UPCALL};
+use crate::sched::{self, Pending};
 
 /// Largest sequence number processed so far, and how many records.
 static MAX_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -44,7 +44,7 @@ pub fn on_upcall(frame: &mut IrqFrame) {
         drain_nested();
         return;
     }
-    preempt::defer(PEND_UPCALL);
+    Pending::Upcall.defer();
 }
 
 /// Records that could not be handled yet (their activation's state was not filed yet).
@@ -117,7 +117,7 @@ fn drain_nested() {
     percpu::this().in_drain.store(0, Ordering::Relaxed);
     // As in `drain`: re-arm the slice timer at the next switch-in.
     cpu::set(Word::Armed, 0);
-    preempt::defer(PEND_UPCALL);
+    Pending::Upcall.defer();
 }
 
 fn drain_records(nested: bool) {

@@ -4,8 +4,8 @@
 
 use core::sync::atomic::Ordering;
 
+use activm_stub::println;
 use activm_stub::protocol::shared::{UpcallKind, UpcallRecord};
-use activm_stub::{preempt, println};
 
 use super::bag::Bag;
 use super::drain::later;
@@ -15,7 +15,7 @@ use crate::arch::cpu::{self, Word};
 use crate::arch::entry::{self, CLAIMING, ENTRY_MARK_OFFSET};
 use crate::arch::{context, rseq, UserContext};
 use crate::percpu;
-use crate::sched::{self, PEND_CONT};
+use crate::sched::{self, Pending};
 use crate::tcb::{self, Tcb};
 
 /// Activations whose UNBLOCKED was handled before their BLOCKED (the VMM keeps both in one
@@ -231,7 +231,7 @@ fn continue_holder(t: &Tcb, hold: u64) -> ! {
     percpu::trace(percpu::T_CONTINUE, t as *const Tcb as u64);
     percpu::bump(&percpu::this().counters.continuations);
     cpu::set_hold(hold);
-    preempt::defer(PEND_CONT);
+    Pending::Cont.defer();
     sched::run_now(t, false)
 }
 

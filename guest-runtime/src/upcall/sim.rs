@@ -141,13 +141,13 @@ pub fn post(
         a.queue_head.store(head.wrapping_add(1), Ordering::Release);
         break;
     }
-    preempt::hold();
+    let hold = preempt::Hold::new();
     if target == activm_stub::vcpu_id() {
         cpu::send_self_ipi(VECTOR_UPCALL);
     } else {
         cpu::send_ipi(percpu::of(target).apic_id, VECTOR_UPCALL);
     }
-    preempt::release();
+    drop(hold);
     seq
 }
 
@@ -213,7 +213,7 @@ fn withdraw(req: &Request) {
 /// Sends the simulated VMM's interrupt to every vCPU (to act on a request now).
 pub fn kick_all() {
     let me = activm_stub::vcpu_id();
-    preempt::hold();
+    let hold = preempt::Hold::new();
     for v in 0..percpu::nr_vcpus() {
         if v == me {
             cpu::send_self_ipi(VECTOR_SIM);
@@ -221,7 +221,7 @@ pub fn kick_all() {
             cpu::send_ipi(percpu::of(v).apic_id, VECTOR_SIM);
         }
     }
-    preempt::release();
+    drop(hold);
 }
 
 /// The simulated VMM's interrupt.
