@@ -242,8 +242,8 @@ pub struct Pcpu {
     pub in_drain: AtomicU32,
     /// Top of this vCPU's alternate exception stack (to re-arm it after a retried `#UD`).
     pub exception_stack: AtomicU64,
-    /// `rip` of the last `#UD` retried here, and how many times in a row (`crate::fault`).
-    pub ud_retry_rip: AtomicU64,
+    /// Address of the last invalid-opcode fault retried here, and how many times in a row (`crate::fault`).
+    pub ud_retry_pc: AtomicU64,
     pub ud_retries: AtomicU32,
     /// Diagnostics: the last scheduler events (`trace`), printed on a fatal exception.
     pub trace: [AtomicU64; TRACE],
@@ -284,7 +284,7 @@ impl Pcpu {
             retired_stack: AtomicU64::new(0),
             in_drain: AtomicU32::new(0),
             exception_stack: AtomicU64::new(0),
-            ud_retry_rip: AtomicU64::new(0),
+            ud_retry_pc: AtomicU64::new(0),
             ud_retries: AtomicU32::new(0),
             trace: [const { AtomicU64::new(0) }; TRACE],
             trace_tsc: [const { AtomicU64::new(0) }; TRACE],
@@ -397,4 +397,14 @@ pub fn pcpus() -> &'static [&'static Pcpu] {
     // SAFETY: vCPU 0 leaks this slice of `nr_vcpus` entries (`init`) before any other vCPU
     // uses the runtime.
     unsafe { core::slice::from_raw_parts(p, nr_vcpus() as usize) }
+}
+
+/// TSC ticks in `ns` nanoseconds.
+pub fn ns_to_ticks(ns: u64) -> u64 {
+    (u128::from(ns) * u128::from(tsc_khz()) / 1_000_000) as u64
+}
+
+/// Nanoseconds in `ticks` TSC ticks.
+pub fn ticks_to_ns(ticks: u64) -> u64 {
+    (u128::from(ticks) * 1_000_000 / u128::from(tsc_khz().max(1))) as u64
 }

@@ -49,9 +49,9 @@ pub fn probe_total() -> u64 {
         .sum()
 }
 
-/// Whether the restartable-sequence table has an entry covering `rip` (tests).
-pub fn in_rseq(rip: u64) -> bool {
-    rseq::fixup(rip).is_some()
+/// Whether the restartable-sequence table has an entry covering `pc` (tests).
+pub fn in_rseq(pc: u64) -> bool {
+    rseq::fixup(pc).is_some()
 }
 
 /// Threads in this vCPU's run queue (a snapshot).

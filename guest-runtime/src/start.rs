@@ -82,7 +82,8 @@ fn init(main: MainFn) {
     activm_stub::set_exception_handler(fault::on_exception);
     activm_stub::set_panic_context(panic_context);
     preempt::set_release_hook(sched::safepoint);
-    preempt::set_wait_hook(crate::stats::watchdog_tick);
+    preempt::set_wait_hook(crate::watchdog::tick);
+    crate::watchdog::set_report(crate::stats::dump);
 
     let t = tcb::alloc(1);
     t.flags.fetch_or(tcb::FLAG_MAIN, Ordering::Relaxed);
@@ -111,16 +112,6 @@ fn init_vcpu(vcpu: u32) {
     cpu::init_timer();
 }
 
-/// The main thread's closure returned: the guest exits with its value.
-pub fn main_returned(t: &Tcb) -> ! {
-    // SAFETY: the main thread's packet holds its i32 result now (see `init_main_packet`).
-    let code = unsafe { *(t.packet_ptr() as *const i32) };
-    if crate::stats::print_at_exit() {
-        crate::stats::print();
-    }
-    activm_stub::exit(code)
-}
-
 /// Writes "thread 'name' " (or "scheduler ") at the start of a panic message.
 fn panic_context(w: &mut dyn core::fmt::Write) {
     let cur = sched::current_raw();
@@ -130,12 +121,12 @@ fn panic_context(w: &mut dyn core::fmt::Write) {
     }
     // SAFETY: the running thread's TCB.
     let t = unsafe { tcb::from_raw(cur) };
-    let _ = write!(w, "thread {} ", crate::thread::describe(t));
+    let _ = write!(w, "thread {} ", tcb::describe(t));
 }
 
 /// A name for messages (`String` so it can outlive the thread).
 pub fn thread_name_of(t: &Tcb) -> String {
     let mut s = String::new();
-    let _ = write!(s, "{}", crate::thread::describe(t));
+    let _ = write!(s, "{}", tcb::describe(t));
     s
 }

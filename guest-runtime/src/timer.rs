@@ -25,9 +25,11 @@ use core::time::Duration;
 use activm_stub::sync::SpinLock;
 use activm_stub::{preempt, IrqFrame};
 
+use crate::arch::context;
 use crate::arch::cpu::{self, Word};
 use crate::config;
 use crate::percpu;
+pub use crate::percpu::{ns_to_ticks, ticks_to_ns};
 use crate::sched::{self, Pending};
 use crate::tcb::{self, Tcb};
 
@@ -81,16 +83,6 @@ fn insert_sleeper(list: &mut Sleepers, t: &Tcb) {
         // SAFETY: as above.
         unsafe { tcb::from_raw(prev) }.sleep_next.set(t);
     }
-}
-
-/// TSC ticks in `ns` nanoseconds.
-pub fn ns_to_ticks(ns: u64) -> u64 {
-    (u128::from(ns) * u128::from(percpu::tsc_khz()) / 1_000_000) as u64
-}
-
-/// Nanoseconds in `ticks` TSC ticks.
-pub fn ticks_to_ns(ticks: u64) -> u64 {
-    (u128::from(ticks) * 1_000_000 / u128::from(percpu::tsc_khz().max(1))) as u64
 }
 
 /// Arms this vCPU's timer for TSC `deadline` unless it is armed for an earlier one. Call with
@@ -223,15 +215,15 @@ pub fn wake_due() {
         // woken); read the link before the wake-up hands the TCB back to its thread.
         let t = unsafe { tcb::from_raw(cur) };
         cur = t.sleep_next.get();
-        t.wake();
+        sched::wake(t);
     }
 }
 
 /// The timer interrupt.
 pub fn on_timer(frame: &mut IrqFrame) {
     cpu::set(Word::Armed, 0);
-    percpu::trace(percpu::T_TIMER, frame.rip);
-    crate::stats::check_watchdog(frame.rip);
+    percpu::trace(percpu::T_TIMER, context::frame_pc(frame));
+    crate::watchdog::check(context::frame_pc(frame));
     percpu::bump(&percpu::this().counters.timer_irqs);
     crate::upcall::sim_on_interrupt(frame);
     if !sched::irq_prologue(frame) {
@@ -350,7 +342,7 @@ pub fn sleep(d: Duration) {
         let me = sched::current();
         me.prepare_wait();
         add_sleeper(me, deadline);
-        tcb::wait(me);
+        sched::wait(me);
     }
     spin_until(deadline, || false);
 }

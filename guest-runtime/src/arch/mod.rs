@@ -1,7 +1,7 @@
 //! Architecture-specific parts, reached by the rest of the runtime only through the names
 //! re-exported here: `cpu` (per-vCPU words, time, timer, IPIs), `context` (switches, new threads,
 //! full contexts and their accessors), `rseq` (restartable sequences), `entry` (a new
-//! activation's first instructions), and the protocol's context type and interrupt vectors.
+//! activation's first instructions), `fault` (reading a CPU exception's frame), and the protocol's context type and interrupt vectors.
 //! `current` is the architecture being built; `aarch64/mod.rs` holds the plan of its port.
 
 #[cfg(target_arch = "aarch64")]
@@ -15,5 +15,5 @@ pub use aarch64 as current;
 pub use x86_64 as current;
 
 pub use current::{
-    context, cpu, entry, rseq, UserContext, VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL,
+    context, cpu, entry, fault, rseq, UserContext, VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL,
 };

@@ -117,7 +117,7 @@ pub(super) fn idle() {
         if now > spin_until {
             break;
         }
-        crate::stats::watchdog_tick();
+        crate::watchdog::tick();
         for _ in 0..16 {
             core::hint::spin_loop();
         }

@@ -94,7 +94,8 @@ pub fn safepoint() {
     }
 }
 
-/// `switch_in` calls this (C ABI) when work was pending at its commit.
-pub extern "C" fn safepoint_from_switch() {
+/// `switch_in` calls this (C ABI, by name) when work was pending at its commit.
+#[unsafe(no_mangle)]
+extern "C" fn __rt_safepoint() {
     safepoint();
 }

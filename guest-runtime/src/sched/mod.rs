@@ -33,7 +33,7 @@ mod queue;
 
 pub use idle::clear_idle_bits;
 pub(crate) use idle::work_queued;
-pub use irq::{irq_prologue, on_resched, safepoint, safepoint_from_switch};
+pub use irq::{irq_prologue, on_resched, safepoint};
 use queue::{find_runnable, take_next};
 pub use queue::{make_next, make_runnable, rescue_ring_of, runnable_elsewhere, take_next_if};
 
@@ -166,8 +166,10 @@ pub fn exit_current(me: &Tcb) -> ! {
     panic!("an exited thread was resumed: events {}", tcb::history(me));
 }
 
-/// Where `switch_out` lands, on this activation's stack, with `prev` fully saved.
-pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, arg: usize) -> ! {
+/// Where `switch_out` lands, on this activation's stack, with `prev` fully saved (called by
+/// `arch::context`'s assembly, by name).
+#[unsafe(no_mangle)]
+extern "C" fn __rt_sched_entry(prev: *const Tcb, action: usize, arg: usize) -> ! {
     cpu::set(Word::Current, 0);
     // SAFETY: `switch_out` passes the TCB of the thread that just left.
     let prev = unsafe { tcb::from_raw(prev) };
@@ -200,7 +202,7 @@ pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, arg: usize) -> ! 
                 make_runnable(prev, false);
             }
         }
-        Switch::Exit => hand_to = crate::thread::retire(prev),
+        Switch::Exit => hand_to = retire(prev),
     }
     upcall::release_retired_stack();
     if action == Switch::Park || action == Switch::Exit {
@@ -235,7 +237,7 @@ fn loop_has_work() -> bool {
 pub fn sched_loop() -> ! {
     loop {
         cpu::set(Word::SchedIdle, 0);
-        crate::stats::watchdog_tick();
+        crate::watchdog::tick();
         let pending = cpu::take_pending();
         upcall::drain();
         if Pending::Timer.is_in(pending) || timer::sleepers_due() {
@@ -258,7 +260,7 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
             panic!(
                 "no memory for a {}-byte stack for thread {}",
                 t.stack_size.get(),
-                crate::thread::describe(t)
+                tcb::describe(t)
             );
         };
         t.stack.set(Some(s));
@@ -278,7 +280,7 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
             panic!(
                 "thread {} would resume with stack pointer {sp:#x} outside its stack {s:x?}; \
                  events {}",
-                crate::thread::describe(t),
+                tcb::describe(t),
                 tcb::history(t)
             );
         }
@@ -298,6 +300,47 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
     percpu::trace(percpu::T_SWITCH_IN, t as *const Tcb as u64);
     // SAFETY: scheduler context; `t` is ours (popped), fully saved, with a valid frame.
     unsafe { context::switch_in(t as *const Tcb as *const u8) }
+}
+
+/// Scheduler side of a thread's exit: `t` is saved for good. Returns the joiner this woke, if
+/// it was parked: runnable and ours, for the scheduler to run next (null otherwise).
+fn retire(t: &Tcb) -> *const Tcb {
+    tcb::event(t, tcb::EV_EXITED);
+    if let Some(s) = t.stack.take() {
+        stack::free(s);
+    }
+    let joiner = t.join.swap(tcb::JOIN_FINISHED, Ordering::AcqRel);
+    let mut run = core::ptr::null();
+    if joiner != tcb::JOIN_RUNNING && joiner != tcb::JOIN_FINISHED {
+        // SAFETY: a joiner stored its own TCB there and waits for us.
+        let j = unsafe { tcb::from_raw(joiner as *const Tcb) };
+        if j.wake_owned() {
+            run = j as *const Tcb;
+        }
+    }
+    tcb::release(t);
+    run
+}
+
+/// Wakes `t` if it waits (see `tcb`'s documentation). The TCB must be live at the call (the
+/// caller holds the queue it waited in, or a reference). Woken by a running thread, it runs
+/// next on this vCPU ([`make_next`]); woken by the scheduler, it joins the run queue.
+#[inline]
+pub fn wake(t: &Tcb) {
+    if t.wake_owned() {
+        if cpu::get(Word::InSched) == 0 {
+            make_next(t);
+        } else {
+            make_runnable(t, true);
+        }
+    }
+}
+
+/// Sleeps until [`wake`] (after [`Tcb::prepare_wait`]); `me` is the current thread.
+pub fn wait(me: &Tcb) {
+    while !me.is_woken() {
+        park_current(me);
+    }
 }
 
 /// Prints the scheduler's global state and every live thread's last event (diagnostics).

@@ -19,6 +19,7 @@
 //!   signal-style (save x0-x30, q0-q31, FPCR, FPSR), with `trap_eoi_window`, the exception
 //!   handler hooks and `IrqFrame` as on x86_64.
 //! * `rdtsc` (CNTVCT_EL0) and `current_cpl` (the exception level from CurrentEL, read at EL1
-//!   only: EL0 reports 3 by convention); `init_vcpu` enables the GIC CPU interface.
+//!   only: EL0 reports 3 by convention); `init_vcpu` enables the GIC CPU interface;
+//!   `check_boot_info` checks the GIC's base against `protocol::arch::aarch64`.
 //!
 //! `link.ld` in this folder is the linker script the build script hands to lld.

@@ -24,6 +24,9 @@
 //! resumed the same way: [`build_resume_frame`] writes that trap-frame layout below the context's
 //! stack pointer plus a switch frame whose return address is `__rt_resume_frame`, the epilogue.
 
+// The assembly calls the runtime by symbol (`extern "C"`, defined above this layer):
+// `__rt_sched_entry(prev, action, arg)`, `__rt_thread_main(tcb)`, `__rt_safepoint()`.
+
 use core::mem::{offset_of, size_of};
 
 use activm_stub::arch::x86_64::percpu::PENDING_OFFSET;
@@ -77,7 +80,7 @@ core::arch::global_asm!(
     "    mov %rsp, (%rdi)",
     "    mov %gs:{sched_top}, %rsp",
     "    xor %ebp, %ebp",
-    "    call {sched_entry}",
+    "    call __rt_sched_entry",
     "    ud2",
     ".size __rt_switch_out, . - __rt_switch_out",
     "",
@@ -86,7 +89,7 @@ core::arch::global_asm!(
     "__rt_thread_start:",
     "    mov %r12, %rdi",
     "    xor %ebp, %ebp",
-    "    call {thread_main}",
+    "    call __rt_thread_main",
     "    ud2",
     "",
     // The epilogue of a trap frame at rbx (IrqFrame layout, FXSAVE image below): like the stub's
@@ -143,7 +146,7 @@ core::arch::global_asm!(
     "    popq %rbp",
     "    ret",
     "2:",
-    "    call {safepoint}",
+    "    call __rt_safepoint",
     "    jmp 1b",
     ".size __rt_switch_in, . - __rt_switch_in",
     ".popsection",
@@ -192,9 +195,6 @@ core::arch::global_asm!(
     sched_top = const offset(Word::SchedTop),
     current = const offset(Word::Current),
     pending = const PENDING_OFFSET,
-    sched_entry = sym crate::sched::sched_entry,
-    thread_main = sym crate::thread::thread_main,
-    safepoint = sym crate::sched::safepoint_from_switch,
     options(att_syntax),
 );
 

@@ -131,3 +131,24 @@ pub fn end_owed_interrupts(vectors: &[u8]) {
 pub fn word_of(vcpu: u32, word: Word) -> &'static core::sync::atomic::AtomicU64 {
     percpu::cpu_local(vcpu as usize).rt_word(word as usize)
 }
+
+/// vCPU `vcpu`'s pending word (diagnostics).
+pub fn pending_of(vcpu: u32) -> u64 {
+    percpu::cpu_local(vcpu as usize)
+        .pending()
+        .load(core::sync::atomic::Ordering::Acquire)
+}
+
+/// Prints this vCPU's interrupt controller state for the runtime's vectors (diagnostics).
+pub fn print_interrupt_state() {
+    use activm_stub::protocol::arch::x86_64::{VECTOR_RESCHEDULE, VECTOR_UPCALL};
+    let state = |v: u8| activm_stub::lapic::vector_state(v);
+    activm_stub::println!(
+        "activm-rt: this vCPU ({}) APIC: timer count {} in-service/requested timer {:?} resched {:?} upcall {:?}",
+        activm_stub::vcpu_id(),
+        activm_stub::lapic::timer_count(),
+        state(VECTOR_TIMER),
+        state(VECTOR_RESCHEDULE),
+        state(VECTOR_UPCALL),
+    );
+}

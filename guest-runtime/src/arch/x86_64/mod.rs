@@ -3,6 +3,7 @@
 pub mod context;
 pub mod cpu;
 pub mod entry;
+pub mod fault;
 pub mod rseq;
 
 pub use activm_stub::protocol::arch::x86_64::{
