@@ -146,7 +146,7 @@ pub fn alloc(size: usize) -> Option<Stack> {
 fn take_slot() -> Option<u32> {
     // The cache is per vCPU and changed in several steps: hold off preemption (and the upcall
     // handler's nested drain, which may suspend a scheduler) meanwhile.
-    let hold = preempt::Hold::new();
+    preempt::hold();
     let p = percpu::this();
     let n = p.nr_stacks.load(Ordering::Relaxed);
     let cached = if n > 0 {
@@ -155,7 +155,7 @@ fn take_slot() -> Option<u32> {
     } else {
         None
     };
-    drop(hold);
+    preempt::release();
     if cached.is_some() {
         return cached;
     }
@@ -195,7 +195,7 @@ pub fn free(stack: Stack) {
         };
         return;
     }
-    let hold = preempt::Hold::new();
+    preempt::hold();
     let p = percpu::this();
     let n = p.nr_stacks.load(Ordering::Relaxed);
     let cached = (n as usize) < STACK_CACHE;
@@ -203,7 +203,7 @@ pub fn free(stack: Stack) {
         p.stacks[n as usize].store(stack.slot, Ordering::Relaxed);
         p.nr_stacks.store(n + 1, Ordering::Relaxed);
     }
-    drop(hold);
+    preempt::release();
     if !cached {
         let mut head = FREE.lock();
         // SAFETY: the slot is free and mapped; its top word is ours until it is reused.
