@@ -55,11 +55,10 @@ pub fn on_exception(frame: &mut ExceptionFrame) {
     activm_stub::hypercall::panic(msg.as_bytes())
 }
 
-/// An invalid-opcode fault on an instruction that loads FP/SSE control state (x86_64:
-/// `ldmxcsr`, `fldcw`, `fxrstor` at CPL3, where CR4.OSFXSR is set from boot and never changed):
-/// the instruction is valid, yet the soak saw it fault twice in ~80 runs (both times the
-/// control load of the first switch into a new thread) and run fine when executed again; the
-/// host's instruction emulator, which has no SSE, is our suspect. Such a fault is retried (the
+/// An invalid-opcode fault on an instruction that loads FP control state (which ones:
+/// `arch::fault::fp_control_load`): the instruction is valid, yet the soak saw it fault twice in
+/// ~80 runs (both times the control load of the first switch into a new thread) and run fine
+/// when executed again; the host's instruction emulator, which has no SSE, is our suspect. Such a fault is retried (the
 /// exception stack re-armed), up to [`UD_RETRIES`] times in a row at one address; anything else
 /// is reported as before.
 fn retry_fp_control_fault(frame: &ExceptionFrame) -> bool {

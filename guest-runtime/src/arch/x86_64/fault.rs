@@ -46,7 +46,8 @@ pub fn fp_control_fault(frame: &ExceptionFrame, readable: impl Fn(u64) -> bool) 
     fp_control_load(b).then_some(pc)
 }
 
-/// Whether an instruction starting with `b` loads FP/SSE control state: after an optional REX
+/// Whether an instruction starting with `b` loads FP/SSE control state (valid at CPL3, where
+/// CR4.OSFXSR is set from boot and never changed): after an optional REX
 /// prefix, 0F AE /1 (`fxrstor`), 0F AE /2 (`ldmxcsr`) or D9 /5 (`fldcw`), with a memory operand.
 pub fn fp_control_load(b: [u8; 4]) -> bool {
     let i = usize::from(b[0] & 0xf0 == 0x40);
