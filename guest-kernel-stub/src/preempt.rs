@@ -2,8 +2,8 @@
 //! interrupts (and whose interrupt handlers may switch threads).
 //!
 //! Code that must not be preempted on this vCPU (a held spinlock, a short per-vCPU update)
-//! brackets itself with [`hold`] and [`release`]. Both change this vCPU's counter atomically with
-//! respect to migration (x86_64: one `%gs`-relative instruction; aarch64: see `arch::aarch64::percpu`), so a thread that migrates between vCPUs never changes another vCPU's
+//! holds a [`Hold`] guard (or, where the release happens on another path, brackets itself with
+//! [`hold`] and [`release`]). Both are single instructions on this vCPU's counter, so a thread that migrates between vCPUs never changes another vCPU's
 //! count. The layer above's interrupt handlers look at [`held`]: while it is non-zero they only
 //! record what they wanted to do in this vCPU's pending word ([`defer`]) and return; the
 //! [`release`] that brings the count back to zero sees the pending word and calls the hook the
@@ -13,7 +13,7 @@
 use core::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::arch::current::percpu::{
-    hold_enter, hold_leave, local_or, local_read, HOLD_OFFSET, PENDING_OFFSET,
+    gs_or, gs_read, hold_enter, hold_leave, HOLD_OFFSET, PENDING_OFFSET,
 };
 
 static RELEASE_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
@@ -41,7 +41,8 @@ pub fn set_release_hook(hook: fn()) {
     RELEASE_HOOK.store(hook as *mut (), Ordering::Release);
 }
 
-/// Enters a region that must not be preempted on this vCPU.
+/// Enters a region that must not be preempted on this vCPU. Prefer [`Hold`]; a bare `hold`
+/// is for a region that ends on another path (its [`release`] is then documented there).
 #[inline(always)]
 pub fn hold() {
     hold_enter();
@@ -52,8 +53,37 @@ pub fn hold() {
 #[inline(always)]
 pub fn release() {
     // SAFETY: reads this vCPU's pending word.
-    if hold_leave() && unsafe { local_read(PENDING_OFFSET) } != 0 {
+    if hold_leave() && unsafe { gs_read(PENDING_OFFSET) } != 0 {
         release_slow();
+    }
+}
+
+/// A preemption hold for as long as the guard lives ([`hold`] now, [`release`] when dropped).
+/// Not `Send`: a held region never leaves its vCPU.
+#[derive(Debug)]
+#[must_use = "the hold ends when the guard is dropped"]
+pub struct Hold(core::marker::PhantomData<*const ()>);
+
+impl Hold {
+    /// Enters a region that must not be preempted on this vCPU.
+    #[inline(always)]
+    pub fn new() -> Hold {
+        hold();
+        Hold(core::marker::PhantomData)
+    }
+}
+
+impl Default for Hold {
+    #[inline(always)]
+    fn default() -> Hold {
+        Hold::new()
+    }
+}
+
+impl Drop for Hold {
+    #[inline(always)]
+    fn drop(&mut self) {
+        release();
     }
 }
 
@@ -74,7 +104,7 @@ fn release_slow() {
 #[inline(always)]
 pub fn check_pending() {
     // SAFETY: reads this vCPU's pending word.
-    if held() == 0 && unsafe { local_read(PENDING_OFFSET) } != 0 {
+    if held() == 0 && unsafe { gs_read(PENDING_OFFSET) } != 0 {
         release_slow();
     }
 }
@@ -83,12 +113,12 @@ pub fn check_pending() {
 #[inline(always)]
 pub fn held() -> u64 {
     // SAFETY: reads this vCPU's hold counter.
-    unsafe { local_read(HOLD_OFFSET) }
+    unsafe { gs_read(HOLD_OFFSET) }
 }
 
 /// Records deferred work for the layer above in this vCPU's pending word.
 #[inline(always)]
 pub fn defer(bits: u64) {
     // SAFETY: one locked instruction on this vCPU's pending word.
-    unsafe { local_or(PENDING_OFFSET, bits) }
+    unsafe { gs_or(PENDING_OFFSET, bits) }
 }

@@ -67,7 +67,7 @@ static FREE_LEN: AtomicU32 = AtomicU32::new(0);
 /// global list and the per-vCPU caches). Exact when no stack is being taken or given back; the
 /// hot paths count nothing.
 pub fn slots_in_use() -> u64 {
-    let cached: u64 = crate::start::pcpus()
+    let cached: u64 = crate::percpu::pcpus()
         .iter()
         .map(|p| u64::from(p.nr_stacks.load(Ordering::Relaxed)))
         .sum();

@@ -114,6 +114,10 @@ pub unsafe fn local_or(offset: usize, bits: u64) {
     local_rmw!("orr", offset, bits);
 }
 
+/// The names the shared code (`crate::preempt`) uses on both architectures.
+pub use local_or as gs_or;
+pub use local_read as gs_read;
+
 /// Enters a preemption hold on this vCPU (see `crate::preempt`).
 #[inline(always)]
 pub fn hold_enter() {

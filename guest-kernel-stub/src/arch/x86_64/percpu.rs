@@ -133,10 +133,8 @@ pub unsafe fn gs_or(offset: usize, bits: u64) {
     }
 }
 
-pub use gs_or as local_or;
-pub use gs_read as local_read;
-
-/// Enters a preemption hold on this vCPU (see `crate::preempt`): one instruction.
+/// Adds one to this vCPU's preemption hold count, in one instruction (so a thread that
+/// migrates never changes another vCPU's count).
 #[inline(always)]
 pub fn hold_enter() {
     // SAFETY: one instruction on this vCPU's hold counter.
@@ -149,7 +147,8 @@ pub fn hold_enter() {
     }
 }
 
-/// Leaves a preemption hold; true if this vCPU's count is now zero (one instruction).
+/// Takes one from this vCPU's preemption hold count, in one instruction; returns whether it
+/// reached zero.
 #[inline(always)]
 pub fn hold_leave() -> bool {
     let zero: u8;

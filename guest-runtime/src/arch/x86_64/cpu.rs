@@ -120,3 +120,35 @@ pub fn send_ipi(apic_id: u32, vector: u8) {
 pub fn send_self_ipi(vector: u8) {
     activm_stub::lapic::send_self_ipi(vector);
 }
+
+/// Ends the in-service interrupts among `vectors` that a previous activation of this vCPU may
+/// have left without their EOI.
+pub fn end_owed_interrupts(vectors: &[u8]) {
+    activm_stub::lapic::clear_in_service(vectors);
+}
+
+/// The runtime word `word` of vCPU `vcpu`, as an atomic (for compare-and-swap from elsewhere).
+pub fn word_of(vcpu: u32, word: Word) -> &'static core::sync::atomic::AtomicU64 {
+    percpu::cpu_local(vcpu as usize).rt_word(word as usize)
+}
+
+/// vCPU `vcpu`'s pending word (diagnostics).
+pub fn pending_of(vcpu: u32) -> u64 {
+    percpu::cpu_local(vcpu as usize)
+        .pending()
+        .load(core::sync::atomic::Ordering::Acquire)
+}
+
+/// Prints this vCPU's interrupt controller state for the runtime's vectors (diagnostics).
+pub fn print_interrupt_state() {
+    use activm_stub::protocol::arch::x86_64::{RESCHEDULE_IRQ, UPCALL_IRQ};
+    let state = |v: u8| activm_stub::lapic::vector_state(v);
+    activm_stub::println!(
+        "activm-rt: this vCPU ({}) APIC: timer count {} in-service/requested timer {:?} resched {:?} upcall {:?}",
+        activm_stub::vcpu_id(),
+        activm_stub::lapic::timer_count(),
+        state(TIMER_IRQ),
+        state(RESCHEDULE_IRQ),
+        state(UPCALL_IRQ),
+    );
+}
