@@ -80,6 +80,17 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "archcheck-preempt",
+            command:
+                "/activm run /guests/archcheck --vcpus 2 --pcpus 2 --timeout 120 --stats -- preempt"
+                    .into(),
+            status: 0,
+            expect: vec![
+                "EL0 in the image, registers as left".into(),
+                "PREEMPTED=1".into(),
+            ],
+        },
+        Case {
             name: "archcheck-fault",
             command: "/activm run /guests/archcheck -- fault".into(),
             status: 125,

@@ -12,7 +12,8 @@ pub use crate::cpu_local::*;
 
 /// Fills `CPU_LOCAL[vcpu]` and checks that TPIDRRO_EL0 points at it.
 pub(crate) fn init(vcpu: usize) -> bool {
-    base() == fill(vcpu)
+    let addr = fill(vcpu);
+    base() == addr
 }
 
 /// TPIDRRO_EL0: the address of this vCPU's block.

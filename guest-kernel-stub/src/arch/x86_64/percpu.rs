@@ -13,7 +13,8 @@ pub use crate::cpu_local::*;
 
 /// Fills `CPU_LOCAL[vcpu]` and checks that `%gs` points at it. Returns false if it does not.
 pub(crate) fn init(vcpu: usize) -> bool {
-    gs_self() == fill(vcpu)
+    let addr = fill(vcpu);
+    gs_self() == addr
 }
 
 /// `%gs:0`: the address of this vCPU's block.

@@ -8,6 +8,9 @@
 //!   125).
 //! * `upcall` (2 vCPUs): vCPU 0 enables upcalls and sends vCPU 1 a USER upcall (`sa_preempt`);
 //!   the VMM queues the record and raises vCPU 1's upcall SPI, whose handler must find it.
+//! * `preempt` (2 vCPUs): vCPU 0 enables upcalls and lowers the concurrency to 1; the VMM takes
+//!   one vCPU's processor and hands its EL0 context (read with ONE_REG) to the other in a
+//!   PREEMPTED record, which must hold the spinning loop's registers.
 //!
 //! On x86_64 it only says there is nothing to check.
 #![no_std]
@@ -106,6 +109,21 @@ mod aarch64 {
             if record.kind == UpcallKind::User as u32 {
                 UPCALLS.fetch_add(1, Ordering::Release);
             }
+            if record.kind == UpcallKind::Preempted as u32 {
+                let ctx = &record.context;
+                let image = 0x20_0000..0x40_0000;
+                let ok = image.contains(&ctx.pc) && ctx.pstate & 0xf == 0 && ctx.x[27] == MARK;
+                println!(
+                    "archcheck: PREEMPTED context of vCPU {}: pc {:#x} sp {:#x} pstate {:#x} x27 {:#x}: {}",
+                    record.vcpu,
+                    ctx.pc,
+                    ctx.sp,
+                    ctx.pstate,
+                    ctx.x[27],
+                    if ok { "EL0 in the image, registers as left" } else { "WRONG" }
+                );
+                exit(if ok { 0 } else { 1 });
+            }
             tail = tail.wrapping_add(1);
         }
         area.queue_tail.0.store(tail, Ordering::Release);
@@ -121,6 +139,58 @@ mod aarch64 {
         unsafe { activm_stub::hypercall::raw(nr as u64, a0, a1, 0, 0) }
     }
 
+    /// What the spinning vCPUs keep in x27 for the PREEMPTED record to show.
+    const MARK: u64 = 0xa5a5_0027;
+
+    fn spin_marked() -> ! {
+        // SAFETY: spins forever with a marker in x27; touches no memory.
+        unsafe {
+            core::arch::asm!("mov x27, {m}", "2: b 2b", m = in(reg) MARK, options(noreturn, nomem, nostack))
+        }
+    }
+
+    fn enable_upcalls() {
+        let header = activm_stub::boot_info().shared_area as *const SharedHeader;
+        // SAFETY: the static stacks are handed to the VMM once; nothing else uses them.
+        let stacks = unsafe { &*core::ptr::addr_of!(STACKS) };
+        for (i, stack) in stacks.iter().enumerate() {
+            let top = stack.as_ptr() as u64 + 4096;
+            // SAFETY: the shared header is mapped; the guest owns the pool's producer side.
+            unsafe {
+                let pool = core::ptr::addr_of!((*header).stacks) as *mut u64;
+                pool.add(i).write_volatile(top);
+                (*header)
+                    .stack_prod
+                    .0
+                    .store(i as u32 + 1, Ordering::Release);
+            }
+        }
+        let entry = new_activation as *const () as u64;
+        for (what, result) in [
+            ("sa_register", call(Hypercall::SaRegister, entry, 0)),
+            ("sa_enable", call(Hypercall::SaEnable, 0, 0)),
+        ] {
+            if result != 0 {
+                println!("archcheck: FAILED: {what} returned {result:#x}");
+                exit(1);
+            }
+        }
+    }
+
+    fn preempt(vcpu: u32) -> ! {
+        register_irq_handler(UPCALL_IRQ, on_upcall);
+        if vcpu == 0 {
+            while GO.load(Ordering::Acquire) == 0 {
+                core::hint::spin_loop();
+            }
+            enable_upcalls();
+            call(Hypercall::SaSetConcurrency, 1, 0);
+        } else {
+            GO.store(1, Ordering::Release);
+        }
+        spin_marked()
+    }
+
     fn upcall(vcpu: u32) -> ! {
         if vcpu == 1 {
             register_irq_handler(UPCALL_IRQ, on_upcall);
@@ -134,32 +204,11 @@ mod aarch64 {
         while GO.load(Ordering::Acquire) == 0 {
             core::hint::spin_loop();
         }
-        let header = activm_stub::boot_info().shared_area as *const SharedHeader;
-        // SAFETY: the static stacks are handed to the VMM once; nothing else uses them.
-        let stacks = unsafe { &*core::ptr::addr_of!(STACKS) };
-        for (i, stack) in stacks.iter().enumerate() {
-            let top = stack.as_ptr() as u64 + 4096;
-            // SAFETY: the shared header is mapped; the guest owns the pool's producer side.
-            unsafe {
-                let stacks = core::ptr::addr_of!((*header).stacks) as *mut u64;
-                stacks.add(i).write_volatile(top);
-                (*header)
-                    .stack_prod
-                    .0
-                    .store(i as u32 + 1, Ordering::Release);
-            }
-        }
-        let entry = new_activation as *const () as u64;
-        let checks = [
-            ("sa_register", call(Hypercall::SaRegister, entry, 0)),
-            ("sa_enable", call(Hypercall::SaEnable, 0, 0)),
-            ("sa_preempt(1)", call(Hypercall::SaPreempt, 1, 0)),
-        ];
-        for (what, result) in checks {
-            if result != 0 {
-                println!("archcheck: FAILED: {what} returned {result:#x}");
-                exit(1);
-            }
+        enable_upcalls();
+        let result = call(Hypercall::SaPreempt, 1, 0);
+        if result != 0 {
+            println!("archcheck: FAILED: sa_preempt(1) returned {result:#x}");
+            exit(1);
         }
         activm_stub::vcpu_stop()
     }
@@ -167,6 +216,9 @@ mod aarch64 {
     pub fn main(vcpu: u32) -> ! {
         if args().any(|a| a == "upcall") {
             upcall(vcpu);
+        }
+        if args().any(|a| a == "preempt") {
+            preempt(vcpu);
         }
         if vcpu != 0 {
             activm_stub::vcpu_stop();
