@@ -21,7 +21,9 @@ mod aarch64 {
     use core::sync::atomic::{AtomicU64, Ordering};
 
     use activm_stub::arch::aarch64::irqchip;
-    use activm_stub::protocol::arch::aarch64::{RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};
+    use activm_stub::protocol::arch::aarch64::{
+        HYPERCALL_BASE, RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ,
+    };
     use activm_stub::protocol::hypercall::Hypercall;
     use activm_stub::protocol::shared::{
         vcpu_area_offset, SharedHeader, UpcallKind, VcpuArea, UPCALL_QUEUE_CAPACITY,
@@ -142,10 +144,21 @@ mod aarch64 {
     /// What the spinning vCPUs keep in x27 for the PREEMPTED record to show.
     const MARK: u64 = 0xa5a5_0027;
 
-    fn spin_marked() -> ! {
-        // SAFETY: spins forever with a marker in x27; touches no memory.
+    /// Puts the marker in x27, optionally makes the hypercall at `call_addr` with x0 = `arg`
+    /// (0: none), then spins: wherever the VMM takes this vCPU, x27 holds the marker.
+    fn spin_marked(call_addr: u64, arg: u64) -> ! {
+        // SAFETY: the optional hypercall takes a plain number; then this spins forever.
         unsafe {
-            core::arch::asm!("mov x27, {m}", "2: b 2b", m = in(reg) MARK, options(noreturn, nomem, nostack))
+            core::arch::asm!(
+                "mov x27, {m}",
+                "cbz x8, 2f",
+                "ldr x0, [x8]",
+                "2: b 2b",
+                m = in(reg) MARK,
+                in("x8") call_addr,
+                in("x0") arg,
+                options(noreturn, nostack)
+            )
         }
     }
 
@@ -184,11 +197,11 @@ mod aarch64 {
                 core::hint::spin_loop();
             }
             enable_upcalls();
-            call(Hypercall::SaSetConcurrency, 1, 0);
-        } else {
-            GO.store(1, Ordering::Release);
+            let setconcurrency = Hypercall::SaSetConcurrency.address(HYPERCALL_BASE);
+            spin_marked(setconcurrency, 1)
         }
-        spin_marked()
+        GO.store(1, Ordering::Release);
+        spin_marked(0, 0)
     }
 
     fn upcall(vcpu: u32) -> ! {
