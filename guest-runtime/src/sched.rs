@@ -399,6 +399,7 @@ pub fn sched_loop() -> ! {
         crate::stats::watchdog_tick();
         let pending = cpu::take_pending();
         upcall::drain();
+        crate::blk::poll_completions();
         if pending & PEND_TIMER != 0 || timer::sleepers_due() {
             timer::wake_due();
         }
@@ -632,7 +633,7 @@ fn work_visible() -> bool {
 
 /// [`work_visible`] but for deferred interrupt work.
 pub(crate) fn work_queued() -> bool {
-    if upcall::queue_nonempty() || timer::sleepers_due() {
+    if upcall::queue_nonempty() || timer::sleepers_due() || crate::blk::completions_ready() {
         return true;
     }
     let p = percpu::this();

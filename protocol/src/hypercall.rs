@@ -57,6 +57,12 @@ pub enum Hypercall {
     BlkWrite = 34,
     /// `blk_flush() -> BLK_OK | BLK_ERR_*`: make every completed write durable. Blocks.
     BlkFlush = 35,
+    /// `blk_ring_setup(gpa) -> BLK_OK | BLK_ERR_NO_DEVICE`: register the guest's
+    /// [`crate::blk::BlkRing`] for asynchronous requests (once).
+    BlkRingSetup = 36,
+    /// `blk_submit(sector, gpa, op << 32 | count, tag) -> result | BLK_IN_FLIGHT`: start a
+    /// request without blocking; its completion goes to the ring under `tag`.
+    BlkSubmit = 37,
 }
 
 impl Hypercall {
@@ -80,6 +86,8 @@ impl Hypercall {
             33 => Hypercall::BlkRead,
             34 => Hypercall::BlkWrite,
             35 => Hypercall::BlkFlush,
+            36 => Hypercall::BlkRingSetup,
+            37 => Hypercall::BlkSubmit,
             _ => return None,
         })
     }
@@ -106,6 +114,8 @@ impl Hypercall {
             Hypercall::BlkRead => "blk_read",
             Hypercall::BlkWrite => "blk_write",
             Hypercall::BlkFlush => "blk_flush",
+            Hypercall::BlkRingSetup => "blk_ring_setup",
+            Hypercall::BlkSubmit => "blk_submit",
         }
     }
 }
@@ -148,6 +158,8 @@ mod tests {
         assert_eq!(Hypercall::BlkRead as u64, 33);
         assert_eq!(Hypercall::BlkWrite as u64, 34);
         assert_eq!(Hypercall::BlkFlush as u64, 35);
+        assert_eq!(Hypercall::BlkRingSetup as u64, 36);
+        assert_eq!(Hypercall::BlkSubmit as u64, 37);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! `protocol::hypercall`) and every other exit, which ends the guest with a report. Every
 //! argument is untrusted.
 
+use std::sync::Arc;
+
 use kvm_bindings::{kvm_mp_state, kvm_regs, KVM_MP_STATE_HALTED};
 use kvm_ioctls::VcpuFd;
 use protocol::blk::BLK_ERR_NO_DEVICE;
@@ -37,7 +39,7 @@ fn violation(index: u32, fd: &VcpuFd, what: String) -> HcAction {
 }
 
 /// Handle one exit of vCPU `index`.
-pub fn handle_exit(fd: &mut VcpuFd, index: u32, guest: &Guest, exit: Exit) -> HcAction {
+pub fn handle_exit(fd: &mut VcpuFd, index: u32, guest: &Arc<Guest>, exit: Exit) -> HcAction {
     let count = |i: usize| {
         guest.vcpus[index as usize].exits[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     };
@@ -111,7 +113,7 @@ pub fn set_load_result(fd: &mut VcpuFd, value: u64) {
 fn handle_load(
     fd: &VcpuFd,
     index: u32,
-    guest: &Guest,
+    guest: &Arc<Guest>,
     addr: u64,
     len: usize,
     regs: &kvm_regs,
@@ -148,7 +150,7 @@ fn handle_load(
     if let Some(trace) = &guest.trace {
         trace.instant(guest.id, index, call.name(), regs.rdi);
     }
-    let [a0, a1, a2, _a3] = hypercall_args(regs);
+    let [a0, a1, a2, a3] = hypercall_args(regs);
     match call {
         Hypercall::ConsoleWrite => {
             let bytes = read_buffer(guest, call, a0, a1).map_err(|e| violation(index, fd, e))?;
@@ -173,6 +175,10 @@ fn handle_load(
         Hypercall::VcpuStop => Err(HcAction::StopVcpu),
         Hypercall::Halt => {
             // Sleep inside KVM until an interrupt is pending; KVM completes this load first.
+            // With I/O completions due, this vCPU's thread may post them when they are.
+            if let Some(disk) = &guest.disk {
+                disk.queue.before_halt(index);
+            }
             guest.vcpus[index as usize]
                 .maybe_halted
                 .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -257,6 +263,9 @@ fn handle_load(
             None => 0,
             Some(disk) => disk.info(a0).unwrap_or(HC_UNSUPPORTED),
         }),
+        Hypercall::BlkRingSetup | Hypercall::BlkSubmit => {
+            async_blk(fd, index, guest, call, [a0, a1, a2, a3])
+        }
         Hypercall::BlkRead | Hypercall::BlkWrite | Hypercall::BlkFlush => {
             let Some(disk) = &guest.disk else {
                 return Ok(BLK_ERR_NO_DEVICE);
@@ -286,6 +295,30 @@ fn handle_load(
             }
         }
     }
+}
+
+/// `blk_ring_setup` and `blk_submit` (`devices/blk_async.rs`).
+fn async_blk(
+    fd: &VcpuFd,
+    index: u32,
+    guest: &Arc<Guest>,
+    call: Hypercall,
+    args: [u64; 4],
+) -> Result<u64, HcAction> {
+    let Some(disk) = &guest.disk else {
+        return Ok(BLK_ERR_NO_DEVICE);
+    };
+    let done = match call {
+        Hypercall::BlkRingSetup => disk.queue.setup(guest, args[0]),
+        _ => disk.queue.submit(guest, args),
+    };
+    done.map_err(|why| {
+        violation(
+            index,
+            fd,
+            format!("malformed hypercall {}: {why}", call.name()),
+        )
+    })
 }
 
 fn read_buffer(guest: &Guest, call: Hypercall, gpa: u64, len: u64) -> Result<Vec<u8>, String> {

@@ -162,10 +162,10 @@ pub fn install_kick_handler() -> Result<(), crate::Error> {
 
 /// A per-thread one-shot timer that kicks this thread: used to run a vCPU forward a few
 /// microseconds at a time until it is back at CPL3.
-struct KickTimer(libc::timer_t);
+pub(crate) struct KickTimer(libc::timer_t);
 
 impl KickTimer {
-    fn new() -> Option<KickTimer> {
+    pub(crate) fn new() -> Option<KickTimer> {
         // SAFETY: sigevent is plain data, filled in before use; gettid has no preconditions.
         let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
         event.sigev_notify = libc::SIGEV_THREAD_ID;
@@ -178,7 +178,8 @@ impl KickTimer {
         ok.then_some(KickTimer(timer))
     }
 
-    fn arm(&self, micros: i64) {
+    /// Kick this thread once in `micros` (below one second).
+    pub(crate) fn arm(&self, micros: i64) {
         let spec = libc::itimerspec {
             it_interval: libc::timespec {
                 tv_sec: 0,
@@ -399,6 +400,7 @@ impl VcpuThread {
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 self.fd.set_kvm_immediate_exit(0);
+                crate::devices::blk_async::after_kick(&self.guest, self.index, &self.fd);
                 if self.guest.stall_snapshot.load(Ordering::Acquire) && !self.snapshot_taken {
                     self.snapshot_taken = true;
                     eprintln!(

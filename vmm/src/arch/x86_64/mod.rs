@@ -46,3 +46,15 @@ pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::e
     };
     vm.signal_msi(msi).map(|_| ())
 }
+
+/// Raise the reschedule vector on `vcpu`: wakes an idle vCPU for an I/O completion
+/// (`protocol::blk::BlkRing`).
+pub fn send_wakeup_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
+    let msi = kvm_bindings::kvm_msi {
+        address_lo: abi::LAPIC_BASE as u32 | (vcpu << 12),
+        address_hi: 0,
+        data: abi::VECTOR_RESCHEDULE as u32,
+        ..Default::default()
+    };
+    vm.signal_msi(msi).map(|_| ())
+}
