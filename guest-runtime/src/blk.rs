@@ -17,6 +17,9 @@ use activm_stub::protocol::blk::{
     BLK_OP_WRITE,
 };
 
+/// Whether requests go asynchronously through the VMM's completion ring (known after the
+/// first request).
+pub use crate::blk_async::in_use as asynchronous;
 pub(crate) use crate::blk_async::{completions_ready, poll_completions};
 
 pub use activm_stub::protocol::blk::SECTOR_SIZE;

@@ -89,6 +89,9 @@ fn async_on() -> bool {
         // Another thread decides: this request takes the synchronous path.
         return MODE.load(Ordering::Acquire) == ON;
     }
+    ring()
+        .nudge_us
+        .store(config::blk_nudge_us(), Ordering::Relaxed);
     let on = config::use_blk_async()
         && hypercall::blk_info(BLK_INFO_FLAGS) & BLK_FLAG_ASYNC != 0
         // SAFETY: the ring is a static (in the image, 64-byte aligned) for the guest's lifetime.
@@ -153,6 +156,11 @@ pub(crate) unsafe fn request(
     code
 }
 
+/// Whether requests go through the completion ring (decided by the first request).
+pub fn in_use() -> bool {
+    MODE.load(Ordering::Relaxed) == ON
+}
+
 /// Whether completions wait in the ring (looks only).
 pub(crate) fn completions_ready() -> bool {
     MODE.load(Ordering::Relaxed) == ON
@@ -183,6 +191,7 @@ pub(crate) fn poll_completions() {
         r.tail.store(head, Ordering::Release);
         n
     };
+    let mut first = true;
     for &(tag, result) in &done[..n] {
         let Some(waiter) = WAITERS.get(tag as usize) else {
             panic!("activm-rt: block completion with tag {tag} from the VMM");
@@ -191,6 +200,16 @@ pub(crate) fn poll_completions() {
         waiter.result.store(result, Ordering::Release);
         // SAFETY: the thread waits for this very completion (its tag is not free), so its TCB
         // is live until it is woken; nothing touches it after the wake.
-        unsafe { &*thread }.wake();
+        let t = unsafe { &*thread };
+        if first {
+            // The first one runs next here (like a wake-up preemption: an I/O-bound thread
+            // should not wait behind the computing ones for its short turn).
+            if t.wake_owned() {
+                sched::make_next(t);
+                first = false;
+            }
+        } else {
+            t.wake();
+        }
     }
 }

@@ -88,7 +88,9 @@ pub struct BlkCompletion {
 /// the reschedule vector (x86_64: `VECTOR_RESCHEDULE`) on one vCPU whose bit is set; vCPUs
 /// that are not idle get no interrupt and must look at the ring when they schedule. (The guest
 /// sets its idle bit, then looks at the ring, then halts; the VMM publishes `head`, then reads
-/// the bits: one of the two sees the other.)
+/// the bits: one of the two sees the other.) If the guest sets `nudge_us`, a completion left
+/// unconsumed that long makes the VMM raise the same vector on a running vCPU (the guest asks
+/// for that wake-up: its busy vCPUs may not schedule for a while).
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct BlkRing {
@@ -96,6 +98,9 @@ pub struct BlkRing {
     pub head: CacheAligned<AtomicU32>,
     /// Guest writes: consumer index (free-running).
     pub tail: CacheAligned<AtomicU32>,
+    /// Guest writes: microseconds a completion may stay unconsumed before the VMM interrupts a
+    /// running vCPU (0: never; only idle vCPUs are interrupted).
+    pub nudge_us: CacheAligned<AtomicU32>,
     /// VMM writes.
     pub entries: [BlkCompletion; BLK_RING_CAPACITY],
 }
@@ -105,6 +110,7 @@ impl BlkRing {
         BlkRing {
             head: CacheAligned(AtomicU32::new(0)),
             tail: CacheAligned(AtomicU32::new(0)),
+            nudge_us: CacheAligned(AtomicU32::new(0)),
             entries: [BlkCompletion { tag: 0, result: 0 }; BLK_RING_CAPACITY],
         }
     }
@@ -130,9 +136,10 @@ mod tests {
     fn ring_layout() {
         assert_eq!(offset_of!(BlkRing, head), 0);
         assert_eq!(offset_of!(BlkRing, tail), 64);
-        assert_eq!(offset_of!(BlkRing, entries), 128);
+        assert_eq!(offset_of!(BlkRing, nudge_us), 128);
+        assert_eq!(offset_of!(BlkRing, entries), 192);
         assert_eq!(size_of::<BlkCompletion>(), 16);
-        assert_eq!(size_of::<BlkRing>(), 128 + 16 * 64);
+        assert_eq!(size_of::<BlkRing>(), 192 + 16 * 64);
         assert_eq!(core::mem::align_of::<BlkRing>(), 64);
         assert_eq!(offset_of!(BlkCompletion, result), 8);
         assert_eq!(

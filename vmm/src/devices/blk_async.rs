@@ -80,6 +80,10 @@ struct State {
     timer_thread: bool,
     /// The halted vCPU whose thread will post the earliest due completion.
     poller: Option<u32>,
+    /// When to look whether the guest consumed the ring up to the head then (`nudge_us`).
+    nudge: Option<(Instant, u32)>,
+    /// The timer thread sleeps until then (`None`: until notified).
+    timer_wakes_at: Option<Instant>,
     /// The disk is gone: I/O threads end.
     closed: bool,
 }
@@ -205,16 +209,16 @@ impl AsyncQueue {
             ));
         }
         state.in_flight |= bit;
+        if !state.timer_thread {
+            let spawned = self.spawn(guest, &mut state, timer_thread);
+            state.timer_thread = spawned;
+        }
         if let Some(result) = moved {
             let wake_timer = state
                 .delayed
                 .peek()
                 .is_none_or(|Reverse((first, _, _))| due < *first);
             state.delayed.push(Reverse((due, tag as u32, result)));
-            if !state.timer_thread {
-                let spawned = self.spawn(guest, &mut state, timer_thread);
-                state.timer_thread = spawned;
-            }
             drop(state);
             if wake_timer {
                 self.shared.timer.notify_one();
@@ -320,7 +324,11 @@ fn io_thread(shared: &Shared, guest: &Weak<Guest>) {
         };
         let mut state = shared.lock();
         let posted = publish(&mut state, &guest, tag, result);
+        let tell_timer = timer_must_wake(&state);
         drop(state);
+        if tell_timer {
+            shared.timer.notify_one();
+        }
         if posted {
             fence(Ordering::SeqCst);
             wake_one_idle(&guest);
@@ -337,34 +345,42 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
             state.workers -= 1;
             return;
         }
-        let Some(&Reverse((due, _, _))) = state.delayed.peek() else {
-            state = shared
-                .timer
-                .wait_timeout(state, IDLE_CHECK)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            continue;
-        };
-        let deadline = if state.poller.is_some() {
-            due + POLLER_GRACE
-        } else {
-            due
-        };
+        let due = state.delayed.peek().map(|&Reverse((due, _, _))| {
+            if state.poller.is_some() {
+                due + POLLER_GRACE
+            } else {
+                due
+            }
+        });
+        let nudge = state.nudge.map(|(at, _)| at);
         let now = Instant::now();
+        let deadline = match (due, nudge) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(now + IDLE_CHECK),
+        };
         if now < deadline {
+            state.timer_wakes_at = (due.is_some() || nudge.is_some()).then_some(deadline);
             state = shared
                 .timer
                 .wait_timeout(state, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            state.timer_wakes_at = None;
             continue;
         }
         let Some(guest) = guest.upgrade() else {
             continue;
         };
         let posted = post_due(&mut state, &guest, now);
+        let nudge_now =
+            state.nudge.is_some_and(|(at, _)| at <= now) && nudge_due(&mut state, &guest, now);
         drop(state);
-        if posted {
+        if nudge_now {
+            fence(Ordering::SeqCst);
+            if !wake_one_idle(&guest) {
+                wake_one_running(&guest);
+            }
+        } else if posted {
             fence(Ordering::SeqCst);
             wake_one_idle(&guest);
         }
@@ -393,7 +409,11 @@ pub fn after_kick(guest: &Guest, vcpu: u32, fd: &VcpuFd) {
         state.poller = None;
     }
     let posted = post_due(&mut state, guest, Instant::now() + Duration::from_micros(2));
+    let tell_timer = timer_must_wake(&state);
     drop(state);
+    if tell_timer {
+        shared.timer.notify_one();
+    }
     if posted
         && guest.vcpus[vcpu as usize]
             .maybe_halted
@@ -409,9 +429,17 @@ pub fn after_kick(guest: &Guest, vcpu: u32, fd: &VcpuFd) {
             ));
         }
     }
-    // Kicked early (a revoke, another kick) or not: the timer thread covers what is left, and
-    // the vCPU's next halt polls again.
-    shared.timer.notify_one();
+    // Kicked early (a revoke, another kick): the timer thread covers what is left (it waits
+    // for the poller's grace), and the vCPU's next halt polls again.
+}
+
+/// Whether the timer thread sleeps past the nudge deadline just set.
+fn timer_must_wake(state: &State) -> bool {
+    match (state.nudge, state.timer_wakes_at) {
+        (Some((at, _)), Some(wakes)) => at < wakes,
+        (Some(_), None) => true,
+        _ => false,
+    }
 }
 
 /// Post every delayed completion due by `now`; whether any was.
@@ -467,12 +495,56 @@ fn publish(state: &mut State, guest: &Guest, tag: u32, result: u64) -> bool {
         return false;
     }
     state.head = head.wrapping_add(1);
+    if state.nudge.is_none() {
+        let nudge_us =
+            read_u32(guest, ring_field(ring, offset_of!(BlkRing, nudge_us))).unwrap_or(0);
+        if nudge_us != 0 {
+            state.nudge = Some((
+                Instant::now() + Duration::from_micros(u64::from(nudge_us.min(1_000_000))),
+                state.head,
+            ));
+        }
+    }
     true
 }
 
-/// Interrupt one vCPU the guest marks idle, preferring one that holds a processor. (The guest
-/// sets its idle bit, then looks at the ring; the caller published, fenced, then calls this.)
-fn wake_one_idle(guest: &Guest) {
+/// The nudge deadline passed: whether the guest left completions unconsumed (then it wants a
+/// running vCPU interrupted); the next look is set up while some are.
+fn nudge_due(state: &mut State, guest: &Guest, now: Instant) -> bool {
+    let Some((_, head_then)) = state.nudge.take() else {
+        return false;
+    };
+    let Some(ring) = state.ring else { return false };
+    let tail = read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail))).unwrap_or(head_then);
+    let nudge_us = read_u32(guest, ring_field(ring, offset_of!(BlkRing, nudge_us))).unwrap_or(0);
+    // Unconsumed: the tail has not reached the head of then (free-running indices).
+    let late = (head_then.wrapping_sub(tail) as i32) > 0;
+    if state.head != tail && nudge_us != 0 {
+        let at = now + Duration::from_micros(u64::from(nudge_us.min(1_000_000)));
+        state.nudge = Some((at, state.head));
+    }
+    late
+}
+
+/// Interrupt one running vCPU (the guest asked for it with `nudge_us`).
+fn wake_one_running(guest: &Guest) {
+    let view = guest.procs.alloc.view(guest.id);
+    let running = (0..guest.config.vcpus)
+        .find(|&v| matches!(view.vcpus.get(v as usize), Some(Slot::Running(_))));
+    if let Some(target) = running {
+        if let Err(e) = crate::arch::current::send_wakeup_interrupt(&guest.vm, target) {
+            guest.finish(Outcome::fault(
+                target,
+                format!("cannot send the I/O completion interrupt: {e}"),
+            ));
+        }
+    }
+}
+
+/// Interrupt one vCPU the guest marks idle, preferring one that holds a processor (whether
+/// there was one). (The guest sets its idle bit, then looks at the ring; the caller published,
+/// fenced, then calls this.)
+fn wake_one_idle(guest: &Guest) -> bool {
     let idle = guest
         .ram
         .read_u64(guest.plan.shared_area.start + offset_of!(SharedHeader, idle_vcpus) as u64)
@@ -483,7 +555,7 @@ fn wake_one_idle(guest: &Guest) {
             (1u64 << guest.config.vcpus) - 1
         };
     if idle == 0 {
-        return;
+        return false;
     }
     let view = guest.procs.alloc.view(guest.id);
     let running = (0..guest.config.vcpus).find(|&v| {
@@ -496,4 +568,5 @@ fn wake_one_idle(guest: &Guest) {
             format!("cannot send the I/O completion interrupt: {e}"),
         ));
     }
+    true
 }
