@@ -351,6 +351,22 @@ fn kvm_tests() -> Vec<Trial> {
     trials
 }
 
+/// What `rt-tests blk` wrote is on the host file: sector s byte o = (31 s) ^ (7 o).
+fn check_blk_pattern(disk: &TempPath) -> Result<(), Failed> {
+    let bytes = std::fs::read(disk.path()).map_err(|e| e.to_string())?;
+    for (sector, offset) in [(0usize, 0usize), (5, 17), (511, 511)] {
+        let want = ((sector * 31) ^ (offset * 7)) as u8;
+        let got = bytes[sector * 512 + offset];
+        if got != want {
+            return Err(format!(
+                "host file sector {sector} byte {offset}: {got:#x}, want {want:#x}"
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// A zeroed disk image of `mib` MiB, removed when dropped.
 fn temp_disk(name: &str, mib: u64) -> Result<TempPath, Failed> {
     Ok(TempPath::zeroed(&format!("{name}.img"), mib << 20)?)
@@ -388,7 +404,7 @@ fn blk_tests() -> Vec<Trial> {
                         "1000",
                         "--stats",
                     ],
-                    &["blk", "blk-overlap"],
+                    &["--rt-blk-async=off", "blk", "blk-overlap"],
                 )?
                 .expect_code(0)?
                 .stdout_has("test blk ... ok")?
@@ -432,7 +448,7 @@ fn blk_tests() -> Vec<Trial> {
                     "500",
                     "--stats",
                 ],
-                &["blk", "blk-overlap"],
+                &["--rt-blk-async=off", "blk", "blk-overlap"],
             )?
             .expect_code(0)?
             .stdout_has("2 passed, 0 failed\n")?;
@@ -459,7 +475,7 @@ fn blk_tests() -> Vec<Trial> {
                     "--io-latency",
                     "300",
                 ],
-                &["blk", "blk-overlap", "sa-chaos"],
+                &["--rt-blk-async=off", "blk", "blk-overlap", "sa-chaos"],
             )?
             .expect_code(0)?
             .stdout_has("test blk ... ok")?
@@ -490,7 +506,7 @@ fn blk_tests() -> Vec<Trial> {
                     "--io-latency",
                     "200",
                 ],
-                &["chaos-soak", &secs],
+                &["--rt-blk-async=off", "chaos-soak", &secs],
             )?
             .expect_code(0)?
             .stdout_has(&format!("chaos-soak: ok ({secs} s:"))?;
@@ -505,6 +521,143 @@ fn blk_tests() -> Vec<Trial> {
                     run.stderr
                 )
                 .into());
+            }
+            Ok(())
+        }),
+        Trial::test("blk_async_requests_exact_with_activations", || {
+            // Asynchronous requests (the default): the vCPU never blocks, no BLOCKED records,
+            // data exact in the guest and on the host file.
+            let disk = temp_disk("blk-async-sa", 4)?;
+            let run = activm_run(
+                &guest("rt-tests")?,
+                &[
+                    "--vcpus",
+                    "4",
+                    "--pcpus",
+                    "2",
+                    "--disk",
+                    disk.arg(),
+                    "--io-latency",
+                    "1000",
+                    "--stats",
+                ],
+                &["blk", "blk-overlap"],
+            )?
+            .expect_code(0)?
+            .stdout_has("test blk ... ok")?
+            .stdout_has("40 asynchronous reads")?
+            .stdout_has("2 passed, 0 failed\n")?;
+            if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
+                return Err(format!("asynchronous requests blocked\n{}", run.stderr).into());
+            }
+            check_blk_pattern(&disk)
+        }),
+        Trial::test("blk_async_requests_exact_oblivious", || {
+            let disk = temp_disk("blk-async-obl", 4)?;
+            activm_run(
+                &guest("rt-tests")?,
+                &[
+                    "--vcpus",
+                    "2",
+                    "--no-activations",
+                    "--disk",
+                    disk.arg(),
+                    "--io-latency",
+                    "300",
+                ],
+                &["blk", "blk-overlap"],
+            )?
+            .expect_code(0)?
+            .stdout_has("40 asynchronous reads")?
+            .stdout_has("2 passed, 0 failed\n")?;
+            check_blk_pattern(&disk)
+        }),
+        Trial::test("blk_async_requests_survive_allocation_chaos", || {
+            let disk = temp_disk("blk-async-chaos", 4)?;
+            activm_run(
+                &guest("rt-tests")?,
+                &[
+                    "--vcpus",
+                    "4",
+                    "--pcpus",
+                    "2",
+                    "--chaos",
+                    "12",
+                    "--disk",
+                    disk.arg(),
+                    "--io-latency",
+                    "300",
+                ],
+                &["blk", "blk-overlap", "sa-chaos"],
+            )?
+            .expect_code(0)?
+            .stdout_has("40 asynchronous reads")?
+            .stdout_has(" passed, 0 failed\n")?;
+            check_blk_pattern(&disk)
+        }),
+        Trial::test("blk_async_protocol_and_violations", || {
+            let disk = temp_disk("blk-async-hostile", 1)?;
+            let slow = ["--disk", disk.arg(), "--io-latency", "2000"];
+            selftest(&slow, &["blk-async", "ok"])?
+                .expect_code(0)?
+                .stdout_has("blk-async: tag 5 result 0")?;
+            for (case, message) in [
+                (
+                    "no-ring",
+                    "malformed hypercall blk_submit: no completion ring",
+                ),
+                (
+                    "bad-tag",
+                    "malformed hypercall blk_submit: tag 64 is not below 64",
+                ),
+                (
+                    "twice",
+                    "malformed hypercall blk_submit: tag 3 is in flight already",
+                ),
+                (
+                    "misaligned",
+                    "malformed hypercall blk_ring_setup: completion ring",
+                ),
+                (
+                    "corrupt-tail",
+                    "the completion ring's tail (1000) is not within 64",
+                ),
+            ] {
+                selftest(&slow, &["blk-async", case])?
+                    .expect_code(125)?
+                    .stderr_has(message)?;
+            }
+            Ok(())
+        }),
+        Trial::test("chaos_soak_with_asynchronous_blk", || {
+            // The soak with its disk I/O through the completion ring (a quarter of the time).
+            let secs: u64 = std::env::var("ACTIVM_SOAK_SECS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(20);
+            let secs = (secs / 4).max(2).to_string();
+            let disk = temp_disk("soak-async", 4)?;
+            let run = activm_run(
+                &guest("rt-tests")?,
+                &[
+                    "--vcpus",
+                    "4",
+                    "--pcpus",
+                    "2",
+                    "--chaos",
+                    "6",
+                    "--stats",
+                    "--disk",
+                    disk.arg(),
+                    "--io-latency",
+                    "200",
+                ],
+                &["chaos-soak", &secs],
+            )?
+            .expect_code(0)?
+            .stdout_has(&format!("chaos-soak: ok ({secs} s:"))?;
+            if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
+                return Err(format!("asynchronous requests blocked\n{}", run.stderr).into());
             }
             Ok(())
         }),
