@@ -58,6 +58,8 @@ pub struct DiskStats {
     pub immediate: AtomicU64,
     /// Requests that blocked the vCPU.
     pub blocking: AtomicU64,
+    /// Asynchronous requests that went on after their exit (`blk_submit` → `BLK_IN_FLIGHT`).
+    pub asynchronous: AtomicU64,
     pub bytes: AtomicU64,
     /// Total time blocking requests took, in microseconds.
     pub blocked_us: AtomicU64,
@@ -196,7 +198,11 @@ impl Disk {
         if self.must_block(req) {
             return None;
         }
-        self.transfer_now(ram, req)
+        let result = self.transfer_now(ram, req);
+        if result.is_some() {
+            self.stats.immediate.fetch_add(1, Ordering::Relaxed);
+        }
+        result
     }
 
     /// Try to move a read or write's data without waiting, whatever the emulated latency (the
@@ -215,7 +221,6 @@ impl Disk {
         match self.transfer(ram, req, flags) {
             Ok(()) => {
                 self.count(req);
-                self.stats.immediate.fetch_add(1, Ordering::Relaxed);
                 Some(BLK_OK)
             }
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => None,
@@ -228,10 +233,17 @@ impl Disk {
     /// Complete a checked request, waiting as long as it takes (plus the emulated latency,
     /// cut short if `stop` is set). Called with no processor held.
     pub fn perform(&self, ram: &GuestRam, req: &Request, stop: &AtomicBool) -> u64 {
-        self.perform_until(ram, req, &|| stop.load(Ordering::Acquire))
+        let started = Instant::now();
+        let result = self.perform_until(ram, req, &|| stop.load(Ordering::Acquire));
+        self.stats.blocking.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .blocked_us
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        result
     }
 
-    /// [`Disk::perform`], the emulated latency cut short once `stop()` says so.
+    /// [`Disk::perform`] without the blocking counters (for asynchronous requests), the
+    /// emulated latency cut short once `stop()` says so.
     pub fn perform_until(&self, ram: &GuestRam, req: &Request, stop: &dyn Fn() -> bool) -> u64 {
         let started = Instant::now();
         let result = match req.op {
@@ -251,10 +263,6 @@ impl Disk {
             }
         }
         self.count(req);
-        self.stats.blocking.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .blocked_us
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         result
     }
 

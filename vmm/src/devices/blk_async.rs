@@ -182,11 +182,11 @@ impl AsyncQueue {
         let moved = disk.transfer_now(&guest.ram, &req);
         let due = started + disk.latency();
         if let Some(result) = moved {
-            disk.stats.immediate.fetch_add(1, Ordering::Relaxed);
             if due.saturating_duration_since(Instant::now()) <= INLINE_WAIT {
                 while Instant::now() < due {
                     std::hint::spin_loop();
                 }
+                disk.stats.immediate.fetch_add(1, Ordering::Relaxed);
                 return Ok(result);
             }
         }
@@ -209,6 +209,7 @@ impl AsyncQueue {
             ));
         }
         state.in_flight |= bit;
+        disk.stats.asynchronous.fetch_add(1, Ordering::Relaxed);
         if !state.timer_thread {
             let spawned = self.spawn(guest, &mut state, timer_thread);
             state.timer_thread = spawned;
@@ -372,6 +373,11 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
             continue;
         };
         let posted = post_due(&mut state, &guest, now);
+        if posted && state.poller.is_some() {
+            // The poller's grace ran out (its vCPU lost its processor, or its kick came late):
+            // stop waiting for it.
+            state.poller = None;
+        }
         let nudge_now =
             state.nudge.is_some_and(|(at, _)| at <= now) && nudge_due(&mut state, &guest, now);
         drop(state);
