@@ -66,7 +66,9 @@ pub fn run(case: &str) -> ! {
         }
         "misaligned" => {
             // SAFETY: the VMM must refuse the address before it writes anything.
-            unsafe { hypercall::blk_ring_setup((RING.0.get() as *const u8).wrapping_add(8).cast()) };
+            unsafe {
+                hypercall::blk_ring_setup((RING.0.get() as *const u8).wrapping_add(8).cast())
+            };
         }
         "corrupt-tail" => {
             setup();
