@@ -20,7 +20,7 @@ use activm_stub::protocol::blk::{
 /// Whether requests go asynchronously through the VMM's completion ring (known after the
 /// first request).
 pub use crate::blk_async::in_use as asynchronous;
-pub(crate) use crate::blk_async::{completions_ready, poll_completions};
+pub(crate) use crate::blk_async::{completions_ready, poll_completions, requests_in_flight};
 
 pub use activm_stub::protocol::blk::SECTOR_SIZE;
 

@@ -161,6 +161,12 @@ pub fn in_use() -> bool {
     MODE.load(Ordering::Relaxed) == ON
 }
 
+/// Whether asynchronous requests are in flight (an idle vCPU then keeps its processor: giving
+/// it back would cost a new activation when the completion comes).
+pub(crate) fn requests_in_flight() -> bool {
+    FREE_TAGS.load(Ordering::Relaxed) != u64::MAX
+}
+
 /// Whether completions wait in the ring (looks only).
 pub(crate) fn completions_ready() -> bool {
     MODE.load(Ordering::Relaxed) == ON
@@ -203,9 +209,14 @@ pub(crate) fn poll_completions() {
         let t = unsafe { &*thread };
         if first {
             // The first one runs next here (like a wake-up preemption: an I/O-bound thread
-            // should not wait behind the computing ones for its short turn).
+            // should not wait behind the computing ones for its short turn). With nothing else
+            // queued here it is simply the next to run, and no other vCPU needs waking.
             if t.wake_owned() {
-                sched::make_next(t);
+                if crate::percpu::this().is_empty() {
+                    sched::make_runnable(t, false);
+                } else {
+                    sched::make_next(t);
+                }
                 first = false;
             }
         } else {

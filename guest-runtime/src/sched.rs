@@ -705,7 +705,8 @@ fn idle() {
         let may_yield = yield_after != 0
             && config::use_halt()
             && upcall::activations_enabled()
-            && !timer::has_sleepers();
+            && !timer::has_sleepers()
+            && !crate::blk::requests_in_flight();
         let halted_at = cpu::rdtsc();
         if may_yield {
             timer::arm_idle_deadline(halted_at + yield_after);
