@@ -39,7 +39,7 @@ use protocol::shared::SharedHeader;
 use crate::allocator::Slot;
 use crate::devices::blk::{Op, Request};
 use crate::guest::Guest;
-use crate::vcpu::KickTimer;
+use crate::kick::KickTimer;
 use crate::vm::Outcome;
 
 /// How often an idle I/O thread checks that its guest still exists.
@@ -425,10 +425,7 @@ pub fn after_kick(guest: &Guest, vcpu: u32, fd: &VcpuFd) {
             .maybe_halted
             .load(Ordering::Relaxed)
     {
-        let runnable = kvm_bindings::kvm_mp_state {
-            mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
-        };
-        if let Err(e) = fd.set_mp_state(runnable) {
+        if let Err(e) = crate::arch::current::make_runnable(fd) {
             guest.finish(Outcome::fault(
                 vcpu,
                 format!("KVM_SET_MP_STATE(RUNNABLE) after an I/O completion: {e}"),
