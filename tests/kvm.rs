@@ -1156,7 +1156,8 @@ fn toml_tests() -> Vec<Trial> {
         }),
         Trial::test("toml_mixes_oblivious_and_activation_guests", || {
             // Two copies of rt-tests share 2 processors, each with its own disk (a slow one):
-            // the one with activations gets BLOCKED / UNBLOCKED upcalls and skips the simulated
+            // the one with activations (blocking requests) gets BLOCKED / UNBLOCKED upcalls and
+            // skips the simulated
             // VMM's test; the oblivious one gets no upcall at all and runs that test.
             let dir = TempDir::new("toml-mixed")?;
             dir.link_guest("rt-tests")?;
@@ -1167,7 +1168,7 @@ fn toml_tests() -> Vec<Trial> {
                 &format!(
                     "pcpus = 2\ntimeout = {GUEST_TIMEOUT_SECS}\nstats = true\nio_latency = 500\n\n\
                      [[guest]]\nimage = \"rt-tests\"\nname = \"aware\"\nvcpus = 3\n\
-                     args = [\"upcall-preempted\", \"blk\", \"blk-overlap\"]\ndisk = \"aware.img\"\n\n\
+                     args = [\"--rt-blk-async=off\", \"upcall-preempted\", \"blk\", \"blk-overlap\"]\ndisk = \"aware.img\"\n\n\
                      [[guest]]\nimage = \"rt-tests\"\nname = \"oblivious\"\nvcpus = 2\nno_activations = true\n\
                      args = [\"upcall-preempted\", \"blk\", \"blk-overlap\"]\ndisk = \"oblivious.img\"\n"
                 ),
