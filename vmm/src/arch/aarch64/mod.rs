@@ -20,6 +20,8 @@
 //!   vCPU enters at once, as on x86_64).
 //! - `send_upcall_interrupt`: `KVM_IRQ_LINE` of the SGI `INTID_UPCALL` aimed at the vCPU
 //!   (or a GICv3 `ICC_SGI1R_EL1` write on the sender's behalf): one VM ioctl, no exit.
+//! - `send_wakeup_interrupt`: the same with the reschedule SGI (asynchronous block
+//!   completions for an idle vCPU).
 //! - `prepare_run`: nothing (arm64 has no `kvm_sync_regs`); every register read below is a
 //!   `KVM_GET_ONE_REG`, so the hand-off reads only the few it needs.
 //! - `hypercall_args` / `set_hypercall_result`: a hypercall is the same 8-byte load from the
