@@ -419,19 +419,7 @@ fn blk_tests() -> Vec<Trial> {
                     )
                     .into());
                 }
-                // What the guest wrote is on the host file: sector s byte o = (31 s) ^ (7 o).
-                let bytes = std::fs::read(disk.path()).map_err(|e| e.to_string())?;
-                for (sector, offset) in [(0usize, 0usize), (5, 17), (511, 511)] {
-                    let want = ((sector * 31) ^ (offset * 7)) as u8;
-                    let got = bytes[sector * 512 + offset];
-                    if got != want {
-                        return Err(format!(
-                            "host file sector {sector} byte {offset}: {got:#x}, want {want:#x}"
-                        )
-                        .into());
-                    }
-                }
-                Ok(())
+                check_blk_pattern(&disk)
             },
         ),
         Trial::test("blk_oblivious_vcpus_block_without_upcalls", || {

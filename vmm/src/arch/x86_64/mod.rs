@@ -51,10 +51,20 @@ pub fn configure_vcpu(fd: &VcpuFd, arch: &ArchVm, index: u32, plan: &Plan) -> Re
 /// Raise the upcall interrupt on `vcpu` (its APIC id is its index) through the in-kernel
 /// irqchip: one VM ioctl, no vCPU exit on the sender's side.
 pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
+    send_interrupt(vm, vcpu, abi::VECTOR_UPCALL)
+}
+
+/// Raise the reschedule vector on `vcpu` the same way: wakes an idle vCPU for an I/O
+/// completion (`protocol::blk::BlkRing`).
+pub fn send_wakeup_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
+    send_interrupt(vm, vcpu, abi::VECTOR_RESCHEDULE)
+}
+
+fn send_interrupt(vm: &VmFd, vcpu: u32, vector: u8) -> Result<(), vmm_sys_util::errno::Error> {
     let msi = kvm_bindings::kvm_msi {
         address_lo: abi::LAPIC_BASE as u32 | (vcpu << 12),
         address_hi: 0,
-        data: abi::VECTOR_UPCALL as u32,
+        data: u32::from(vector),
         ..Default::default()
     };
     vm.signal_msi(msi).map(|_| ())
@@ -66,15 +76,3 @@ pub const TRIPLE_FAULT_CODE: &[u8] = &[
     0x0f, 0x0b, // ud2
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // the empty IDT descriptor
 ];
-
-/// Raise the reschedule vector on `vcpu`: wakes an idle vCPU for an I/O completion
-/// (`protocol::blk::BlkRing`).
-pub fn send_wakeup_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
-    let msi = kvm_bindings::kvm_msi {
-        address_lo: abi::LAPIC_BASE as u32 | (vcpu << 12),
-        address_hi: 0,
-        data: abi::VECTOR_RESCHEDULE as u32,
-        ..Default::default()
-    };
-    vm.signal_msi(msi).map(|_| ())
-}
