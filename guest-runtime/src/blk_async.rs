@@ -147,7 +147,7 @@ pub(crate) unsafe fn request(
     // completion; `tag` is ours (taken from the free set) and so not in flight.
     let code = unsafe { hypercall::blk_submit(sector, buf, op, count, u64::from(tag)) };
     let code = if code == BLK_IN_FLIGHT {
-        tcb::wait(me);
+        sched::wait(me);
         waiter.result.load(Ordering::Acquire)
     } else {
         code
@@ -220,7 +220,7 @@ pub(crate) fn poll_completions() {
                 first = false;
             }
         } else {
-            t.wake();
+            sched::wake(t);
         }
     }
 }

@@ -85,7 +85,7 @@ pub struct BlkCompletion {
 /// that breaks this (a tag in flight twice, a tail moved past the head) is stopped.
 ///
 /// Wake-ups: after publishing a completion the VMM reads `SharedHeader::idle_vcpus` and raises
-/// the reschedule vector (x86_64: `VECTOR_RESCHEDULE`) on one vCPU whose bit is set; vCPUs
+/// the reschedule vector (`arch::RESCHEDULE_IRQ`) on one vCPU whose bit is set; vCPUs
 /// that are not idle get no interrupt and must look at the ring when they schedule. (The guest
 /// sets its idle bit, then looks at the ring, then halts; the VMM publishes `head`, then reads
 /// the bits: one of the two sees the other.) If the guest sets `nudge_us`, a completion left

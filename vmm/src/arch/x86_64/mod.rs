@@ -51,13 +51,13 @@ pub fn configure_vcpu(fd: &VcpuFd, arch: &ArchVm, index: u32, plan: &Plan) -> Re
 /// Raise the upcall interrupt on `vcpu` (its APIC id is its index) through the in-kernel
 /// irqchip: one VM ioctl, no vCPU exit on the sender's side.
 pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
-    send_interrupt(vm, vcpu, abi::VECTOR_UPCALL)
+    send_interrupt(vm, vcpu, abi::UPCALL_IRQ)
 }
 
 /// Raise the reschedule vector on `vcpu` the same way: wakes an idle vCPU for an I/O
 /// completion (`protocol::blk::BlkRing`).
 pub fn send_wakeup_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
-    send_interrupt(vm, vcpu, abi::VECTOR_RESCHEDULE)
+    send_interrupt(vm, vcpu, abi::RESCHEDULE_IRQ)
 }
 
 fn send_interrupt(vm: &VmFd, vcpu: u32, vector: u8) -> Result<(), vmm_sys_util::errno::Error> {
