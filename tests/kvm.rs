@@ -387,6 +387,21 @@ fn temp_disk(name: &str, mib: u64) -> Result<TempPath, Failed> {
     Ok(TempPath::zeroed(&format!("{name}.img"), mib << 20)?)
 }
 
+/// `rt-tests` with `options` and guest `args`, on a fresh 4 MiB disk named `name` slowed down to
+/// `latency_us`; the run, and the disk to check the host file.
+fn rt_tests_on_slow_disk(
+    name: &str,
+    latency_us: &str,
+    options: &[&str],
+    args: &[&str],
+) -> Result<(Run, TempPath), Failed> {
+    let disk = temp_disk(name, 4)?;
+    let mut all = options.to_vec();
+    all.extend(["--disk", disk.arg(), "--io-latency", latency_us]);
+    let run = activm_run(&guest("rt-tests")?, &all, args)?;
+    Ok((run, disk))
+}
+
 /// `NAME=count` from the `--stats` upcall line.
 fn upcall_count(stderr: &str, name: &str) -> Option<u64> {
     let line = stderr.lines().find(|l| l.starts_with("upcalls:"))?;
@@ -405,26 +420,17 @@ fn blk_tests() -> Vec<Trial> {
                 // A slow device (1 ms a request) on 4 vCPUs sharing 2 processors: each read blocks
                 // its vCPU, the processor runs a new activation, the thread comes back in an
                 // UNBLOCKED record with the read's result.
-                let disk = temp_disk("blk-sa", 4)?;
-                let run = activm_run(
-                    &guest("rt-tests")?,
-                    &[
-                        "--vcpus",
-                        "4",
-                        "--pcpus",
-                        "2",
-                        "--disk",
-                        disk.arg(),
-                        "--io-latency",
-                        "1000",
-                        "--stats",
-                    ],
+                let (run, disk) = rt_tests_on_slow_disk(
+                    "blk-sa",
+                    "1000",
+                    &["--vcpus", "4", "--pcpus", "2", "--stats"],
                     &["--rt-blk-async=off", "blk", "blk-overlap"],
-                )?
-                .expect_code(0)?
-                .stdout_has("test blk ... ok")?
-                .stdout_has("test blk-overlap ... ok")?
-                .stdout_has("2 passed, 0 failed\n")?;
+                )?;
+                let run = run
+                    .expect_code(0)?
+                    .stdout_has("test blk ... ok")?
+                    .stdout_has("test blk-overlap ... ok")?
+                    .stdout_has("2 passed, 0 failed\n")?;
                 let blocked = upcall_count(&run.stderr, "BLOCKED").unwrap_or(0);
                 let unblocked = upcall_count(&run.stderr, "UNBLOCKED").unwrap_or(0);
                 if blocked < 40 || blocked != unblocked {
@@ -438,23 +444,13 @@ fn blk_tests() -> Vec<Trial> {
             },
         ),
         Trial::test("blk_oblivious_vcpus_block_without_upcalls", || {
-            let disk = temp_disk("blk-obl", 4)?;
-            let run = activm_run(
-                &guest("rt-tests")?,
-                &[
-                    "--vcpus",
-                    "2",
-                    "--no-activations",
-                    "--disk",
-                    disk.arg(),
-                    "--io-latency",
-                    "500",
-                    "--stats",
-                ],
+            let (run, _disk) = rt_tests_on_slow_disk(
+                "blk-obl",
+                "500",
+                &["--vcpus", "2", "--no-activations", "--stats"],
                 &["--rt-blk-async=off", "blk", "blk-overlap"],
-            )?
-            .expect_code(0)?
-            .stdout_has("2 passed, 0 failed\n")?;
+            )?;
+            let run = run.expect_code(0)?.stdout_has("2 passed, 0 failed\n")?;
             if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
                 return Err(format!("an oblivious guest got upcalls\n{}", run.stderr).into());
             }
@@ -530,72 +526,44 @@ fn blk_tests() -> Vec<Trial> {
         Trial::test("blk_async_requests_exact_with_activations", || {
             // Asynchronous requests (the default): the vCPU never blocks, no BLOCKED records,
             // data exact in the guest and on the host file.
-            let disk = temp_disk("blk-async-sa", 4)?;
-            let run = activm_run(
-                &guest("rt-tests")?,
-                &[
-                    "--vcpus",
-                    "4",
-                    "--pcpus",
-                    "2",
-                    "--disk",
-                    disk.arg(),
-                    "--io-latency",
-                    "1000",
-                    "--stats",
-                ],
+            let (run, disk) = rt_tests_on_slow_disk(
+                "blk-async-sa",
+                "1000",
+                &["--vcpus", "4", "--pcpus", "2", "--stats"],
                 &["blk", "blk-overlap"],
-            )?
-            .expect_code(0)?
-            .stdout_has("test blk ... ok")?
-            .stdout_has("40 asynchronous reads")?
-            .stdout_has("2 passed, 0 failed\n")?;
+            )?;
+            let run = run
+                .expect_code(0)?
+                .stdout_has("test blk ... ok")?
+                .stdout_has("40 asynchronous reads")?
+                .stdout_has("2 passed, 0 failed\n")?;
             if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
                 return Err(format!("asynchronous requests blocked\n{}", run.stderr).into());
             }
             check_blk_pattern(&disk)
         }),
         Trial::test("blk_async_requests_exact_oblivious", || {
-            let disk = temp_disk("blk-async-obl", 4)?;
-            activm_run(
-                &guest("rt-tests")?,
-                &[
-                    "--vcpus",
-                    "2",
-                    "--no-activations",
-                    "--disk",
-                    disk.arg(),
-                    "--io-latency",
-                    "300",
-                ],
+            let (run, disk) = rt_tests_on_slow_disk(
+                "blk-async-obl",
+                "300",
+                &["--vcpus", "2", "--no-activations"],
                 &["blk", "blk-overlap"],
-            )?
-            .expect_code(0)?
-            .stdout_has("40 asynchronous reads")?
-            .stdout_has("2 passed, 0 failed\n")?;
+            )?;
+            run.expect_code(0)?
+                .stdout_has("40 asynchronous reads")?
+                .stdout_has("2 passed, 0 failed\n")?;
             check_blk_pattern(&disk)
         }),
         Trial::test("blk_async_requests_survive_allocation_chaos", || {
-            let disk = temp_disk("blk-async-chaos", 4)?;
-            activm_run(
-                &guest("rt-tests")?,
-                &[
-                    "--vcpus",
-                    "4",
-                    "--pcpus",
-                    "2",
-                    "--chaos",
-                    "12",
-                    "--disk",
-                    disk.arg(),
-                    "--io-latency",
-                    "300",
-                ],
+            let (run, disk) = rt_tests_on_slow_disk(
+                "blk-async-chaos",
+                "300",
+                &["--vcpus", "4", "--pcpus", "2", "--chaos", "12"],
                 &["blk", "blk-overlap", "sa-chaos"],
-            )?
-            .expect_code(0)?
-            .stdout_has("40 asynchronous reads")?
-            .stdout_has(" passed, 0 failed\n")?;
+            )?;
+            run.expect_code(0)?
+                .stdout_has("40 asynchronous reads")?
+                .stdout_has(" passed, 0 failed\n")?;
             check_blk_pattern(&disk)
         }),
         Trial::test("blk_async_protocol_and_violations", || {
@@ -639,26 +607,15 @@ fn blk_tests() -> Vec<Trial> {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(20);
             let secs = (secs / 4).max(2).to_string();
-            let disk = temp_disk("soak-async", 4)?;
-            let run = activm_run(
-                &guest("rt-tests")?,
-                &[
-                    "--vcpus",
-                    "4",
-                    "--pcpus",
-                    "2",
-                    "--chaos",
-                    "6",
-                    "--stats",
-                    "--disk",
-                    disk.arg(),
-                    "--io-latency",
-                    "200",
-                ],
+            let (run, _disk) = rt_tests_on_slow_disk(
+                "soak-async",
+                "200",
+                &["--vcpus", "4", "--pcpus", "2", "--chaos", "6", "--stats"],
                 &["chaos-soak", &secs],
-            )?
-            .expect_code(0)?
-            .stdout_has(&format!("chaos-soak: ok ({secs} s:"))?;
+            )?;
+            let run = run
+                .expect_code(0)?
+                .stdout_has(&format!("chaos-soak: ok ({secs} s:"))?;
             if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
                 return Err(format!("asynchronous requests blocked\n{}", run.stderr).into());
             }

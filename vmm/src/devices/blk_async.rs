@@ -190,8 +190,10 @@ impl AsyncQueue {
                 return Ok(result);
             }
         }
-        let tail = read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail)))?;
         let mut state = self.shared.lock();
+        // Read under the lock, so no completion is published meanwhile: read before it, on a
+        // busy host, the tail could lag far behind a head that moved on.
+        let tail = read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail)))?;
         let bit = 1u64 << tag;
         if state.in_flight & bit != 0 {
             return Err(format!("tag {tag} is in flight already"));
