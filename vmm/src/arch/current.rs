@@ -11,7 +11,9 @@ pub use super::layout;
 pub use this::{abi, boot, ELF_MACHINE, IRQ_CONTROLLER_BASE};
 // The VM and its vCPUs: the KVM capabilities needed, the interrupt controller, initial vCPU
 // state, the upcall interrupt.
-pub use this::{configure_vcpu, send_upcall_interrupt, setup_vm, ArchVm, REQUIRED_CAPS};
+pub use this::{
+    configure_vcpu, send_upcall_interrupt, send_wakeup_interrupt, setup_vm, ArchVm, REQUIRED_CAPS,
+};
 // Exits: syncing registers out, hypercall arguments and result, halting and waking.
 pub use this::exit::{
     describe_pc, halt, hypercall_args, make_runnable, prepare_run, set_hypercall_result, timestamp,

@@ -146,3 +146,10 @@ const IRQ_TYPE_SPI: u32 = 1 << 24;
 pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
     vm.set_irq_line(IRQ_TYPE_SPI | (abi::INTID_UPCALL_BASE + vcpu), true)
 }
+
+/// Wake an idle vCPU for an I/O completion (`protocol::blk::BlkRing`). KVM cannot inject an
+/// SGI from user space, so this raises the same per-vCPU SPI: the guest's handler finds no
+/// record and its scheduler loop takes the completions.
+pub fn send_wakeup_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
+    send_upcall_interrupt(vm, vcpu)
+}

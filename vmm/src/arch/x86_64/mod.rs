@@ -59,10 +59,20 @@ pub fn register_transfer_stats() -> Option<String> {
 /// Raise the upcall interrupt on `vcpu` (its APIC id is its index) through the in-kernel
 /// irqchip: one VM ioctl, no vCPU exit on the sender's side.
 pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
+    send_interrupt(vm, vcpu, abi::UPCALL_IRQ)
+}
+
+/// Raise the reschedule vector on `vcpu` the same way: wakes an idle vCPU for an I/O
+/// completion (`protocol::blk::BlkRing`).
+pub fn send_wakeup_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::errno::Error> {
+    send_interrupt(vm, vcpu, abi::RESCHEDULE_IRQ)
+}
+
+fn send_interrupt(vm: &VmFd, vcpu: u32, vector: u8) -> Result<(), vmm_sys_util::errno::Error> {
     let msi = kvm_bindings::kvm_msi {
         address_lo: abi::LAPIC_BASE as u32 | (vcpu << 12),
         address_hi: 0,
-        data: abi::UPCALL_IRQ as u32,
+        data: u32::from(vector),
         ..Default::default()
     };
     vm.signal_msi(msi).map(|_| ())
