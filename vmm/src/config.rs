@@ -48,6 +48,10 @@ use crate::vm::{VmConfig, DEFAULT_THREAD_STACK};
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status of a setting activm cannot use (and of every failure to start a guest).
 pub const EXIT_INVALID: u8 = 1;
+/// The longest `--timeout`: a year, far beyond any run, far below what a Duration holds.
+pub const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
+/// The longest `--quantum`: a minute.
+pub const MAX_QUANTUM_MS: f64 = 60_000.0;
 
 /// A setting, as errors name it: by its flag, or by its key in a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,7 +293,15 @@ pub fn build(
                 "must be a positive number of seconds",
             ))
         }
-        other => other.map(Duration::from_secs_f64),
+        Some(secs) if secs > MAX_TIMEOUT_SECS => {
+            return Err(fail(
+                EXIT_USAGE,
+                Key::Timeout,
+                None,
+                &format!("is at most {MAX_TIMEOUT_SECS} seconds"),
+            ))
+        }
+        other => other.and_then(|secs| Duration::try_from_secs_f64(secs).ok()),
     };
     if !(machine.quantum_ms > 0.0 && machine.quantum_ms.is_finite()) {
         return Err(fail(
@@ -297,6 +309,14 @@ pub fn build(
             Key::Quantum,
             None,
             "must be a positive number of milliseconds",
+        ));
+    }
+    if machine.quantum_ms > MAX_QUANTUM_MS {
+        return Err(fail(
+            EXIT_USAGE,
+            Key::Quantum,
+            None,
+            &format!("is at most {MAX_QUANTUM_MS} milliseconds"),
         ));
     }
     if machine.pcpus == Some(0) {
@@ -388,7 +408,8 @@ pub fn build(
         guests: configs,
         options: MonitorOptions {
             pcpus: machine.pcpus.unwrap_or_else(host_cpus),
-            quantum: Duration::from_secs_f64(machine.quantum_ms / 1000.0),
+            quantum: Duration::try_from_secs_f64(machine.quantum_ms / 1000.0)
+                .unwrap_or(Duration::from_millis(10)),
             activations: true,
             timeout,
             trace: machine.trace.clone(),
@@ -518,7 +539,7 @@ struct FileGuest {
 
 /// Read the configuration file at `path`.
 pub fn load(path: &Path) -> Result<(Machine, Vec<GuestSpec>), Problem> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = crate::hostfile::read_text_capped(path, crate::hostfile::MAX_CONFIG_BYTES).map_err(|e| {
         Problem::usage(format!(
             "cannot read the configuration {}: {e}",
             path.display()
@@ -916,6 +937,15 @@ mod tests {
         );
         let p = build_err("quantum = -1\n[[guest]]\nimage = \"demo\"\n");
         assert_eq!(p.status, EXIT_USAGE);
+        // Huge values are usage errors, never a panic building a Duration.
+        for (text, message) in [
+            ("timeout = 1e30", "timeout is at most 31536000 seconds"),
+            ("timeout = 1e19", "timeout is at most 31536000 seconds"),
+            ("quantum = 1e300", "quantum is at most 60000 milliseconds"),
+        ] {
+            let p = build_err(&format!("{text}\n[[guest]]\nimage = \"demo\"\n"));
+            assert_eq!((p.status, p.message), (EXIT_USAGE, format!("{FILE}: {message}")));
+        }
         let p = build_err("pcpus = 0\n[[guest]]\nimage = \"demo\"\n");
         assert_eq!(
             (p.status, p.message),

@@ -18,6 +18,7 @@ pub mod ctl;
 pub mod devices;
 pub mod error;
 pub mod guest;
+pub mod hostfile;
 pub mod hypercall;
 pub mod loader;
 pub mod memory;
