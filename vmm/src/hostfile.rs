@@ -26,16 +26,44 @@ pub fn open_regular(path: &Path, write: bool) -> io::Result<File> {
             format!("not a regular file (a {})", describe(kind)),
         ));
     }
+    clear_nonblock(&file)?;
+    Ok(file)
+}
+
+/// Create `path` for writing, or truncate it if it is a regular file; anything else there (a
+/// FIFO, a device) is refused without blocking and left as it is.
+pub fn create_regular(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("not a regular file (a {})", describe(kind)),
+        ));
+    }
+    file.set_len(0)?;
+    clear_nonblock(&file)?;
+    Ok(file)
+}
+
+fn clear_nonblock(file: &File) -> io::Result<()> {
     let fd = file.as_raw_fd();
-    // SAFETY: fcntl on a descriptor this function owns; F_GETFL/F_SETFL touch no memory.
+    // SAFETY: fcntl on a descriptor the caller owns; F_GETFL/F_SETFL touch no memory.
     let cleared = unsafe {
         let flags = libc::fcntl(fd, libc::F_GETFL);
         flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
     };
-    if !cleared {
-        return Err(io::Error::last_os_error());
+    if cleared {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
-    Ok(file)
 }
 
 fn describe(kind: std::fs::FileType) -> &'static str {
@@ -92,6 +120,15 @@ mod tests {
         assert!(e.to_string().contains("character device"), "{e}");
         let e = read_text_capped(Path::new("/tmp"), 10).unwrap_err();
         assert!(e.to_string().contains("directory"), "{e}");
+    }
+
+    #[test]
+    fn create_leaves_special_files_alone() {
+        let e = create_regular(Path::new("/dev/null")).unwrap_err();
+        assert!(e.to_string().contains("character device"), "{e}");
+        let path = TempPath::with_contents("hostfile-create", b"old").unwrap();
+        create_regular(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"");
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod allocator;
 pub mod arch;
 pub mod bootinfo;
 pub mod config;
+pub mod console;
 pub mod ctl;
 pub mod devices;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod hypercall;
 pub mod loader;
 pub mod memory;
 pub mod monitor;
+pub mod sandbox;
 pub mod signals;
 pub mod stats;
 #[doc(hidden)]

@@ -6,8 +6,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use protocol::shared::UpcallKind;
@@ -114,10 +113,14 @@ pub fn run_guests(
         options.pcpus,
         options.quantum,
     )));
-    let trace = options
-        .trace
-        .as_ref()
-        .map(|_| Arc::new(Trace::new(crate::tsc_khz_estimate())));
+    let trace = match &options.trace {
+        Some(path) => Some(Arc::new(
+            Trace::create(path, crate::tsc_khz_estimate()).map_err(|e| {
+                Error::Host(format!("cannot create the trace {}: {e}", path.display()))
+            })?,
+        )),
+        None => None,
+    };
     let names = guest_names(configs);
     let mut guests = Vec::new();
     let mut threads = Vec::new();
@@ -147,7 +150,7 @@ pub fn run_guests(
     }
     let started = crate::rdtsc();
 
-    let stop_dispatcher = Arc::new(AtomicBool::new(false));
+    let stop_dispatcher = Arc::new(StopSignal::default());
     let dispatcher = {
         let procs = Arc::clone(&procs);
         let stop = Arc::clone(&stop_dispatcher);
@@ -161,29 +164,34 @@ pub fn run_guests(
         let budget = options.pcpus;
         std::thread::Builder::new()
             .name("dispatcher".into())
-            .spawn(move || match chaos {
-                None => {
-                    while !stop.load(Ordering::Acquire) {
-                        procs.revoke(procs.alloc.rebalance());
-                        guests.iter().for_each(|g| g.retry_pending());
-                        std::thread::sleep(procs.alloc.quantum().max(Duration::from_micros(100)));
+            .spawn(move || {
+                crate::sandbox::enter(crate::sandbox::ThreadKind::Dispatcher);
+                match chaos {
+                    None => {
+                        let pause = procs.alloc.quantum().max(Duration::from_micros(100));
+                        while !stop.wait(pause) {
+                            procs.revoke(procs.alloc.rebalance());
+                            guests.iter().for_each(|g| g.retry_pending());
+                        }
                     }
-                }
-                Some(seed) => {
-                    let mut rng = seed | 1;
-                    let mut next = || {
-                        // xorshift64
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        rng
-                    };
-                    while !stop.load(Ordering::Acquire) {
-                        let pcpus = 1 + (next() as usize % max_budget.min(budget.max(1)));
-                        procs.revoke(procs.alloc.set_budget(pcpus));
-                        procs.revoke(procs.alloc.rebalance());
-                        guests.iter().for_each(|g| g.retry_pending());
-                        std::thread::sleep(Duration::from_micros(100 + next() % 1900));
+                    Some(seed) => {
+                        let mut rng = seed | 1;
+                        let mut next = || {
+                            // xorshift64
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            rng
+                        };
+                        loop {
+                            let pcpus = 1 + (next() as usize % max_budget.min(budget.max(1)));
+                            procs.revoke(procs.alloc.set_budget(pcpus));
+                            procs.revoke(procs.alloc.rebalance());
+                            guests.iter().for_each(|g| g.retry_pending());
+                            if stop.wait(Duration::from_micros(100 + next() % 1900)) {
+                                break;
+                            }
+                        }
                     }
                 }
             })
@@ -196,9 +204,11 @@ pub fn run_guests(
         Some(path) => Some(crate::ctl::serve(path, guests.clone(), Arc::clone(&procs))?),
         None => None,
     };
+    // Every thread is started: the main thread's own filter now (threads inherit it).
+    crate::sandbox::enter(crate::sandbox::ThreadKind::Main);
 
     wait_all(&procs, &guests, options.timeout);
-    stop_dispatcher.store(true, Ordering::Release);
+    stop_dispatcher.stop();
     for thread in threads {
         if thread.join().is_err() {
             return Err(Error::Host("a vCPU thread panicked".into()));
@@ -209,7 +219,7 @@ pub fn run_guests(
     drop(ctl);
     if let (Some(trace), Some(path)) = (&trace, &options.trace) {
         trace
-            .write_to(path)
+            .finish()
             .map_err(|e| Error::Host(format!("cannot write the trace {}: {e}", path.display())))?;
     }
     Ok(guests
@@ -223,6 +233,30 @@ pub fn run_guests(
             RunReport::new(outcome, timing, guest)
         })
         .collect())
+}
+
+/// Tells the dispatcher to stop, waking it at once however long its pause.
+#[derive(Debug, Default)]
+struct StopSignal {
+    stopped: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl StopSignal {
+    fn stop(&self) {
+        *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.changed.notify_all();
+    }
+
+    /// Pause up to `pause`; true if stopped (then at once).
+    fn wait(&self, pause: Duration) -> bool {
+        let stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        *self
+            .changed
+            .wait_timeout_while(stopped, pause, |stopped| !*stopped)
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+    }
 }
 
 fn wait_all(procs: &Processors, guests: &[Arc<Guest>], timeout: Option<Duration>) {
@@ -266,6 +300,23 @@ pub fn forward_signal(guests: &[Arc<Guest>], signal: i32, forced: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stop_wakes_a_long_pause_at_once() {
+        let stop = Arc::new(StopSignal::default());
+        let waiter = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                assert!(stop.wait(Duration::from_secs(600)));
+                started.elapsed()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        stop.stop();
+        assert!(waiter.join().unwrap() < Duration::from_secs(10));
+        assert!(stop.wait(Duration::from_secs(600)));
+    }
 
     #[test]
     fn guest_names_keep_given_names_and_number_repeated_images() {
