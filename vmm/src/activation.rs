@@ -497,10 +497,7 @@ fn write_record(
     };
     if event.kind == UpcallKind::Blocked {
         let there = state.current[vcpu as usize];
-        remember_blocked(
-            &mut state.blocked_records,
-            (event.activation, vcpu, there),
-        );
+        remember_blocked(&mut state.blocked_records, (event.activation, vcpu, there));
     }
     let slot = head as usize % UPCALL_QUEUE_CAPACITY;
     ram.write_struct(record_addr(plan, vcpu, slot), &record)

@@ -539,12 +539,14 @@ struct FileGuest {
 
 /// Read the configuration file at `path`.
 pub fn load(path: &Path) -> Result<(Machine, Vec<GuestSpec>), Problem> {
-    let text = crate::hostfile::read_text_capped(path, crate::hostfile::MAX_CONFIG_BYTES).map_err(|e| {
-        Problem::usage(format!(
-            "cannot read the configuration {}: {e}",
-            path.display()
-        ))
-    })?;
+    let text = crate::hostfile::read_text_capped(path, crate::hostfile::MAX_CONFIG_BYTES).map_err(
+        |e| {
+            Problem::usage(format!(
+                "cannot read the configuration {}: {e}",
+                path.display()
+            ))
+        },
+    )?;
     parse(&text, path)
 }
 
@@ -944,7 +946,10 @@ mod tests {
             ("quantum = 1e300", "quantum is at most 60000 milliseconds"),
         ] {
             let p = build_err(&format!("{text}\n[[guest]]\nimage = \"demo\"\n"));
-            assert_eq!((p.status, p.message), (EXIT_USAGE, format!("{FILE}: {message}")));
+            assert_eq!(
+                (p.status, p.message),
+                (EXIT_USAGE, format!("{FILE}: {message}"))
+            );
         }
         let p = build_err("pcpus = 0\n[[guest]]\nimage = \"demo\"\n");
         assert_eq!(

@@ -46,6 +46,8 @@ impl ConsoleBuffer {
         std::thread::Builder::new()
             .name("console".into())
             .spawn(move || {
+                // Signals are for the forwarder, which may start after this thread.
+                crate::signals::block_all_here();
                 crate::sandbox::enter(crate::sandbox::ThreadKind::Io);
                 drained.write_out(out)
             })?;
@@ -187,7 +189,11 @@ mod tests {
             w.write_all(b"0123456789").unwrap();
         }
         // One wait for room at most, then drops at once.
-        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
         assert!(buffer.dropped() > 9000, "{}", buffer.dropped());
         assert!(!buffer.drain(Duration::from_millis(50)));
         // Once the output moves again, what was kept arrives in order.

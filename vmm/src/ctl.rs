@@ -59,7 +59,7 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
 /// that refuses connections) is ever replaced: a live socket, a regular file, a device, a
 /// directory or a symbolic link there is an error. Returns the listener and the socket file's
 /// identity.
-pub fn bind(path: &Path) -> Result<(UnixListener, (u64, u64)), Error> {
+pub fn bind(path: &Path) -> Result<Bound, Error> {
     let refuse = |why: String| Error::Config(format!("--ctl {}: {why}", path.display()));
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -146,12 +146,18 @@ impl Drop for ClientSlot {
     }
 }
 
+/// A socket from [`bind`], not served yet.
+pub type Bound = (UnixListener, (u64, u64));
+
+/// Serve the socket `bound` at `path` (bound before any guest started, so a refused path
+/// stops activm before it runs anything).
 pub fn serve(
     path: &Path,
+    bound: Bound,
     guests: Vec<Arc<Guest>>,
     procs: Arc<Processors>,
 ) -> Result<CtlServer, Error> {
-    let (listener, identity) = bind(path)?;
+    let (listener, identity) = bound;
     let slots = Arc::new(ClientSlots::default());
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
@@ -161,11 +167,19 @@ pub fn serve(
             crate::sandbox::enter(crate::sandbox::ThreadKind::Control);
             for mut stream in listener.incoming().flatten() {
                 if !peer_uid(&stream).is_some_and(|uid| peer_allowed(uid, me)) {
-                    let _ = writeln!(stream, "{}", json!({"ok": false, "error": "permission denied: another user"}));
+                    let _ = writeln!(
+                        stream,
+                        "{}",
+                        json!({"ok": false, "error": "permission denied: another user"})
+                    );
                     continue;
                 }
                 let Some(slot) = slots.take(MAX_CLIENTS) else {
-                    let _ = writeln!(stream, "{}", json!({"ok": false, "error": "too many clients"}));
+                    let _ = writeln!(
+                        stream,
+                        "{}",
+                        json!({"ok": false, "error": "too many clients"})
+                    );
                     continue;
                 };
                 let guests = guests.clone();
@@ -418,7 +432,8 @@ mod tests {
         let sock = dir.join("sock");
         let (_listener, _) = bind(&sock).unwrap();
         let started = std::time::Instant::now();
-        let e = request_within(&sock, &json!({"op": "list"}), Duration::from_millis(200)).unwrap_err();
+        let e =
+            request_within(&sock, &json!({"op": "list"}), Duration::from_millis(200)).unwrap_err();
         assert!(e.to_string().contains("no answer within"), "{e}");
         assert!(started.elapsed() < Duration::from_secs(5));
     }

@@ -171,10 +171,11 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
 
 /// Load the image into RAM and return its boot header.
 pub fn load(path: &Path, info: &ImageInfo, ram: &GuestRam) -> Result<BootHeader, Error> {
-    let mut file = crate::hostfile::open_regular(path, false).map_err(|source| Error::ImageRead {
-        path: path.into(),
-        source,
-    })?;
+    let mut file =
+        crate::hostfile::open_regular(path, false).map_err(|source| Error::ImageRead {
+            path: path.into(),
+            source,
+        })?;
     Elf::load(ram.inner(), None, &mut file, Some(GuestAddress(IMAGE_BASE))).map_err(|e| {
         Error::BadElf {
             path: path.into(),
@@ -312,7 +313,10 @@ mod tests {
         inspect(&path, 64 << 20).unwrap();
         let path = temp_file("many", &many_segments(65_535));
         let err = inspect(&path, 64 << 20).unwrap_err();
-        assert!(err.to_string().contains("more than 64 loadable segments"), "{err}");
+        assert!(
+            err.to_string().contains("more than 64 loadable segments"),
+            "{err}"
+        );
     }
 
     #[test]

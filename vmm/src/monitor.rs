@@ -103,6 +103,10 @@ pub fn run_guests(
     if options.pcpus == 0 {
         return Err(Error::Config("--pcpus must be at least 1".into()));
     }
+    let ctl_socket = match &options.ctl_socket {
+        Some(path) => Some((path, crate::ctl::bind(path)?)),
+        None => None,
+    };
     vcpu::install_kick_handler()?;
     let signals = if options.handle_signals {
         Some(crate::signals::block()?)
@@ -200,8 +204,13 @@ pub fn run_guests(
     // The first grants, without waiting a quantum.
     procs.revoke(procs.alloc.rebalance());
     let signal_thread = signals.map(|set| crate::signals::spawn_forwarder(set, guests.clone()));
-    let ctl = match &options.ctl_socket {
-        Some(path) => Some(crate::ctl::serve(path, guests.clone(), Arc::clone(&procs))?),
+    let ctl = match ctl_socket {
+        Some((path, bound)) => Some(crate::ctl::serve(
+            path,
+            bound,
+            guests.clone(),
+            Arc::clone(&procs),
+        )?),
         None => None,
     };
     // Every thread is started: the main thread's own filter now (threads inherit it).

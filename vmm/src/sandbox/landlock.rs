@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use landlock::{
-    Access as _, AccessFs, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, ABI,
+    Access as _, AccessFs, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus, ABI,
 };
 
 /// What the VMM may still do with a path.

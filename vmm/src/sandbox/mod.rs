@@ -71,7 +71,10 @@ pub fn enabled() -> bool {
 
 /// The files (and socket directories) the VMM may still use after setup.
 pub fn allow_path(path: PathBuf, access: Access) {
-    PATHS.lock().unwrap_or_else(|e| e.into_inner()).push((path, access));
+    PATHS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((path, access));
 }
 
 /// The kind of the calling thread, if it entered the sandbox (or inherited it).

@@ -101,6 +101,18 @@ fn allow_list(kind: ThreadKind) -> Result<BpfProgram, seccompiler::Error> {
         .chain(&[libc::SYS_openat, libc::SYS_open])
         .map(|&nr| (nr, Vec::new()))
         .collect();
+    if kind != ThreadKind::Control {
+        // Reading a descriptor's flags only (debug builds check a descriptor before closing it).
+        let get = |cmd: libc::c_int| -> Result<SeccompRule, seccompiler::Error> {
+            let cond =
+                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, cmd as u64)?;
+            Ok(SeccompRule::new(vec![cond])?)
+        };
+        rules.insert(
+            libc::SYS_fcntl,
+            vec![get(libc::F_GETFD)?, get(libc::F_GETFL)?],
+        );
+    }
     if may_ioctl(kind) {
         let kvm_only = SeccompCondition::new(
             1,
@@ -146,7 +158,11 @@ pub fn install(kind: ThreadKind) -> Result<(), seccompiler::Error> {
 }
 
 /// The SIGSYS handler: report the thread's kind and the system call, then exit.
-extern "C" fn report_sigsys(_signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+extern "C" fn report_sigsys(
+    _signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    _: *mut libc::c_void,
+) {
     // siginfo_t for SIGSYS: si_signo, si_errno, si_code, then (8-aligned) si_call_addr and
     // si_syscall: the call's number is the int at byte 24.
     // SAFETY: the kernel passes a valid siginfo_t; 24 + 4 lies within its 128 bytes.
@@ -154,11 +170,7 @@ extern "C" fn report_sigsys(_signal: libc::c_int, info: *mut libc::siginfo_t, _:
     let kind = super::current_kind().map_or("unlabelled", ThreadKind::name);
     let mut message = [0u8; 160];
     let mut len = 0;
-    for part in [
-        "activm: seccomp: the ",
-        kind,
-        " thread made system call ",
-    ] {
+    for part in ["activm: seccomp: the ", kind, " thread made system call "] {
         len += copy(&mut message[len..], part.as_bytes());
     }
     len += write_decimal(&mut message[len..], nr as i64);
