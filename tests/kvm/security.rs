@@ -17,6 +17,18 @@ const CONSOLE_FLOOD_CODE: &[u8] = &[
     0xeb, 0xf4, // jmp to the load
 ];
 
+/// x86_64 code that loads an empty IDT (so a fault is a triple fault), stores one word just
+/// under its boot stack (its top is in rdx at entry), then exits with status 0.
+const BOOT_STACK_OVERFLOW_CODE: &[u8] = &[
+    0x0f, 0x01, 0x1d, 0x1d, 0x00, 0x00, 0x00, // lidt [rip + 29]: the descriptor at the end
+    0x48, 0x89, 0xd0, // mov rax, rdx
+    0x48, 0x2d, 0x08, 0x00, 0x04, 0x00, // sub rax, 256 KiB + 8
+    0x48, 0xc7, 0x00, 0x2a, 0x00, 0x00, 0x00, // mov qword [rax], 42
+    0x48, 0x31, 0xff, // xor rdi, rdi
+    0x48, 0xa1, 0x10, 0x00, 0xb0, 0xfe, 0x00, 0x00, 0x00, 0x00, // mov rax, [exit hypercall]
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // the empty IDT descriptor
+];
+
 fn mkfifo(path: &Path) -> Result<(), Failed> {
     let c =
         std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
@@ -246,6 +258,17 @@ pub fn security_tests() -> Vec<Trial> {
             activm_run(&image, &[], &[])?
                 .expect_code(1)?
                 .stderr_has("more than 64 loadable segments")?;
+            Ok(())
+        }),
+        Trial::test("a_boot_stack_overflow_hits_a_guard_page", || {
+            // Before the guard page, the store landed in the shared area and the guest exited 0.
+            let image = temp_image(
+                "overflow",
+                &raw_guest(protocol_abi(), BOOT_STACK_OVERFLOW_CODE),
+            )?;
+            for vcpus in ["1", "2"] {
+                activm_run(&image, &["--vcpus", vcpus], &[])?.expect_code(125)?;
+            }
             Ok(())
         }),
         Trial::test("a_huge_quantum_does_not_delay_the_exit", || {
