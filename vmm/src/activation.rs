@@ -406,7 +406,7 @@ impl Activations {
 
 /// Where BLOCKED records went, at most: a vCPU blocks one activation at a time, so more
 /// entries than vCPUs are records whose UNBLOCKED never came (a guest's doing); the oldest go.
-const MAX_BLOCKED_RECORDS: usize = 2 * protocol::MAX_VCPUS as usize;
+const MAX_BLOCKED_RECORDS: usize = 2 * protocol::MAX_VCPUS;
 
 /// Note where activation `entry.0`'s BLOCKED record went, keeping the list bounded.
 fn remember_blocked(records: &mut Vec<(u32, u32, u32)>, entry: (u32, u32, u32)) {
