@@ -29,7 +29,9 @@ enum Command {
     /// Exit status: the guest's exit code (with several guests: 0 if all exited 0, else the
     /// first failing guest's status); 101 if a guest panicked; 125 if it faulted or broke the
     /// hypercall protocol (the report and registers go to stderr); 124 on --timeout; 128+N when
-    /// stopped by signal N; 1 if activm could not start it (bad image, no KVM, bad options);
+    /// stopped by signal N; 159 if a VMM thread made a system call its seccomp filter forbids
+    /// (docs/security.md); 1 if activm could not start it (bad image, no KVM, bad options, a
+    /// --ctl path holding anything but a stale socket);
     /// 2 for usage errors (with --config: also a file that cannot be read, is not TOML, has an
     /// unknown key, a value of the wrong type, a guest without an image or no guest; values
     /// of the right type get the status they get as flags).

@@ -29,7 +29,6 @@ const BASE: &[libc::c_long] = &[
     libc::SYS_sched_getaffinity,
     libc::SYS_gettid,
     libc::SYS_getpid,
-    libc::SYS_tgkill,
     libc::SYS_clock_gettime,
     libc::SYS_clock_nanosleep,
     libc::SYS_nanosleep,
@@ -113,6 +112,11 @@ fn allow_list(kind: ThreadKind) -> Result<BpfProgram, seccompiler::Error> {
             vec![get(libc::F_GETFD)?, get(libc::F_GETFL)?],
         );
     }
+    // Signals to activm's own threads only (the kick; abort).
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u64;
+    let own = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, pid)?;
+    rules.insert(libc::SYS_tgkill, vec![SeccompRule::new(vec![own])?]);
     if may_ioctl(kind) {
         let kvm_only = SeccompCondition::new(
             1,
