@@ -46,8 +46,9 @@ impl ConsoleBuffer {
         std::thread::Builder::new()
             .name("console".into())
             .spawn(move || {
-                // Signals are for the forwarder, which may start after this thread.
-                crate::signals::block_all_here();
+                // SIGINT/SIGTERM are for the forwarder, which may start after this thread
+                // (SIGSYS must stay deliverable: the seccomp report).
+                let _ = crate::signals::block();
                 crate::sandbox::enter(crate::sandbox::ThreadKind::Io);
                 drained.write_out(out)
             })?;

@@ -26,17 +26,6 @@ pub fn block() -> Result<libc::sigset_t, Error> {
     }
 }
 
-/// Block every signal in the calling thread (a helper thread that must never take SIGINT or
-/// SIGTERM, whichever thread started it).
-pub fn block_all_here() {
-    // SAFETY: sigfillset initialises the set; pthread_sigmask changes only this thread's mask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut set);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
-}
-
 /// Wait for the blocked signals in a thread of its own and forward them to the guests.
 pub fn spawn_forwarder(set: libc::sigset_t, guests: Vec<Arc<Guest>>) -> Option<JoinHandle<()>> {
     std::thread::Builder::new()
