@@ -209,11 +209,17 @@ pub fn security_tests() -> Vec<Trial> {
             mkfifo(&toml)?;
             let os = |s: &'static str| std::ffi::OsStr::new(s);
             let demo = guest("demo")?;
-            for (args, code) in [
-                (vec![fifo.as_os_str(), os("--timeout"), os("5")], 1),
+            let fifo_error = "not a regular file (a FIFO)";
+            for (args, code, error) in [
+                (
+                    vec![fifo.as_os_str(), os("--timeout"), os("5")],
+                    1,
+                    fifo_error,
+                ),
                 (
                     vec![os("--config"), toml.as_os_str(), os("--timeout"), os("5")],
                     2,
+                    fifo_error,
                 ),
                 (
                     vec![
@@ -224,6 +230,23 @@ pub fn security_tests() -> Vec<Trial> {
                         os("5"),
                     ],
                     1,
+                    fifo_error,
+                ),
+                (
+                    vec![os("--config"), os("/dev/zero"), os("--timeout"), os("5")],
+                    2,
+                    "not a regular file (a character device)",
+                ),
+                (
+                    vec![
+                        demo.as_os_str(),
+                        os("--trace"),
+                        fifo.as_os_str(),
+                        os("--timeout"),
+                        os("5"),
+                    ],
+                    1,
+                    "cannot create the trace",
                 ),
             ] {
                 let child = Command::new(ACTIVM)
@@ -235,7 +258,7 @@ pub fn security_tests() -> Vec<Trial> {
                     .map_err(|e| e.to_string())?;
                 wait_within(child, Duration::from_secs(30))?
                     .expect_code(code)?
-                    .stderr_has("not a regular file (a FIFO)")?;
+                    .stderr_has(error)?;
             }
             Ok(())
         }),

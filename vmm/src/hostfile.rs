@@ -19,13 +19,7 @@ pub fn open_regular(path: &Path, write: bool) -> io::Result<File> {
         .write(write)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)?;
-    let kind = file.metadata()?.file_type();
-    if !kind.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("not a regular file (a {})", describe(kind)),
-        ));
-    }
+    require_regular(&file)?;
     clear_nonblock(&file)?;
     Ok(file)
 }
@@ -40,16 +34,22 @@ pub fn create_regular(path: &Path) -> io::Result<File> {
         .mode(0o644)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(path)?;
-    let kind = file.metadata()?.file_type();
-    if !kind.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("not a regular file (a {})", describe(kind)),
-        ));
-    }
+    require_regular(&file)?;
     file.set_len(0)?;
     clear_nonblock(&file)?;
     Ok(file)
+}
+
+fn require_regular(file: &File) -> io::Result<()> {
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("not a regular file (a {})", describe(kind)),
+        ))
+    }
 }
 
 fn clear_nonblock(file: &File) -> io::Result<()> {

@@ -103,6 +103,8 @@ pub fn run_guests(
     if options.pcpus == 0 {
         return Err(Error::Config("--pcpus must be at least 1".into()));
     }
+    // --timeout counts from here: loading the guests is part of the run.
+    let deadline = options.timeout.map(|t| Instant::now() + t);
     let ctl_socket = match &options.ctl_socket {
         Some(path) => Some((path, crate::ctl::bind(path)?)),
         None => None,
@@ -216,7 +218,7 @@ pub fn run_guests(
     // Every thread is started: the main thread's own filter now (threads inherit it).
     crate::sandbox::enter(crate::sandbox::ThreadKind::Main);
 
-    wait_all(&procs, &guests, options.timeout);
+    wait_all(&procs, &guests, deadline, options.timeout);
     stop_dispatcher.stop();
     for thread in threads {
         if thread.join().is_err() {
@@ -268,8 +270,12 @@ impl StopSignal {
     }
 }
 
-fn wait_all(procs: &Processors, guests: &[Arc<Guest>], timeout: Option<Duration>) {
-    let deadline = timeout.map(|t| Instant::now() + t);
+fn wait_all(
+    procs: &Processors,
+    guests: &[Arc<Guest>],
+    deadline: Option<Instant>,
+    timeout: Option<Duration>,
+) {
     let (count, cv) = &procs.finished;
     let mut done = count.lock().unwrap_or_else(|e| e.into_inner());
     while *done < guests.len() {
