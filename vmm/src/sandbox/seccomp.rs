@@ -8,10 +8,11 @@ use std::collections::BTreeMap;
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    SeccompRule,
 };
 
 use super::ThreadKind;
+use crate::arch::current::seccomp as arch;
 
 /// What every thread needs: memory, locks, signals, time, thread exit, stderr.
 const BASE: &[libc::c_long] = &[
@@ -84,13 +85,10 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
     }
 }
 
-/// Whether a kind may make KVM ioctls (and only those: the request's type byte is KVMIO).
+/// Whether a kind may make KVM ioctls (only the requests `arch::*_ioctls` list).
 pub fn may_ioctl(kind: ThreadKind) -> bool {
     kind != ThreadKind::Io
 }
-
-/// KVMIO, the type byte of every KVM ioctl request.
-const KVMIO: u64 = 0xAE;
 
 /// The allow list of `kind` (openat/open included: [`open_refusal`] answers them).
 fn allow_list(kind: ThreadKind) -> Result<BpfProgram, seccompiler::Error> {
@@ -118,19 +116,25 @@ fn allow_list(kind: ThreadKind) -> Result<BpfProgram, seccompiler::Error> {
     let own = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, pid)?;
     rules.insert(libc::SYS_tgkill, vec![SeccompRule::new(vec![own])?]);
     if may_ioctl(kind) {
-        let kvm_only = SeccompCondition::new(
-            1,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::MaskedEq(0xff00),
-            KVMIO << 8,
-        )?;
-        rules.insert(libc::SYS_ioctl, vec![SeccompRule::new(vec![kvm_only])?]);
+        let requests = match kind {
+            ThreadKind::Vcpu => arch::vcpu_ioctls(),
+            _ => arch::other_ioctls(),
+        };
+        let allowed = requests
+            .into_iter()
+            .map(|request| {
+                let cond =
+                    SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)?;
+                SeccompRule::new(vec![cond])
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        rules.insert(libc::SYS_ioctl, allowed);
     }
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Trap,
         SeccompAction::Allow,
-        TargetArch::x86_64,
+        arch::TARGET,
     )?;
     Ok(filter.try_into()?)
 }
@@ -146,7 +150,7 @@ fn open_refusal() -> Result<BpfProgram, seccompiler::Error> {
         rules,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EACCES as u32),
-        TargetArch::x86_64,
+        arch::TARGET,
     )?;
     Ok(filter.try_into()?)
 }

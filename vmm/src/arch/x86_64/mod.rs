@@ -2,6 +2,7 @@
 
 pub mod boot;
 pub mod layout;
+pub mod seccomp;
 pub mod vcpu;
 
 pub use protocol::arch::x86_64 as abi;
