@@ -42,7 +42,7 @@ const BASE: &[libc::c_long] = &[
     libc::SYS_set_robust_list,
 ];
 
-/// The calls a kind may make besides [`BASE`]; `ioctl` is listed apart ([`may_ioctl`]).
+/// The calls a kind may make besides `BASE`; `ioctl` is listed apart ([`may_ioctl`]).
 pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
     match kind {
         ThreadKind::Main => &[
@@ -222,7 +222,7 @@ fn write_decimal(to: &mut [u8], mut value: i64) -> usize {
     len
 }
 
-/// Install [`report_sigsys`] for SIGSYS, process-wide.
+/// Install the SIGSYS reporter (`report_sigsys`), process-wide.
 pub fn install_sigsys_reporter() {
     // SAFETY: a zeroed sigaction is valid; the handler has the SA_SIGINFO signature and only
     // makes async-signal-safe calls.
