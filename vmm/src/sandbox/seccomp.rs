@@ -48,8 +48,8 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
         ThreadKind::Main => &[
             libc::SYS_statx,
             libc::SYS_newfstatat,
-            libc::SYS_unlink,
             libc::SYS_unlinkat,
+            arch::LEGACY_UNLINK,
             libc::SYS_fsync,
             libc::SYS_lseek,
         ],
@@ -95,7 +95,7 @@ fn allow_list(kind: ThreadKind) -> Result<BpfProgram, seccompiler::Error> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BASE
         .iter()
         .chain(extra_calls(kind))
-        .chain(&[libc::SYS_openat, libc::SYS_open])
+        .chain(&[libc::SYS_openat, arch::LEGACY_OPEN])
         .map(|&nr| (nr, Vec::new()))
         .collect();
     if kind != ThreadKind::Control {
@@ -142,7 +142,7 @@ fn allow_list(kind: ThreadKind) -> Result<BpfProgram, seccompiler::Error> {
 /// A second filter: `openat`/`open` fail with EACCES. The kernel runs both filters and takes
 /// the stronger answer (ERRNO over ALLOW), so these calls are refused, not trapped.
 fn open_refusal() -> Result<BpfProgram, seccompiler::Error> {
-    let rules = [libc::SYS_openat, libc::SYS_open]
+    let rules = [libc::SYS_openat, arch::LEGACY_OPEN]
         .iter()
         .map(|&nr| (nr, Vec::new()))
         .collect();

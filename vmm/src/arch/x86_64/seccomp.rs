@@ -5,6 +5,9 @@ use kvm_bindings::{kvm_mp_state, kvm_msi, kvm_regs, kvm_sregs, kvm_xsave, KVMIO}
 use seccompiler::TargetArch;
 
 pub const TARGET: TargetArch = TargetArch::x86_64;
+/// The pre-`*at` calls x86_64 still has (other architectures: repeat the `*at` call).
+pub const LEGACY_OPEN: libc::c_long = libc::SYS_open;
+pub const LEGACY_UNLINK: libc::c_long = libc::SYS_unlink;
 
 vmm_sys_util::ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
 vmm_sys_util::ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
