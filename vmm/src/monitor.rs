@@ -56,6 +56,26 @@ pub fn run_guests(
     if options.pcpus == 0 {
         return Err(Error::Config("--pcpus must be at least 1".into()));
     }
+    if options.host_sched && options.chaos_seed.is_some() {
+        return Err(Error::Config(
+            "--chaos needs the allocator: not with --host-sched".into(),
+        ));
+    }
+    // Host-scheduled: a slot for every vCPU, so nothing is ever revoked, and no upcalls.
+    let host_sched = MonitorOptions {
+        pcpus: configs
+            .iter()
+            .map(|c| c.vcpus as usize)
+            .sum::<usize>()
+            .max(1),
+        activations: false,
+        ..options.clone()
+    };
+    let options = if options.host_sched {
+        &host_sched
+    } else {
+        options
+    };
     // --timeout counts from here: loading the guests is part of the run.
     let deadline = options.timeout.map(|t| Instant::now() + t);
     let ctl_socket = match &options.ctl_socket {
@@ -121,11 +141,13 @@ pub fn run_guests(
             .sum::<usize>()
             .max(1);
         let budget = options.pcpus;
+        let host_sched = options.host_sched;
         std::thread::Builder::new()
             .name("dispatcher".into())
             .spawn(move || {
                 crate::sandbox::enter(crate::sandbox::ThreadKind::Dispatcher);
                 match chaos {
+                    None if host_sched => {}
                     None => {
                         let pause = procs.alloc.quantum().max(Duration::from_micros(100));
                         while !stop.wait(pause) {
