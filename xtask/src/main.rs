@@ -6,6 +6,8 @@
 //! `guests/x86_64-activm.json`) and `ld.lld-16`; this tool installs them if missing and runs that
 //! cargo with a clean environment (none of the outer rustup cargo's variables).
 
+mod app;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
@@ -29,6 +31,9 @@ usage: cargo xtask COMMAND
   build-guests [--release]       install the guest toolchain if missing, build guests/, print the ELF paths
   clippy-guests                  run clippy on the guest workspace for the guest target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
+  app PATH [--release] [--bin NAME]
+                                 build the ordinary `std` Rust program (cargo project) at PATH into an
+                                 activm guest (see docs/std-guests.md) and print the ELF's path
   install-toolchain              only install the Debian packages the guest build needs";
 
 fn main() -> ExitCode {
@@ -40,6 +45,7 @@ fn main() -> ExitCode {
         Some("build-guests") => parse_release(&args[1..]).and_then(build_guests),
         Some("clippy-guests") => no_more(&args[1..]).and_then(|()| clippy_guests()),
         Some("guest-path") => guest_path(&args[1..]),
+        Some("app") => app::app(&args[1..]),
         Some("install-toolchain") => no_more(&args[1..]).and_then(|()| install_toolchain()),
         Some("help" | "-h" | "--help") => {
             println!("{USAGE}");
