@@ -11,6 +11,8 @@ use std::process::{Command, Output};
 use activm::testing::{raw_guest, tiny_elf, TempPath, TRIPLE_FAULT_CODE};
 use libtest_mimic::{Arguments, Failed, Trial};
 
+mod std_guests;
+
 const ACTIVM: &str = env!("CARGO_BIN_EXE_activm");
 /// Upper bound on any one guest run, so a broken guest fails the test instead of hanging it.
 const GUEST_TIMEOUT_SECS: &str = "60";
@@ -1187,6 +1189,7 @@ fn main() {
     let mut trials = kvm_tests();
     trials.extend(activation_tests());
     trials.extend(toml_tests());
+    trials.extend(std_guests::tests());
     if let Err(why) = kvm_usable() {
         eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
         trials = trials

@@ -16,7 +16,7 @@ use super::{check_elf, guest_cargo, install_toolchain, repo_root, run, USAGE};
 
 /// The `std` guest target, relative to the repository root.
 const STD_TARGET_JSON: &str = "guests/x86_64-activm-std.json";
-const STD_TARGET: &str = "x86_64-activm-std";
+pub(crate) const STD_TARGET: &str = "x86_64-activm-std";
 /// Where the stub's linker script (`link.ld`) is, relative to the repository root.
 const LINK_SCRIPT_DIR: &str = "guest-kernel-stub/src/arch/x86_64";
 
@@ -24,18 +24,28 @@ struct Options {
     project: PathBuf,
     release: bool,
     bin: Option<String>,
+    /// Cargo's target directory (default: the project's `target/`).
+    target_dir: PathBuf,
 }
 
+/// The std guests of this repository (guests/apps/NAME, each its own workspace), built by
+/// `build-guests` into guests/target/x86_64-activm-std/PROFILE/NAME with one build of std.
+pub(crate) const STD_APPS: &[&str] = &["std-demo", "std-rayon"];
+
 fn parse(args: &[String]) -> Result<Options, String> {
-    let usage = || format!("usage: cargo xtask app PATH [--release] [--bin NAME]\n{USAGE}");
+    let usage = || {
+        format!("usage: cargo xtask app PATH [--release] [--bin NAME] [--target-dir DIR]\n{USAGE}")
+    };
     let mut project = None;
     let mut release = false;
     let mut bin = None;
+    let mut target_dir = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--release" => release = true,
             "--bin" => bin = Some(it.next().ok_or_else(usage)?.clone()),
+            "--target-dir" => target_dir = Some(PathBuf::from(it.next().ok_or_else(usage)?)),
             s if s.starts_with('-') => return Err(usage()),
             s if project.is_none() => project = Some(PathBuf::from(s)),
             _ => return Err(usage()),
@@ -48,10 +58,19 @@ fn parse(args: &[String]) -> Result<Options, String> {
     if !project.join("Cargo.toml").is_file() {
         return Err(format!("{}: no Cargo.toml there", project.display()));
     }
+    let target_dir = match target_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            dir.canonicalize()
+                .map_err(|e| format!("{}: {e}", dir.display()))?
+        }
+        None => project.join("target"),
+    };
     Ok(Options {
         project,
         release,
         bin,
+        target_dir,
     })
 }
 
@@ -67,12 +86,20 @@ fn shared_args(cmd: &mut Command, o: &Options) {
     .arg("--target")
     .arg(root.join(STD_TARGET_JSON))
     .arg("--target-dir")
-    .arg(o.project.join("target"));
+    .arg(&o.target_dir);
     let profile = if o.release {
         cmd.arg("--release");
-        [("opt-level", "3"), ("debug", "1"), ("debug-assertions", "false")]
+        [
+            ("opt-level", "3"),
+            ("debug", "1"),
+            ("debug-assertions", "false"),
+        ]
     } else {
-        [("opt-level", "1"), ("debug", "2"), ("debug-assertions", "true")]
+        [
+            ("opt-level", "1"),
+            ("debug", "2"),
+            ("debug-assertions", "true"),
+        ]
     };
     let name = if o.release { "release" } else { "dev" };
     let pins = profile.iter().chain(&[
@@ -103,19 +130,42 @@ fn runtime_rlib(deps: &Path) -> Result<PathBuf, String> {
         .ok_or_else(|| format!("no libactivm_std rlib in {}", deps.display()))
 }
 
+/// `cargo xtask app ARGS`: builds and prints the ELF's path.
 pub(crate) fn app(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
     install_toolchain()?;
+    let elf = build(&o)?;
+    println!("{}", elf.display());
+    Ok(())
+}
+
+/// Builds this repository's std guests ([`STD_APPS`]) and returns their ELF paths.
+pub(crate) fn build_std_apps(release: bool) -> Result<Vec<PathBuf>, String> {
+    let root = repo_root();
+    STD_APPS
+        .iter()
+        .map(|app| {
+            build(&Options {
+                project: root.join("guests/apps").join(app),
+                release,
+                bin: None,
+                target_dir: root.join("guests/target"),
+            })
+        })
+        .collect()
+}
+
+fn build(o: &Options) -> Result<PathBuf, String> {
     let root = repo_root();
     let profile_dir = if o.release { "release" } else { "debug" };
-    let out_dir = o.project.join("target").join(STD_TARGET).join(profile_dir);
+    let out_dir = o.target_dir.join(STD_TARGET).join(profile_dir);
 
     let mut runtime = guest_cargo();
     runtime.current_dir(&o.project).arg("build").arg("--quiet");
     runtime
         .arg("--manifest-path")
         .arg(root.join("guest-std/Cargo.toml"));
-    shared_args(&mut runtime, &o);
+    shared_args(&mut runtime, o);
     println!("xtask: building activm-std for {}", o.project.display());
     run(&mut runtime)?;
     let rlib = runtime_rlib(&out_dir.join("deps"))?;
@@ -128,7 +178,7 @@ pub(crate) fn app(args: &[String]) -> Result<(), String> {
     if let Some(bin) = &o.bin {
         program.args(["--bin", bin]);
     }
-    shared_args(&mut program, &o);
+    shared_args(&mut program, o);
     program.arg("--message-format=json-render-diagnostics");
     program
         .args(["--", "-Zunstable-options", "--extern"])
@@ -139,10 +189,19 @@ pub(crate) fn app(args: &[String]) -> Result<(), String> {
     let out = program
         .stderr(std::process::Stdio::inherit())
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", program.get_program().to_string_lossy()))?;
+        .map_err(|e| {
+            format!(
+                "cannot run {}: {e}",
+                program.get_program().to_string_lossy()
+            )
+        })?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        return Err(format!("building {} failed: {}", o.project.display(), out.status));
+        return Err(format!(
+            "building {} failed: {}",
+            o.project.display(),
+            out.status
+        ));
     }
     let elf = stdout
         .lines()
@@ -152,6 +211,5 @@ pub(crate) fn app(args: &[String]) -> Result<(), String> {
         .ok_or_else(|| format!("{}: cargo built no executable", o.project.display()))?;
     let elf = PathBuf::from(elf);
     check_elf(&elf)?;
-    println!("{}", elf.display());
-    Ok(())
+    Ok(elf)
 }

@@ -28,10 +28,11 @@ usage: cargo xtask COMMAND
   demo [--vcpus N]               build everything and boot the demo guest (default 4 vCPUs)
   test                           build the guests, then run the whole test suite (cargo test --workspace)
   bench [NAME]                   build the guests, then run the benchmarks (or only benches/NAME)
-  build-guests [--release]       install the guest toolchain if missing, build guests/, print the ELF paths
+  build-guests [--release]       install the guest toolchain if missing, build guests/ (and the std
+                                 guests guests/apps/std-*), print the ELF paths
   clippy-guests                  run clippy on the guest workspace for the guest target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
-  app PATH [--release] [--bin NAME]
+  app PATH [--release] [--bin NAME] [--target-dir DIR]
                                  build the ordinary `std` Rust program (cargo project) at PATH into an
                                  activm guest (see docs/std-guests.md) and print the ELF's path
   install-toolchain              only install the Debian packages the guest build needs";
@@ -145,9 +146,14 @@ fn profile_dir(release: bool) -> &'static str {
 
 /// The ELF of guest `app`.
 fn elf_path(app: &str, release: bool) -> PathBuf {
+    let target = if app::STD_APPS.contains(&app) {
+        app::STD_TARGET
+    } else {
+        GUEST_TARGET
+    };
     guests_dir()
         .join("target")
-        .join(GUEST_TARGET)
+        .join(target)
         .join(profile_dir(release))
         .join(app)
 }
@@ -314,6 +320,9 @@ fn build_guests(release: bool) -> Result<(), String> {
     for app in apps()? {
         let path = elf_path(&app, release);
         check_elf(&path)?;
+        println!("{}", path.display());
+    }
+    for path in app::build_std_apps(release)? {
         println!("{}", path.display());
     }
     Ok(())
