@@ -146,7 +146,7 @@ fn std_app_outside() -> Result<(), Failed> {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let built = out.status.success();
     let result = if built {
-        let elf = PathBuf::from(stdout.lines().last().unwrap_or_default());
+        let elf = PathBuf::from(stdout.lines().next_back().unwrap_or_default());
         activm_run(&elf, &["--vcpus", "2"], &[]).and_then(|run| {
             let run = run.expect_code(0)?;
             expect_stdout(

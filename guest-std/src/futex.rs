@@ -35,7 +35,8 @@ struct Bucket(alloc::vec::Vec<*const Waiter>);
 // SAFETY: the pointers are only followed under the bucket's mutex, while their waiters wait.
 unsafe impl Send for Bucket {}
 
-static TABLE: [Mutex<Bucket>; BUCKETS] = [const { Mutex::new(Bucket(alloc::vec::Vec::new())) }; BUCKETS];
+static TABLE: [Mutex<Bucket>; BUCKETS] =
+    [const { Mutex::new(Bucket(alloc::vec::Vec::new())) }; BUCKETS];
 
 fn bucket(addr: usize) -> &'static Mutex<Bucket> {
     // Fibonacci hashing of the 4-byte-aligned address.
@@ -113,7 +114,11 @@ pub unsafe extern "C" fn sys_futex_wait(
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_futex_wake(address: *mut u32, count: i32) -> i32 {
     let addr = address as usize;
-    let limit = if count < 0 { usize::MAX } else { count as usize };
+    let limit = if count < 0 {
+        usize::MAX
+    } else {
+        count as usize
+    };
     let mut woken = 0usize;
     let mut guard = bucket(addr).lock().unwrap();
     guard.0.retain(|&w| {

@@ -21,7 +21,9 @@ impl Timespec {
     /// The duration it denotes, if valid (non-negative, `tv_nsec` below a second).
     pub fn duration(&self) -> Option<Duration> {
         let secs = u64::try_from(self.tv_sec).ok()?;
-        let nanos = u32::try_from(self.tv_nsec).ok().filter(|&n| n < 1_000_000_000)?;
+        let nanos = u32::try_from(self.tv_nsec)
+            .ok()
+            .filter(|&n| n < 1_000_000_000)?;
         Some(Duration::new(secs, nanos))
     }
 }
@@ -268,4 +270,3 @@ pub extern "C" fn sys_exit(status: i32) -> ! {
 pub extern "C" fn sys_abort() -> ! {
     activm_stub::exit(ABORT_STATUS)
 }
-

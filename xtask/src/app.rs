@@ -207,7 +207,7 @@ fn build(o: &Options) -> Result<PathBuf, String> {
         .lines()
         .filter_map(|line| line.split("\"executable\":\"").nth(1))
         .filter_map(|rest| rest.split('"').next())
-        .last()
+        .next_back()
         .ok_or_else(|| format!("{}: cargo built no executable", o.project.display()))?;
     let elf = PathBuf::from(elf);
     check_elf(&elf)?;

@@ -108,7 +108,9 @@ fn main() {
     println!("sleep 20ms: {}", if ok { "ok" } else { "WRONG" });
     let (m, cv) = (Mutex::new(()), Condvar::new());
     let t0 = Instant::now();
-    let (_g, r) = cv.wait_timeout(m.lock().unwrap(), Duration::from_millis(10)).unwrap();
+    let (_g, r) = cv
+        .wait_timeout(m.lock().unwrap(), Duration::from_millis(10))
+        .unwrap();
     let ok = r.timed_out() && t0.elapsed() >= Duration::from_millis(10);
     println!("wait_timeout 10ms: {}", if ok { "ok" } else { "WRONG" });
     let mut seed = [0u8; 16];
@@ -147,5 +149,8 @@ fn bench_mutex(n: u32) {
     for _ in 0..n {
         *m.lock().unwrap() += 1;
     }
-    println!("mutex lock+unlock: {} ns", t0.elapsed().as_nanos() / u128::from(n));
+    println!(
+        "mutex lock+unlock: {} ns",
+        t0.elapsed().as_nanos() / u128::from(n)
+    );
 }

@@ -21,7 +21,14 @@ fn main() {
 
     let serial: u64 = v.iter().map(|x| x % 1000).sum();
     let parallel: u64 = v.par_iter().map(|x| x % 1000).sum();
-    println!("sum: {}", if serial == parallel { "equal" } else { "DIFFERENT" });
+    println!(
+        "sum: {}",
+        if serial == parallel {
+            "equal"
+        } else {
+            "DIFFERENT"
+        }
+    );
 
     let mut a = v.clone();
     let mut b = v.clone();
@@ -30,10 +37,16 @@ fn main() {
     println!("sort: {}", if a == b { "equal" } else { "DIFFERENT" });
     let mut c = v.clone();
     c.par_sort();
-    println!("stable sort: {}", if a == c { "equal" } else { "DIFFERENT" });
+    println!(
+        "stable sort: {}",
+        if a == c { "equal" } else { "DIFFERENT" }
+    );
 
     let squares: Vec<u64> = v.par_iter().map(|x| x.wrapping_mul(*x)).collect();
-    let ok = squares.iter().zip(&v).all(|(s, x)| *s == x.wrapping_mul(*x));
+    let ok = squares
+        .iter()
+        .zip(&v)
+        .all(|(s, x)| *s == x.wrapping_mul(*x));
     println!("map+collect: {}", if ok { "equal" } else { "DIFFERENT" });
 
     let (left, right) = rayon::join(|| fib(25), || fib(24));
