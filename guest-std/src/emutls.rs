@@ -9,7 +9,7 @@
 //! copies in one activm-rt thread-local table, created on first use from the variable's
 //! template and freed when the thread exits (after std's own TLS destructors have run).
 
-use alloc::alloc::{alloc, alloc_zeroed, dealloc, handle_alloc_error};
+use alloc::alloc::{alloc, dealloc, handle_alloc_error};
 use alloc::vec::Vec;
 use core::alloc::Layout;
 use core::cell::RefCell;
@@ -30,16 +30,73 @@ pub struct Control {
 /// Indices handed out so far.
 static NEXT_INDEX: AtomicUsize = AtomicUsize::new(1);
 
-/// One thread's copies: `(address, layout)` by index.
+/// A thread's small copies are carved from chunks of this size (one allocation covers all of
+/// std's thread-locals); bigger or more aligned ones get their own block.
+const CHUNK: usize = 512;
+const CHUNK_ALIGN: usize = 64;
+
+/// One thread's copies: addresses by index, and the blocks to free at exit.
 #[derive(Debug, Default)]
-struct Copies(Vec<Option<(*mut u8, Layout)>>);
+struct Copies {
+    by_index: Vec<*mut u8>,
+    blocks: Vec<(*mut u8, Layout)>,
+    /// Free part of the current chunk.
+    next: usize,
+    end: usize,
+}
 
 impl Drop for Copies {
     fn drop(&mut self) {
-        for (ptr, layout) in self.0.drain(..).flatten() {
-            // SAFETY: allocated in `create` with this layout, owned by this table only.
+        for (ptr, layout) in self.blocks.drain(..) {
+            // SAFETY: allocated in `Copies::block` with this layout, owned by this table only.
             unsafe { dealloc(ptr, layout) };
         }
+    }
+}
+
+impl Copies {
+    fn block(&mut self, layout: Layout) -> *mut u8 {
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { alloc(layout) };
+        if ptr.is_null() {
+            handle_alloc_error(layout);
+        }
+        self.blocks.push((ptr, layout));
+        ptr
+    }
+
+    /// Room for a copy of `control`'s variable.
+    fn room(&mut self, size: usize, align: usize) -> *mut u8 {
+        let Ok(layout) = Layout::from_size_align(size.max(1), align.max(1)) else {
+            activm_rt::println!("activm-std: bad thread-local layout");
+            activm_stub::exit(134)
+        };
+        if layout.size() > CHUNK / 4 || layout.align() > CHUNK_ALIGN {
+            return self.block(layout);
+        }
+        let start = self.next.next_multiple_of(layout.align());
+        if self.end == 0 || start + layout.size() > self.end {
+            let chunk = Layout::from_size_align(CHUNK, CHUNK_ALIGN).expect("chunk layout");
+            self.next = self.block(chunk) as usize;
+            self.end = self.next + CHUNK;
+            return self.room(size, align);
+        }
+        self.next = start + layout.size();
+        start as *mut u8
+    }
+
+    /// A new copy of `control`'s variable, initialised from its template.
+    fn create(&mut self, control: &Control) -> *mut u8 {
+        let ptr = self.room(control.size, control.align);
+        // SAFETY: `ptr` has room for `size` bytes; LLVM's template holds `size` bytes.
+        unsafe {
+            if control.template.is_null() {
+                core::ptr::write_bytes(ptr, 0, control.size);
+            } else {
+                core::ptr::copy_nonoverlapping(control.template, ptr, control.size);
+            }
+        }
+        ptr
     }
 }
 
@@ -62,30 +119,6 @@ fn index(control: &Control) -> usize {
     }
 }
 
-/// A new copy of `control`'s variable, initialised from its template.
-fn create(control: &Control) -> (*mut u8, Layout) {
-    let Ok(layout) = Layout::from_size_align(control.size.max(1), control.align.max(1)) else {
-        activm_rt::println!("activm-std: bad thread-local layout");
-        activm_stub::exit(134)
-    };
-    // SAFETY: `layout` has a non-zero size.
-    let ptr = unsafe {
-        if control.template.is_null() {
-            alloc_zeroed(layout)
-        } else {
-            alloc(layout)
-        }
-    };
-    if ptr.is_null() {
-        handle_alloc_error(layout);
-    }
-    if !control.template.is_null() {
-        // SAFETY: LLVM's template holds `size` bytes; `ptr` has room for them.
-        unsafe { core::ptr::copy_nonoverlapping(control.template, ptr, control.size) };
-    }
-    (ptr, layout)
-}
-
 /// `void *__emutls_get_address(__emutls_control *)`: the calling thread's copy of a
 /// thread-local variable.
 ///
@@ -98,17 +131,17 @@ pub unsafe extern "C" fn __emutls_get_address(control: *mut Control) -> *mut u8 
     let i = index(control);
     let found = COPIES.try_with(|copies| {
         let mut copies = copies.borrow_mut();
-        if i >= copies.0.len() {
-            copies.0.resize(i + 1, None);
+        if let Some(&ptr) = copies.by_index.get(i).filter(|p| !p.is_null()) {
+            return ptr;
         }
-        match copies.0[i] {
-            Some((ptr, _)) => ptr,
-            None => {
-                let copy = create(control);
-                copies.0[i] = Some(copy);
-                copy.0
-            }
+        if i >= copies.by_index.len() {
+            // Room for every variable known so far: one allocation per thread, usually.
+            let known = NEXT_INDEX.load(Ordering::Relaxed).max(i + 1);
+            copies.by_index.resize(known, core::ptr::null_mut());
         }
+        let ptr = copies.create(control);
+        copies.by_index[i] = ptr;
+        ptr
     });
     match found {
         Ok(ptr) => ptr,

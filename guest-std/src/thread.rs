@@ -1,8 +1,8 @@
 //! Threads: std's `sys_spawn2`/`sys_join`/`sys_yield`/`sys_usleep` on activm-rt's M:N user
-//! threads. A thread id (`Tid`) names the thread's `JoinHandle` until `sys_join` takes it.
+//! threads. A thread id (`Tid`) is a slot, +1, in a table of `JoinHandle`s until `sys_join`
+//! takes it (the slot is then reused: no allocation per thread once the table has grown).
 
-use alloc::collections::BTreeMap;
-use core::sync::atomic::{AtomicU32, Ordering};
+use alloc::vec::Vec;
 use core::time::Duration;
 
 use activm_rt::sync::Mutex;
@@ -18,8 +18,37 @@ pub type Tid = u32;
 /// runtime's default guard-paged stack slot; larger requests get a stack of that size.
 const STD_DEFAULT_STACK: usize = 1 << 20;
 
-static NEXT_TID: AtomicU32 = AtomicU32::new(1);
-static THREADS: Mutex<BTreeMap<Tid, JoinHandle<()>>> = Mutex::new(BTreeMap::new());
+/// Unjoined threads by slot, and the free slots.
+struct Table {
+    slots: Vec<Option<JoinHandle<()>>>,
+    free: Vec<usize>,
+}
+
+static THREADS: Mutex<Table> = Mutex::new(Table {
+    slots: Vec::new(),
+    free: Vec::new(),
+});
+
+impl Table {
+    fn insert(&mut self, handle: JoinHandle<()>) -> Tid {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        self.slots[slot] = Some(handle);
+        slot as Tid + 1
+    }
+
+    fn take(&mut self, tid: Tid) -> Option<JoinHandle<()>> {
+        let slot = (tid as usize).checked_sub(1)?;
+        let handle = self.slots.get_mut(slot)?.take()?;
+        self.free.push(slot);
+        Some(handle)
+    }
+}
 
 /// `Tid sys_spawn2(void (*func)(usize), usize arg, u8 prio, usize stack_size, isize core_id)`:
 /// starts `func(arg)` in a new user thread. Priority and core are ignored (the scheduler
@@ -36,12 +65,8 @@ pub extern "C" fn sys_spawn2(
     if stack_size > STD_DEFAULT_STACK {
         builder = builder.stack_size(stack_size);
     }
-    let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
     match builder.spawn(move || func(arg)) {
-        Ok(handle) => {
-            THREADS.lock().unwrap().insert(tid, handle);
-            tid
-        }
+        Ok(handle) => THREADS.lock().unwrap().insert(handle),
         Err(_) => 0,
     }
 }
@@ -71,7 +96,7 @@ pub unsafe extern "C" fn sys_spawn(
 /// already joined) id.
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_join(id: Tid) -> i32 {
-    let handle = THREADS.lock().unwrap().remove(&id);
+    let handle = THREADS.lock().unwrap().take(id);
     match handle {
         Some(handle) => {
             let _ = handle.join();
