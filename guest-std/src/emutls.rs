@@ -30,19 +30,29 @@ pub struct Control {
 /// Indices handed out so far.
 static NEXT_INDEX: AtomicUsize = AtomicUsize::new(1);
 
-/// A thread's small copies are carved from chunks of this size (one allocation covers all of
-/// std's thread-locals); bigger or more aligned ones get their own block.
+/// A thread's small copies are carved from chunks of this size, the first of which lives in
+/// the thread's table itself (so one allocation covers the table, the index and all of std's
+/// thread-locals); bigger or more aligned ones get their own block.
 const CHUNK: usize = 512;
 const CHUNK_ALIGN: usize = 64;
+/// Variables whose address slots live in the table itself (std has about a dozen).
+const INLINE: usize = 32;
 
-/// One thread's copies: addresses by index, and the blocks to free at exit.
-#[derive(Debug, Default)]
+#[repr(C, align(64))]
+#[derive(Debug)]
+struct Chunk([u8; CHUNK]);
+
+/// One thread's copies: addresses by index, the blocks to free at exit, the first chunk. It is
+/// boxed by activm-rt's thread-local table and never moves, so the chunk's address is stable.
+#[derive(Debug)]
 struct Copies {
-    by_index: Vec<*mut u8>,
+    first: [*mut u8; INLINE],
+    more: Vec<*mut u8>,
     blocks: Vec<(*mut u8, Layout)>,
-    /// Free part of the current chunk.
+    /// Free part of the current chunk (`end == 0`: the first chunk is not in use yet).
     next: usize,
     end: usize,
+    chunk: Chunk,
 }
 
 impl Drop for Copies {
@@ -55,6 +65,30 @@ impl Drop for Copies {
 }
 
 impl Copies {
+    fn new() -> Copies {
+        Copies {
+            first: [core::ptr::null_mut(); INLINE],
+            more: Vec::new(),
+            blocks: Vec::new(),
+            next: 0,
+            end: 0,
+            chunk: Chunk([0; CHUNK]),
+        }
+    }
+
+    /// The address slot of variable `i`.
+    fn slot(&mut self, i: usize) -> &mut *mut u8 {
+        if i < INLINE {
+            return &mut self.first[i];
+        }
+        let j = i - INLINE;
+        if j >= self.more.len() {
+            let known = NEXT_INDEX.load(Ordering::Relaxed).max(i + 1) - INLINE;
+            self.more.resize(known, core::ptr::null_mut());
+        }
+        &mut self.more[j]
+    }
+
     fn block(&mut self, layout: Layout) -> *mut u8 {
         // SAFETY: `layout` has a non-zero size.
         let ptr = unsafe { alloc(layout) };
@@ -74,8 +108,12 @@ impl Copies {
         if layout.size() > CHUNK / 4 || layout.align() > CHUNK_ALIGN {
             return self.block(layout);
         }
+        if self.end == 0 {
+            self.next = self.chunk.0.as_mut_ptr() as usize;
+            self.end = self.next + CHUNK;
+        }
         let start = self.next.next_multiple_of(layout.align());
-        if self.end == 0 || start + layout.size() > self.end {
+        if start + layout.size() > self.end {
             let chunk = Layout::from_size_align(CHUNK, CHUNK_ALIGN).expect("chunk layout");
             self.next = self.block(chunk) as usize;
             self.end = self.next + CHUNK;
@@ -101,7 +139,7 @@ impl Copies {
 }
 
 activm_rt::thread_local! {
-    static COPIES: RefCell<Copies> = RefCell::new(Copies::default());
+    static COPIES: RefCell<Copies> = RefCell::new(Copies::new());
 }
 
 fn index(control: &Control) -> usize {
@@ -131,16 +169,12 @@ pub unsafe extern "C" fn __emutls_get_address(control: *mut Control) -> *mut u8 
     let i = index(control);
     let found = COPIES.try_with(|copies| {
         let mut copies = copies.borrow_mut();
-        if let Some(&ptr) = copies.by_index.get(i).filter(|p| !p.is_null()) {
+        let ptr = *copies.slot(i);
+        if !ptr.is_null() {
             return ptr;
         }
-        if i >= copies.by_index.len() {
-            // Room for every variable known so far: one allocation per thread, usually.
-            let known = NEXT_INDEX.load(Ordering::Relaxed).max(i + 1);
-            copies.by_index.resize(known, core::ptr::null_mut());
-        }
         let ptr = copies.create(control);
-        copies.by_index[i] = ptr;
+        *copies.slot(i) = ptr;
         ptr
     });
     match found {

@@ -2,16 +2,17 @@
 //! Once, park and channels are built on them).
 //!
 //! Waiters sleep in one of [`BUCKETS`] lists chosen by address, each behind an activm-rt
-//! `Mutex`. A waiter is a [`Waiter`] on its own stack with its own `Condvar` (which waits on the
-//! bucket's mutex), so a wake-up wakes exactly the threads it takes off the list. The value is
-//! compared under the bucket lock and every waker takes that lock after changing the value, so
-//! no wake-up is lost. Nothing exits to the VMM; a timed wait uses the runtime's timer.
+//! `Mutex`. A waiter is a [`Waiter`] on its own stack, so a wake-up wakes exactly the threads
+//! it takes off the list: an untimed waiter parks (activm-rt `park`/`unpark`, the cheapest
+//! hand-over), a timed one waits on its own `Condvar` over the bucket's mutex (the runtime's
+//! timer ends the wait). The value is compared under the bucket lock and every waker takes that
+//! lock after changing the value, so no wake-up is lost. Nothing exits to the VMM.
 
-use core::cell::Cell;
 use core::ptr;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use activm_rt::sync::{Condvar, Mutex};
+use activm_rt::thread::{self, Thread};
 
 use crate::errno::{fail, EAGAIN, EINVAL, ETIMEDOUT};
 use crate::sys::Timespec;
@@ -24,7 +25,10 @@ const BUCKETS: usize = 64;
 /// One waiting thread, on its own stack while it is listed.
 struct Waiter {
     addr: usize,
-    woken: Cell<bool>,
+    /// Set (under the bucket lock) when a waker takes the waiter off the list.
+    woken: AtomicBool,
+    /// An untimed waiter parks: the thread to unpark. A timed one has none and waits on `wake`.
+    parked: Option<Thread>,
     wake: Condvar,
 }
 
@@ -80,14 +84,18 @@ pub unsafe extern "C" fn sys_futex_wait(
     }
     let me = Waiter {
         addr,
-        woken: Cell::new(false),
+        woken: AtomicBool::new(false),
+        parked: timeout.is_none().then(thread::current),
         wake: Condvar::new(),
     };
     guard.0.push(&me);
     match timeout {
         None => {
-            while !me.woken.get() {
-                guard = me.wake.wait(guard).unwrap();
+            drop(guard);
+            // A stale token (an unpark that came after an earlier wait ended) only makes
+            // `park` return early: the flag decides.
+            while !me.woken.load(Ordering::Acquire) {
+                thread::park();
             }
             0
         }
@@ -95,7 +103,7 @@ pub unsafe extern "C" fn sys_futex_wait(
             let deadline = crate::sys::monotonic_ns().saturating_add(d.as_nanos() as u64);
             loop {
                 let now = crate::sys::monotonic_ns();
-                if me.woken.get() {
+                if me.woken.load(Ordering::Acquire) {
                     return 0;
                 }
                 if now >= deadline {
@@ -126,8 +134,19 @@ pub extern "C" fn sys_futex_wake(address: *mut u32, count: i32) -> i32 {
         let w = unsafe { &*w };
         if woken < limit && w.addr == addr {
             woken += 1;
-            w.woken.set(true);
-            w.wake.notify_one();
+            match &w.parked {
+                Some(t) => {
+                    // Take a handle first: once the flag is set the waiter may return, and
+                    // its `Waiter` (on its stack) is gone.
+                    let t = t.clone();
+                    w.woken.store(true, Ordering::Release);
+                    t.unpark();
+                }
+                None => {
+                    w.woken.store(true, Ordering::Release);
+                    w.wake.notify_one();
+                }
+            }
             false
         } else {
             true
