@@ -59,6 +59,14 @@ fn rayon_output(vcpus: u32) -> String {
     )
 }
 
+fn no_activations(activations: bool) -> &'static [&'static str] {
+    if activations {
+        &[]
+    } else {
+        &["--no-activations"]
+    }
+}
+
 pub(crate) fn tests() -> Vec<Trial> {
     let mut trials = Vec::new();
     for vcpus in [1u32, 2, 4] {
@@ -67,11 +75,8 @@ pub(crate) fn tests() -> Vec<Trial> {
             trials.push(Trial::test(
                 format!("std_demo{suffix}_{vcpus}_vcpus"),
                 move || {
-                    let n = vcpus.to_string();
-                    let mut options = vec!["--vcpus", n.as_str()];
-                    if !activations {
-                        options.push("--no-activations");
-                    }
+                    let (n, off) = (vcpus.to_string(), no_activations(activations));
+                    let options = [&["--vcpus", n.as_str()], off].concat();
                     let run = activm_run(&std_guest("std-demo")?, &options, &["--exit", "3"])?
                         .expect_code(3)?;
                     expect_stdout(&run.stdout, &std_demo_output(vcpus))
