@@ -47,6 +47,8 @@ fn std_demo_output(vcpus: u32) -> String {
          scoped+rwlock+barrier: [1, 2, 3, 4]\n\
          sleep 20ms: ok\n\
          wait_timeout 10ms: ok\n\
+         wait_timeout notified: ok\n\
+         once: 1 inits, sum 336\n\
          hashmap: 81\n\
          done\n"
     )

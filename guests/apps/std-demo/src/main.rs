@@ -113,6 +113,42 @@ fn main() {
         .unwrap();
     let ok = r.timed_out() && t0.elapsed() >= Duration::from_millis(10);
     println!("wait_timeout 10ms: {}", if ok { "ok" } else { "WRONG" });
+    // A timed wait that a notification ends before its deadline.
+    let flag = Arc::new((Mutex::new(false), Condvar::new()));
+    let setter = {
+        let flag = Arc::clone(&flag);
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(5));
+            *flag.0.lock().unwrap() = true;
+            flag.1.notify_all();
+        })
+    };
+    let (g, r) = flag
+        .1
+        .wait_timeout_while(flag.0.lock().unwrap(), Duration::from_secs(10), |set| !*set)
+        .unwrap();
+    let ok = *g && !r.timed_out();
+    drop(g);
+    setter.join().unwrap();
+    println!("wait_timeout notified: {}", if ok { "ok" } else { "WRONG" });
+
+    // One initialisation for many threads (OnceLock waits on a futex).
+    static ONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let inits = Arc::new(Mutex::new(0));
+    let racers: Vec<_> = (0..8)
+        .map(|_| {
+            let inits = Arc::clone(&inits);
+            thread::spawn(move || {
+                *ONCE.get_or_init(|| {
+                    *inits.lock().unwrap() += 1;
+                    thread::sleep(Duration::from_millis(2));
+                    42
+                })
+            })
+        })
+        .collect();
+    let seen: u64 = racers.into_iter().map(|r| r.join().unwrap()).sum();
+    println!("once: {} inits, sum {seen}", *inits.lock().unwrap());
     let mut seed = [0u8; 16];
     // std's HashMap keys come from the entropy source: two maps must still work.
     let map: std::collections::HashMap<u32, u32> = (0..100).map(|i| (i, i * i)).collect();
