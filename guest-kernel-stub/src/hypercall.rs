@@ -58,10 +58,10 @@ pub fn vcpu_stop() -> ! {
     no_return(Hypercall::VcpuStop, 0, 0)
 }
 
-/// Sleeps until an interrupt is pending for this vCPU (it is delivered right after).
+/// Sleeps until an interrupt is pending for this vCPU (it is delivered right after): the `halt`
+/// call on x86_64, `wfi` at EL0 on aarch64 (no VMM exit).
 pub fn halt() {
-    // SAFETY: halt takes no arguments.
-    unsafe { raw(Hypercall::Halt as u64, 0, 0, 0, 0) };
+    crate::arch::current::hypercall::halt();
 }
 
 /// `blk_info(what)`: the block device's capacity in sectors (`BLK_INFO_SECTORS`; 0 without a

@@ -75,6 +75,9 @@ pub fn render(guest: &Guest) -> String {
         out,
         "\nexits: hypercall={hypercalls} kick={kicks} other={other}"
     );
+    if let Some(line) = crate::arch::current::register_transfer_stats() {
+        let _ = write!(out, "\n{line}");
+    }
     if let Some(disk) = &guest.disk {
         let d = &disk.stats;
         let blocking = n(&d.blocking);

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::{check_elf, guest_cargo, install_toolchain, repo_root, run, USAGE};
+use super::{check_elf, guest_cargo, install_toolchain, repo_root, run, GuestArch, USAGE};
 
 /// The `std` guest target, relative to the repository root.
 const STD_TARGET_JSON: &str = "guests/x86_64-activm-std.json";
@@ -210,6 +210,6 @@ fn build(o: &Options) -> Result<PathBuf, String> {
         .next_back()
         .ok_or_else(|| format!("{}: cargo built no executable", o.project.display()))?;
     let elf = PathBuf::from(elf);
-    check_elf(&elf)?;
+    check_elf(GuestArch::X86_64, &elf)?;
     Ok(elf)
 }

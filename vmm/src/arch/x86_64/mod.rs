@@ -11,6 +11,9 @@ pub use protocol::arch::x86_64 as abi;
 /// The ELF machine number guests for this architecture carry.
 pub const ELF_MACHINE: u16 = 62; // EM_X86_64
 
+/// `BootInfo::irq_controller_base`: the local APIC.
+pub const IRQ_CONTROLLER_BASE: u64 = abi::LAPIC_BASE;
+
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 
@@ -46,6 +49,11 @@ pub fn setup_vm(kvm: &Kvm, vm: &VmFd) -> Result<ArchVm, Error> {
 
 pub fn configure_vcpu(fd: &VcpuFd, arch: &ArchVm, index: u32, plan: &Plan) -> Result<(), Error> {
     vcpu::configure(fd, &arch.cpuid, index, plan)
+}
+
+/// Register transfers are not counted here: they ride in `kvm_run` (sync_regs).
+pub fn register_transfer_stats() -> Option<String> {
+    None
 }
 
 /// Raise the upcall interrupt on `vcpu` (its APIC id is its index) through the in-kernel
