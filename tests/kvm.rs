@@ -13,6 +13,8 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 #[path = "kvm/security.rs"]
 mod security;
+#[path = "kvm/std_guests.rs"]
+mod std_guests;
 
 const ACTIVM: &str = env!("CARGO_BIN_EXE_activm");
 /// Upper bound on any one guest run, so a broken guest fails the test instead of hanging it.
@@ -1305,6 +1307,7 @@ fn main() {
     trials.extend(activation_tests());
     trials.extend(toml_tests());
     trials.extend(security::security_tests());
+    trials.extend(std_guests::tests());
     if let Err(why) = kvm_usable() {
         eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
         trials = trials
