@@ -13,6 +13,8 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 #[path = "kvm/security.rs"]
 mod security;
+#[path = "kvm/std_files.rs"]
+mod std_files;
 #[path = "kvm/std_guests.rs"]
 mod std_guests;
 
@@ -1308,6 +1310,7 @@ fn main() {
     trials.extend(toml_tests());
     trials.extend(security::security_tests());
     trials.extend(std_guests::tests());
+    trials.extend(std_files::tests());
     if let Err(why) = kvm_usable() {
         eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
         trials = trials

@@ -9,8 +9,8 @@ use core::ffi::c_char;
 
 use activm_stub::hypercall::raw;
 use activm_stub::protocol::fs::{
-    fs_open_arg, FsStat, FS_MAX_IO, FS_O_DIRECTORY, FS_O_RDONLY, FS_STAT_FOLLOW,
-    FS_STAT_NOFOLLOW, FS_UNLINK_DIR, FS_UNLINK_FILE,
+    fs_open_arg, FsStat, FS_MAX_IO, FS_O_DIRECTORY, FS_O_RDONLY, FS_STAT_FOLLOW, FS_STAT_NOFOLLOW,
+    FS_UNLINK_DIR, FS_UNLINK_FILE,
 };
 use activm_stub::protocol::hypercall::Hypercall;
 
@@ -208,7 +208,8 @@ pub unsafe extern "C" fn sys_lstat(name: *const c_char, stat: *mut Stat) -> i32 
 /// `i64 sys_getdents64(int fd, dirent64 *dirp, usize count)`: as std expects it, **every**
 /// remaining entry at once (std reads a directory with one call): records are gathered until
 /// the end; when they do not all fit, the directory is rewound and the result is `-EINVAL`,
-/// and std retries with a larger buffer.
+/// and std retries with a larger buffer. `.` and `..` are listed (std's Hermit port passes
+/// them on, and treats a result of 0 as an error: an empty directory would fail otherwise).
 ///
 /// # Safety
 /// `dirp` points to `count` writable bytes.

@@ -109,7 +109,10 @@ mod tests {
         assert_eq!((FS_FIRST_FD, FS_MAX_FDS, FS_PATH_MAX), (3, 256, 4096));
         assert_eq!(FS_MAX_IO, 1 << 20);
         assert_eq!(FS_O_ALL, 0o203303);
-        assert_eq!(fs_open_arg(FS_O_CREAT | FS_O_WRONLY, 0o644), (0o644 << 32) | 0o101);
+        assert_eq!(
+            fs_open_arg(FS_O_CREAT | FS_O_WRONLY, 0o644),
+            (0o644 << 32) | 0o101
+        );
         assert_eq!((FS_SEEK_SET, FS_SEEK_CUR, FS_SEEK_END), (0, 1, 2));
         assert_eq!((FS_STAT_NOFOLLOW, FS_UNLINK_DIR), (1, 1));
     }

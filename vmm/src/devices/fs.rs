@@ -128,7 +128,11 @@ impl FileSystem {
                 unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), (a[1] & 0o7777) as u32) }
             }),
             Hypercall::FsUnlink => {
-                let flags = if a[1] == FS_UNLINK_DIR { libc::AT_REMOVEDIR } else { 0 };
+                let flags = if a[1] == FS_UNLINK_DIR {
+                    libc::AT_REMOVEDIR
+                } else {
+                    0
+                };
                 self.in_parent(mem, a[0], |dir, name| {
                     // SAFETY: as mkdirat.
                     unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) }
@@ -175,7 +179,10 @@ impl FileSystem {
     }
 
     fn close(&self, fd: u64) -> i64 {
-        let Some(slot) = fd.checked_sub(FS_FIRST_FD).and_then(|s| usize::try_from(s).ok()) else {
+        let Some(slot) = fd
+            .checked_sub(FS_FIRST_FD)
+            .and_then(|s| usize::try_from(s).ok())
+        else {
             return neg(libc::EBADF);
         };
         let mut table = self.fds.lock().unwrap_or_else(|e| e.into_inner());

@@ -116,7 +116,12 @@ impl Mount {
 }
 
 /// `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS` relative to `dir`.
-pub fn open_beneath(dir: BorrowedFd<'_>, rel: &[u8], flags: i32, mode: u32) -> Result<OwnedFd, i32> {
+pub fn open_beneath(
+    dir: BorrowedFd<'_>,
+    rel: &[u8],
+    flags: i32,
+    mode: u32,
+) -> Result<OwnedFd, i32> {
     let rel = CString::new(rel).map_err(|_| libc::EINVAL)?;
     // SAFETY: open_how is plain integers; zero is a valid value of each.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
@@ -198,7 +203,10 @@ pub struct Mounts(Vec<Mount>);
 
 impl Mounts {
     pub fn open(configs: &[MountConfig]) -> Result<Mounts, Error> {
-        let mut mounts = configs.iter().map(Mount::open).collect::<Result<Vec<_>, _>>()?;
+        let mut mounts = configs
+            .iter()
+            .map(Mount::open)
+            .collect::<Result<Vec<_>, _>>()?;
         mounts.sort_by_key(|m| std::cmp::Reverse(m.config.guest.len()));
         Ok(Mounts(mounts))
     }
@@ -230,9 +238,19 @@ mod tests {
         let m = parse_mount("/tmp/x:/data").unwrap();
         assert_eq!((m.guest.as_str(), m.read_only), ("/data", false));
         let m = parse_mount("a:b:/data/:ro").unwrap();
-        assert_eq!((m.host, m.guest.as_str(), m.read_only), ("a:b".into(), "/data", true));
+        assert_eq!(
+            (m.host, m.guest.as_str(), m.read_only),
+            ("a:b".into(), "/data", true)
+        );
         assert_eq!(parse_mount("/tmp:/").unwrap().guest, "/");
-        for bad in ["/tmp", ":/data", "/tmp:data", "/tmp:/a/../b", "/tmp:/a//b", "/tmp:/."] {
+        for bad in [
+            "/tmp",
+            ":/data",
+            "/tmp:data",
+            "/tmp:/a/../b",
+            "/tmp:/a//b",
+            "/tmp:/.",
+        ] {
             assert!(parse_mount(bad).is_err(), "{bad}");
         }
     }
@@ -246,12 +264,19 @@ mod tests {
             read_only: false,
         };
         let mounts = Mounts::open(&[cfg("/data"), cfg("/data/in"), cfg("/r")]).unwrap();
-        let rel = |p: &[u8]| mounts.resolve(p).map(|r| (r.mount.config.guest.clone(), r.rel));
+        let rel = |p: &[u8]| {
+            mounts
+                .resolve(p)
+                .map(|r| (r.mount.config.guest.clone(), r.rel))
+        };
         assert_eq!(rel(b"/data/in/x"), Ok(("/data/in".into(), b"x".to_vec())));
         assert_eq!(rel(b"/data/inx"), Ok(("/data".into(), b"inx".to_vec())));
         assert_eq!(rel(b"/data"), Ok(("/data".into(), b".".to_vec())));
         assert_eq!(rel(b"/datax").err(), Some(libc::ENOENT));
         assert_eq!(rel(b"data/x").err(), Some(libc::ENOENT));
-        assert_eq!(rel(b"/data/../etc"), Ok(("/data".into(), b"../etc".to_vec())));
+        assert_eq!(
+            rel(b"/data/../etc"),
+            Ok(("/data".into(), b"../etc".to_vec()))
+        );
     }
 }

@@ -11,6 +11,7 @@ extern "C" {
     /// activm-std's: std's Hermit port has no rename nor fsync.
     fn sys_rename(old: *const c_char, new: *const c_char) -> i32;
     fn sys_fsync(fd: i32) -> i32;
+    fn sys_open(name: *const c_char, flags: i32, mode: i32) -> i32;
 }
 
 fn rename(old: &str, new: &str) -> io::Result<()> {
@@ -176,8 +177,13 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("ops") => ops(),
         Some("escape") => escape(args.get(2).expect("escape OUTSIDE")),
+        Some("bad-pointer") => {
+            // SAFETY: deliberately not a string of this program: the VMM stops the guest.
+            let r = unsafe { sys_open(0x10 as *const c_char, 0, 0) };
+            println!("bad pointer: {r}");
+        }
         _ => {
-            eprintln!("usage: std-fs ops | escape OUTSIDE");
+            eprintln!("usage: std-fs ops | escape OUTSIDE | bad-pointer");
             std::process::exit(2);
         }
     }
