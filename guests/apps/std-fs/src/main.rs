@@ -62,22 +62,36 @@ fn ops() {
     println!("seek 6: {s}");
     println!("seek end-5: {}", f.seek(SeekFrom::End(-5)).unwrap());
     let meta = f.metadata().unwrap();
-    println!("fstat: len {} file {} dir {}", meta.len(), meta.is_file(), meta.is_dir());
+    println!(
+        "fstat: len {} file {} dir {}",
+        meta.len(),
+        meta.is_file(),
+        meta.is_dir()
+    );
     drop(f);
     let mut f = OpenOptions::new().append(true).open("/data/a.txt").unwrap();
     f.write_all(b"!").unwrap();
     // SAFETY: a descriptor of this program's open file.
-    println!("fsync: {}", unsafe { sys_fsync(std::os::hermit::io::AsRawFd::as_raw_fd(&f)) });
+    println!("fsync: {}", unsafe {
+        sys_fsync(std::os::hermit::io::AsRawFd::as_raw_fd(&f))
+    });
     drop(f);
     let meta = fs::metadata("/data/a.txt").unwrap();
     println!("stat: len {}", meta.len());
     fs::create_dir("/data/sub").unwrap();
     println!("mkdir again: {}", errno(fs::create_dir("/data/sub")));
     fs::write("/data/sub/b.txt", b"b").unwrap();
-    println!("stat dir: dir {}", fs::metadata("/data/sub").unwrap().is_dir());
+    println!(
+        "stat dir: dir {}",
+        fs::metadata("/data/sub").unwrap().is_dir()
+    );
     println!("readdir /data: {:?}", names("/data"));
     rename("/data/a.txt", "/data/sub/c.txt").unwrap();
-    println!("rename: a {} c {}", errno(fs::metadata("/data/a.txt")), fs::read_to_string("/data/sub/c.txt").unwrap());
+    println!(
+        "rename: a {} c {}",
+        errno(fs::metadata("/data/a.txt")),
+        fs::read_to_string("/data/sub/c.txt").unwrap()
+    );
     println!("rmdir non-empty: {}", errno(fs::remove_dir("/data/sub")));
     fs::remove_file("/data/sub/b.txt").unwrap();
     println!("unlink: {}", errno(fs::metadata("/data/sub/b.txt")));
@@ -101,14 +115,27 @@ fn ops() {
             Err(e) => break e,
         }
     };
-    println!("open files: {} then {}", open.len(), errno::<()>(Err(exhausted)));
+    println!(
+        "open files: {} then {}",
+        open.len(),
+        errno::<()>(Err(exhausted))
+    );
     drop(open);
-    println!("ro read: {}", fs::read_to_string("/ro/hello.txt").unwrap().trim());
+    println!(
+        "ro read: {}",
+        fs::read_to_string("/ro/hello.txt").unwrap().trim()
+    );
     println!("ro create: {}", errno(File::create("/ro/new.txt")));
-    println!("ro write: {}", errno(OpenOptions::new().write(true).open("/ro/hello.txt")));
+    println!(
+        "ro write: {}",
+        errno(OpenOptions::new().write(true).open("/ro/hello.txt"))
+    );
     println!("ro mkdir: {}", errno(fs::create_dir("/ro/d")));
     println!("ro unlink: {}", errno(fs::remove_file("/ro/hello.txt")));
-    println!("ro rename: {}", errno(rename("/ro/hello.txt", "/data/stolen.txt")));
+    println!(
+        "ro rename: {}",
+        errno(rename("/ro/hello.txt", "/data/stolen.txt"))
+    );
     println!("missing: {}", errno(File::open("/data/nope")));
     println!("done");
 }
@@ -116,26 +143,77 @@ fn ops() {
 fn escape(outside: &str) {
     let tries: Vec<(&str, io::Result<String>)> = vec![
         ("dotdot", fs::read_to_string("/data/../outside/secret.txt")),
-        ("dotdot2", fs::read_to_string("/data/sub/../../outside/secret.txt")),
-        ("dotdot3", fs::read_to_string("/data/../../../../etc/hostname")),
-        ("absolute host path", fs::read_to_string(format!("{outside}/secret.txt"))),
-        ("absolute inside mount", fs::read_to_string(format!("/data/{outside}/secret.txt"))),
+        (
+            "dotdot2",
+            fs::read_to_string("/data/sub/../../outside/secret.txt"),
+        ),
+        (
+            "dotdot3",
+            fs::read_to_string("/data/../../../../etc/hostname"),
+        ),
+        (
+            "absolute host path",
+            fs::read_to_string(format!("{outside}/secret.txt")),
+        ),
+        (
+            "absolute inside mount",
+            fs::read_to_string(format!("/data/{outside}/secret.txt")),
+        ),
         ("unmapped", fs::read_to_string("/etc/passwd")),
         ("relative", fs::read_to_string("data/inside.txt")),
-        ("symlink relative out", fs::read_to_string("/data/link_out/secret.txt")),
-        ("symlink absolute", fs::read_to_string("/data/link_abs/secret.txt")),
+        (
+            "symlink relative out",
+            fs::read_to_string("/data/link_out/secret.txt"),
+        ),
+        (
+            "symlink absolute",
+            fs::read_to_string("/data/link_abs/secret.txt"),
+        ),
         ("symlink file", fs::read_to_string("/data/link_file")),
-        ("symlink /proc/self/root", fs::read_to_string("/data/link_proc/etc/hostname")),
-        ("stat through symlink", fs::metadata("/data/link_out").map(|m| m.len().to_string())),
-        ("readdir parent", fs::read_dir("/data/..").map(|_| String::new())),
-        ("create outside", File::create("/data/../outside/new.txt").map(|_| String::new())),
-        ("mkdir outside", fs::create_dir("/data/../newdir").map(|_| String::new())),
-        ("unlink outside", fs::remove_file("/data/../outside/secret.txt").map(|_| String::new())),
-        ("unlink via symlink", fs::remove_file("/data/link_out/secret.txt").map(|_| String::new())),
-        ("rename to outside", rename("/data/inside.txt", "/data/../outside/moved.txt").map(|_| String::new())),
-        ("rename from outside", rename("/data/link_out/secret.txt", "/data/stolen.txt").map(|_| String::new())),
-        ("rename mount root", rename("/data", "/data/x").map(|_| String::new())),
-        ("hard link", fs::hard_link("/data/inside.txt", "/data/hl").map(|_| String::new())),
+        (
+            "symlink /proc/self/root",
+            fs::read_to_string("/data/link_proc/etc/hostname"),
+        ),
+        (
+            "stat through symlink",
+            fs::metadata("/data/link_out").map(|m| m.len().to_string()),
+        ),
+        (
+            "readdir parent",
+            fs::read_dir("/data/..").map(|_| String::new()),
+        ),
+        (
+            "create outside",
+            File::create("/data/../outside/new.txt").map(|_| String::new()),
+        ),
+        (
+            "mkdir outside",
+            fs::create_dir("/data/../newdir").map(|_| String::new()),
+        ),
+        (
+            "unlink outside",
+            fs::remove_file("/data/../outside/secret.txt").map(|_| String::new()),
+        ),
+        (
+            "unlink via symlink",
+            fs::remove_file("/data/link_out/secret.txt").map(|_| String::new()),
+        ),
+        (
+            "rename to outside",
+            rename("/data/inside.txt", "/data/../outside/moved.txt").map(|_| String::new()),
+        ),
+        (
+            "rename from outside",
+            rename("/data/link_out/secret.txt", "/data/stolen.txt").map(|_| String::new()),
+        ),
+        (
+            "rename mount root",
+            rename("/data", "/data/x").map(|_| String::new()),
+        ),
+        (
+            "hard link",
+            fs::hard_link("/data/inside.txt", "/data/hl").map(|_| String::new()),
+        ),
     ];
     for (name, result) in tries {
         match result {
@@ -167,8 +245,15 @@ fn escape(outside: &str) {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let swaps = swapper.join().unwrap();
-    println!("rename race: {} ({})", if escaped == 0 { "refused" } else { "ESCAPED" }, swaps > 0);
-    println!("inside: {}", fs::read_to_string("/data/inside.txt").unwrap().trim());
+    println!(
+        "rename race: {} ({})",
+        if escaped == 0 { "refused" } else { "ESCAPED" },
+        swaps > 0
+    );
+    println!(
+        "inside: {}",
+        fs::read_to_string("/data/inside.txt").unwrap().trim()
+    );
     println!("done");
 }
 
