@@ -373,12 +373,14 @@ pub extern "C" fn sched_entry(prev: *const Tcb, action: usize, arg: usize) -> ! 
                 make_next(unsafe { tcb::from_raw(hand_to) });
             }
         } else {
+            let mut from = FROM_HAND;
             if hand_to.is_null() {
                 hand_to = take_next();
+                from = FROM_EXIT_NEXT;
             }
             if !hand_to.is_null() {
                 // SAFETY: ours (see above, or just taken off `next`).
-                run_now(unsafe { tcb::from_raw(hand_to) }, true);
+                run_now(unsafe { tcb::from_raw(hand_to) }, true, from);
             }
         }
     }
@@ -402,10 +404,10 @@ pub fn sched_loop() -> ! {
         if pending & PEND_TIMER != 0 || timer::sleepers_due() {
             timer::wake_due();
         }
-        let (t, inherit) = find_runnable();
+        let (t, inherit, from) = find_runnable();
         if !t.is_null() {
             // SAFETY: a runnable TCB taken off a queue: ours now.
-            run_now(unsafe { tcb::from_raw(t) }, inherit);
+            run_now(unsafe { tcb::from_raw(t) }, inherit, from);
         }
         idle();
     }
@@ -413,32 +415,48 @@ pub fn sched_loop() -> ! {
 
 /// Finds a thread to run: sometimes the global queue first (fairness), then this vCPU's ring,
 /// the global queue, and other vCPUs' rings (steal half).
-/// The thread, and whether it inherits the current time slice (it came from `next`).
-fn find_runnable() -> (*const Tcb, bool) {
+/// The thread, whether it inherits the current time slice (it came from `next`), and where it
+/// was taken from (`FROM_*`, diagnostics).
+fn find_runnable() -> (*const Tcb, bool, u32) {
     let p = percpu::this();
     let tick = p.tick.load(Ordering::Relaxed);
     p.tick.store(tick.wrapping_add(1), Ordering::Relaxed);
     if tick % 61 == 60 {
         let t = global_pop(1);
         if !t.is_null() {
-            return (t, false);
+            return (t, false, FROM_GLOBAL_FAIR);
         }
     }
     let t = take_next();
     if !t.is_null() {
-        return (t, true);
+        return (t, true, FROM_NEXT);
     }
     let t = rseq::rq_pop();
     if !t.is_null() {
-        return (t, false);
+        return (t, false, FROM_RING);
     }
     let n = start::nr_vcpus() as usize;
     let t = global_pop(GLOBAL_LEN.load(Ordering::Relaxed) / n + 1);
     if !t.is_null() {
-        return (t, false);
+        return (t, false, FROM_GLOBAL);
     }
-    (steal(), false)
+    let t = steal();
+    if !t.is_null() {
+        return (t, false, FROM_STEAL);
+    }
+    (steal_next(), false, FROM_STEAL_NEXT)
 }
+
+/// Where the scheduler took the thread it runs (`tcb::FROM_NAMES`).
+pub const FROM_HAND: u32 = 1;
+const FROM_EXIT_NEXT: u32 = 2;
+const FROM_GLOBAL_FAIR: u32 = 3;
+const FROM_NEXT: u32 = 4;
+const FROM_RING: u32 = 5;
+const FROM_GLOBAL: u32 = 6;
+const FROM_STEAL: u32 = 7;
+const FROM_STEAL_NEXT: u32 = 8;
+pub const FROM_CONTINUED: u32 = 9;
 
 fn steal() -> *const Tcb {
     let n = start::nr_vcpus();
@@ -467,7 +485,7 @@ fn steal() -> *const Tcb {
         }
         return batch[0];
     }
-    steal_next()
+    core::ptr::null()
 }
 
 /// Takes the `next` thread the idle loop saw staying on another vCPU beyond the grace period.
@@ -577,7 +595,7 @@ fn watch_next(now: u64) -> Option<bool> {
 
 /// Scheduler context: switches to `t` (binding a stack first if it never ran).
 /// `inherit`: `t` came from `next` and runs in the current time slice.
-pub fn run_now(t: &Tcb, inherit: bool) -> ! {
+pub fn run_now(t: &Tcb, inherit: bool, from: u32) -> ! {
     if t.stack.get().is_none() {
         let Some(s) = stack::alloc(t.stack_size.get()) else {
             panic!(
@@ -616,7 +634,7 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
         p.slice_start.store(now, Ordering::Relaxed);
         now
     };
-    tcb::event(t, tcb::EV_RUNNING);
+    tcb::event(t, tcb::EV_RUNNING | from << 8);
     t.slice_start.store(start, Ordering::Relaxed);
     percpu::bump(&p.counters.switches);
     timer::on_switch_in(start);

@@ -132,8 +132,15 @@ pub fn event_name(e: u32) -> &'static str {
         "global",
         "next",
     ];
-    NAMES.get((e >> 8) as usize).copied().unwrap_or("?")
+    NAMES.get(((e >> 8) & 0xff) as usize).copied().unwrap_or("?")
 }
+
+/// Where the scheduler took a thread it runs (`EV_RUNNING` events carry it in bits 8..16 of
+/// `ev`): the `/from` of `running@vCPU/from` in a thread's history.
+pub const FROM_NAMES: [&str; 10] = [
+    "", "hand", "exit-next", "global-fair", "next", "ring", "global", "steal", "steal-next",
+    "continued",
+];
 
 /// Events kept per thread (diagnostics).
 pub const HISTORY: usize = 8;
@@ -156,7 +163,9 @@ pub fn history(t: &Tcb) -> alloc::string::String {
     for i in at.saturating_sub(HISTORY)..at {
         let e = t.history[i % HISTORY].load(Ordering::Relaxed);
         let name = event_name(e);
-        out += &alloc::format!("{name}@{} ", e & 0xff);
+        let from = FROM_NAMES.get((e >> 16) as usize).copied().unwrap_or("?");
+        let sep = if from.is_empty() { "" } else { "/" };
+        out += &alloc::format!("{name}@{}{sep}{from} ", e & 0xff);
     }
     out
 }

@@ -1198,7 +1198,7 @@ fn continue_holder(t: &Tcb, hold: u64) -> ! {
     percpu::bump(&percpu::this().counters.continuations);
     cpu::set_hold(hold);
     preempt::defer(PEND_CONT);
-    sched::run_now(t, false)
+    sched::run_now(t, false, sched::FROM_CONTINUED)
 }
 
 /// From the upcall handler on top of a scheduler: leaves that scheduler suspended (adopted back
