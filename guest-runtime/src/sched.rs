@@ -433,6 +433,15 @@ fn find_runnable() -> (*const Tcb, bool, u32) {
     }
     let t = rseq::rq_pop();
     if !t.is_null() {
+        let (head, tail) = (p.head.load(Ordering::Relaxed), p.tail.load(Ordering::Relaxed));
+        if tail.wrapping_sub(head) as usize > RQ_CAP {
+            panic!(
+                "this vCPU's run queue is corrupt after a pop: head {head}, tail {tail}; \
+                 popped thread events {}",
+                // SAFETY: a TCB from the ring (diagnostics).
+                tcb::history(unsafe { tcb::from_raw(t) })
+            );
+        }
         return (t, false, FROM_RING);
     }
     let n = start::nr_vcpus() as usize;

@@ -383,6 +383,9 @@ pub fn release_act_stack(top: u64) {
         // SAFETY: a stack nobody runs on (its owner is handing it back); `top` is a 16-byte
         // aligned activation stack top, so the word under it is inside the stack.
         unsafe { ((top - ENTRY_MARK_OFFSET) as *mut u64).write_volatile(0) };
+        // SAFETY: as above; the word where an interrupt in the entry's window leaves its `rip`
+        // (see `resolve_entry_interrupt_context`).
+        unsafe { ((top - ENTRY_SP_OFFSET - 8) as *mut u64).write_volatile(0) };
         put_spare(top);
     }
 }
@@ -1018,7 +1021,7 @@ fn fix_rip(ctx: &mut UserContext) -> bool {
 /// the entry had saved, drop the new activation's context and give back its stack.
 fn resolve_entry_context(r: &UpcallRecord) -> bool {
     let ctx = &r.context;
-    let (start, claimed, end) = entry_window();
+    let (start, _, end) = entry_window();
     // An interrupt pending when the activation started is delivered before (or between) its
     // first instructions; taken in the stub's trampoline before that saved anything, the
     // context is the trampoline's, and the entry's own rip and rsp are in the 4-word frame the
@@ -1038,13 +1041,21 @@ fn resolve_entry_context(r: &UpcallRecord) -> bool {
     if !(start..end).contains(&rip) {
         return false;
     }
+    resolve_entry_at(r, rip, rsp, ctx.gprs.rax)
+}
+
+/// The entry of the activation of record `r` was stopped at `rip` (inside its window) with
+/// stack pointer `rsp` and `rax`: file what it saved if it claimed the vCPU, drop it and give
+/// back its stack.
+fn resolve_entry_at(r: &UpcallRecord, rip: u64, rsp: u64, rax: u64) -> bool {
+    let (start, claimed, _) = entry_window();
     let top = if rip == start { rsp + 8 } else { rsp + 64 };
     percpu::trace(percpu::T_ENTRY_CTX, rip);
     if rip >= claimed {
         // SAFETY: the entry saved the words at rsp (its `sub $56` ran before the claim).
         let mut old = unsafe { *(rsp as *const OldWords) };
         if rip == claimed {
-            old.activation = ctx.gprs.rax;
+            old.activation = rax;
         }
         file_old_state(r.vcpu, &old);
         // Unless the vCPU's next activation claimed it already (it then files nothing).
@@ -1084,6 +1095,40 @@ fn drop_entry_interrupt_context(r: &UpcallRecord) -> bool {
     true
 }
 
+/// The entry's stack pointer after its first instruction (`sub $56`): `top - 64`.
+const ENTRY_SP_OFFSET: u64 = 64;
+
+/// A context taken in an interrupt handler that runs on top of a new activation's entry after
+/// its first instruction and before the end of its window (the handler only deferred): the
+/// stub's frame is then right under the entry's stack pointer, `top - 64`, with the entry's
+/// `rip` at `top - 72` and its `rax` (saved by the trampoline) at `top - 104`. Resolved as a
+/// context stopped at that entry instruction would be. (Found by six soaks at once: such a
+/// PREEMPTED record was never handled, its activation's stack leaked, and when the entry had
+/// already claimed the vCPU the state it saved was never filed either.)
+fn resolve_entry_interrupt_context(r: &UpcallRecord) -> bool {
+    let Some(top) = act_stack_top_of(r.context.gprs.rsp) else {
+        return false;
+    };
+    let entry_rsp = top - ENTRY_SP_OFFSET;
+    // Below the stub's frame and the registers the trampoline pushed: inside the handler.
+    if r.context.gprs.rsp >= entry_rsp - 40 {
+        return false;
+    }
+    // SAFETY: `entry_rsp - 40 .. entry_rsp` lies inside that activation stack (registered when
+    // made), guest memory; the stack's activation no longer runs.
+    let (rip, rax) = unsafe {
+        (
+            ((entry_rsp - 8) as *const u64).read_volatile(),
+            ((entry_rsp - 40) as *const u64).read_volatile(),
+        )
+    };
+    let (start, _, end) = entry_window();
+    if !(start < rip && rip < end) {
+        return false;
+    }
+    resolve_entry_at(r, rip, entry_rsp, rax)
+}
+
 /// Resumes the context of a PREEMPTED or UNBLOCKED record on this vCPU.
 fn resume_context(r: &UpcallRecord) {
     resume_context_in(r, false)
@@ -1103,7 +1148,7 @@ fn resume_context_in(r: &UpcallRecord, nested: bool) {
         (u64::from(r.activation) << 32) | (u64::from(r.vcpu) << 24) | (r.seq & 0xff_ffff),
     );
     let Some(st) = take_state(r.activation, r.vcpu) else {
-        if drop_entry_interrupt_context(r) {
+        if drop_entry_interrupt_context(r) || resolve_entry_interrupt_context(r) {
             return;
         }
         percpu::trace(percpu::T_LATER, r.seq);
