@@ -433,7 +433,10 @@ fn find_runnable() -> (*const Tcb, bool, u32) {
     }
     let t = rseq::rq_pop();
     if !t.is_null() {
-        let (head, tail) = (p.head.load(Ordering::Relaxed), p.tail.load(Ordering::Relaxed));
+        let (head, tail) = (
+            p.head.load(Ordering::Relaxed),
+            p.tail.load(Ordering::Relaxed),
+        );
         if tail.wrapping_sub(head) as usize > RQ_CAP {
             panic!(
                 "this vCPU's run queue is corrupt after a pop: head {head}, tail {tail}; \

@@ -132,13 +132,24 @@ pub fn event_name(e: u32) -> &'static str {
         "global",
         "next",
     ];
-    NAMES.get(((e >> 8) & 0xff) as usize).copied().unwrap_or("?")
+    NAMES
+        .get(((e >> 8) & 0xff) as usize)
+        .copied()
+        .unwrap_or("?")
 }
 
 /// Where the scheduler took a thread it runs (`EV_RUNNING` events carry it in bits 8..16 of
 /// `ev`): the `/from` of `running@vCPU/from` in a thread's history.
 pub const FROM_NAMES: [&str; 10] = [
-    "", "hand", "exit-next", "global-fair", "next", "ring", "global", "steal", "steal-next",
+    "",
+    "hand",
+    "exit-next",
+    "global-fair",
+    "next",
+    "ring",
+    "global",
+    "steal",
+    "steal-next",
     "continued",
 ];
 

@@ -155,7 +155,11 @@ fn latency(reads: u64) -> i32 {
 /// The 4 KiB block thread `t` writes in round `round`.
 fn storm_block(t: u64, round: u64) -> Vec<u8> {
     let word = (t << 32 | round).to_le_bytes();
-    word.iter().copied().cycle().take((SECTORS * blk::SECTOR_SIZE) as usize).collect()
+    word.iter()
+        .copied()
+        .cycle()
+        .take((SECTORS * blk::SECTOR_SIZE) as usize)
+        .collect()
 }
 
 fn storm(threads: u64, rounds: u64) -> i32 {
