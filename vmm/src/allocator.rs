@@ -18,7 +18,22 @@ use std::time::{Duration, Instant};
 /// A guest, by its index in the monitor.
 pub type GuestId = usize;
 
-/// Where a vCPU stands with the allocator.
+/// Where a vCPU stands: the one state machine of a vCPU. The allocator moves it under its lock;
+/// the vCPU thread learns of a change by waiting in [`Allocator::acquire`] or by a kick
+/// (`kick.rs`: a revoke request flag, then a signal, so none is lost).
+///
+/// ```text
+///                ┌──────────── rebalance: grant ────────────┐
+///   Runnable ────┤                                          ▼
+///   Parked ──────┴─► GrantedResume / GrantedNew ─ acquire ─► Running ─ rebalance ─► Revoking
+///     ▲  ▲  ▲                                                │  │                      │
+///     │  │  └──────────────── release(Yielded) ──────────────┘  └─ release(Blocked) ─┐ │
+///     │  └─ release(Preempted), activations (context handed over) ◄──────────────────┼─┘
+///     │     release(Preempted | Descheduled), oblivious ──► Runnable                 │
+///     │     Runnable, activations, no processor coming ──► HandOff ─ acquire ─► Revoking
+///     └──────── unblock (UNBLOCKED handed over; oblivious: Runnable) ◄── Blocked ◄───┘
+///   any ─► Stopped (release(Stopped), or the guest is removed)
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slot {
     /// Holds a processor since the instant given.

@@ -1,25 +1,24 @@
 //! One guest: its VM, memory, vCPU controls, activation state, outcome and counters.
 
 use std::io::Write;
-use std::mem::offset_of;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
-use protocol::shared::{SharedHeader, UpcallKind};
 
-use crate::activation::{Activations, Event, QueueError};
-use crate::allocator::{Allocator, GuestId, Slot};
+use crate::activation::{Activations, SharedArea};
+use crate::allocator::{Allocator, GuestId};
 use crate::arch::current as arch;
 use crate::bootinfo::{self, HostFacts};
+use crate::config::VmConfig;
 use crate::devices::blk::Disk;
 use crate::error::Error;
+use crate::kick::VcpuControl;
+use crate::loader;
 use crate::memory::{GuestRam, Plan, StackSlots};
 use crate::trace::Trace;
-use crate::vcpu::VcpuControl;
-use crate::vm::{Outcome, VmConfig};
-use crate::{loader, rdtsc};
+use crate::vm::Outcome;
 
 /// The physical CPUs shared by every guest of one monitor: the allocator and a way to reach
 /// each vCPU it names.
@@ -120,13 +119,11 @@ impl std::fmt::Debug for Guest {
 fn open_kvm() -> Result<Kvm, Error> {
     let kvm = Kvm::new()
         .map_err(|e| Error::KvmUnavailable(std::io::Error::from_raw_os_error(e.errno())))?;
-    for (cap, name) in [
-        (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
+    let common = [
         (Cap::ImmediateExit, "KVM_CAP_IMMEDIATE_EXIT"),
-        (Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
         (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
-        (Cap::SignalMsi, "KVM_CAP_SIGNAL_MSI"),
-    ] {
+    ];
+    for &(cap, name) in common.iter().chain(arch::REQUIRED_CAPS) {
         if !kvm.check_extension(cap) {
             return Err(Error::KvmCapability(name));
         }
@@ -157,7 +154,7 @@ impl Guest {
         let mut phases = Vec::new();
         let image = loader::inspect(&config.image, config.mem_size)?;
         let disk = config.disk.as_ref().map(Disk::open).transpose()?;
-        phases.push(("image read and checked", rdtsc()));
+        phases.push(("image read and checked", arch::timestamp()));
         let kvm = open_kvm()?;
         let vm = kvm.create_vm().map_err(Error::kvm("KVM_CREATE_VM"))?;
         let ram = GuestRam::new(config.mem_size)?;
@@ -173,13 +170,13 @@ impl Guest {
         // mapping goes (the mmap does not move with the struct).
         unsafe { vm.set_user_memory_region(region) }
             .map_err(Error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
-        phases.push(("VM created, guest RAM mapped", rdtsc()));
+        phases.push(("VM created, guest RAM mapped", arch::timestamp()));
         // After the memory slot: with an irqchip present, adding the slot costs 6-12 ms instead
         // of 0.2 ms for 256 MiB on our KVM. (The cost moves to VM teardown, after the guest ran.)
         let arch_vm = arch::setup_vm(&kvm, &vm)?;
-        phases.push(("irqchip created", rdtsc()));
+        phases.push(("irqchip created", arch::timestamp()));
         let header = loader::load(&config.image, &image, &ram)?;
-        phases.push(("image loaded", rdtsc()));
+        phases.push(("image loaded", arch::timestamp()));
         let plan = Plan::new(
             config.vcpus,
             config.mem_size,
@@ -194,7 +191,7 @@ impl Guest {
             )?,
         )?;
         arch::boot::write_tables(&ram, &plan)?;
-        phases.push(("page tables and descriptors built", rdtsc()));
+        phases.push(("page tables and descriptors built", arch::timestamp()));
         let mut fds = Vec::new();
         for index in 0..config.vcpus {
             let fd = vm
@@ -203,8 +200,8 @@ impl Guest {
             arch::configure_vcpu(&fd, &arch_vm, index, &plan)?;
             fds.push(fd);
         }
-        phases.push(("vCPUs created and configured", rdtsc()));
-        let tsc_khz = fds[0].get_tsc_khz().map(u64::from).unwrap_or(0);
+        phases.push(("vCPUs created and configured", arch::timestamp()));
+        let tsc_khz = arch::timestamp_khz(&fds[0]);
         bootinfo::write(
             &ram,
             &plan,
@@ -280,228 +277,15 @@ impl Guest {
         }
     }
 
+    /// The guest's shared area, as the VMM reads and writes it.
+    pub fn shared(&self) -> SharedArea<'_> {
+        SharedArea::new(&self.ram, &self.plan)
+    }
+
     pub fn console_write(&self, bytes: &[u8]) {
         let mut console = self.console.lock().unwrap_or_else(|e| e.into_inner());
         // The console is best effort: a closed stdout must not kill the guest.
         let _ = console.write_all(bytes).and_then(|_| console.flush());
-    }
-
-    /// Each vCPU's allocator slot and run-loop state (diagnostics for fault reports).
-    fn describe_vcpus(&self) -> String {
-        let view = self.procs.alloc.view(self.id);
-        let table = self
-            .procs
-            .controls
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
-        let controls = table.get(self.id);
-        view.vcpus
-            .iter()
-            .enumerate()
-            .map(|(i, slot)| {
-                let state = controls
-                    .and_then(|c| c.get(i))
-                    .map(|c| format!("{:?}", c.state()))
-                    .unwrap_or_default();
-                format!("vCPU {i} {slot:?} {state}")
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    /// A vCPU that holds a processor and is not being revoked, other than `except`.
-    pub fn running_vcpu(&self, except: Option<u32>) -> Option<u32> {
-        let view = self.procs.alloc.view(self.id);
-        view.vcpus
-            .iter()
-            .enumerate()
-            .find(|(i, s)| matches!(s, Slot::Running(_)) && Some(*i as u32) != except)
-            .map(|(i, _)| i as u32)
-    }
-
-    /// Keep `event` pending, without interrupting anyone: it goes out with the next new
-    /// activation, ahead of the next delivered event, or with the next quantum's retry.
-    pub fn post_pending(&self, event: Event) {
-        let kind = event.kind;
-        match self.acts.post(&self.ram, &self.plan, event, None) {
-            Ok(_) => {
-                self.stats.upcalls[kind as usize].fetch_add(1, Ordering::Relaxed);
-            }
-            Err(_) => self.finish(Outcome::fault(
-                0,
-                format!(
-                    "the guest does not consume its upcalls: {} events pending",
-                    self.acts.pending()
-                ),
-            )),
-        }
-    }
-
-    /// Hand `event` to the guest: into the queue of a running vCPU (not `event.vcpu`) with the
-    /// upcall interrupt, or pending until the next new activation. A guest that lets its queues
-    /// fill up is stopped.
-    pub fn deliver(&self, event: Event) {
-        let kind = event.kind;
-        let target = match kind {
-            // USER goes to the vCPU it names (the caller checked it runs).
-            UpcallKind::User => Some(event.vcpu),
-            UpcallKind::Signal => self.running_vcpu(None),
-            // Behind its BLOCKED record, in the same queue, while that queue's vCPU runs.
-            UpcallKind::Unblocked => self
-                .acts
-                .blocked_record_queue(event.activation)
-                .filter(|&v| {
-                    v != event.vcpu
-                        && matches!(
-                            self.procs.alloc.view(self.id).vcpus.get(v as usize),
-                            Some(Slot::Running(_))
-                        )
-                })
-                .or_else(|| self.running_vcpu(Some(event.vcpu))),
-            _ => self.running_vcpu(Some(event.vcpu)),
-        };
-        if target.is_none() && self.acts.enabled() {
-            // It gave every processor back: it wants one again for this event.
-            self.procs.revoke(self.procs.alloc.want_one(self.id));
-        }
-        let posted = self.acts.post(&self.ram, &self.plan, event, target);
-        if posted.is_ok() {
-            // Counted once, when it is written now or pending for the next activation.
-            self.stats.upcalls[kind as usize].fetch_add(1, Ordering::Relaxed);
-        }
-        match posted {
-            Ok(Some(vcpu)) => {
-                if let Some(trace) = &self.trace {
-                    trace.instant(self.id, vcpu, upcall_name(kind), 0);
-                }
-                if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
-                    self.finish(Outcome::fault(
-                        vcpu,
-                        format!("cannot send the upcall interrupt: {e}"),
-                    ));
-                }
-            }
-            Ok(None) => {
-                // Its target's activation ended meanwhile: to another running vCPU, or a
-                // processor is wanted for it.
-                if target.is_some() {
-                    match self.running_vcpu(target) {
-                        Some(vcpu) => self.flush_pending(vcpu),
-                        None => self.procs.revoke(self.procs.alloc.want_one(self.id)),
-                    }
-                }
-            }
-            Err(QueueError::Full) => self.finish(Outcome::fault(
-                target.unwrap_or(0),
-                format!(
-                    "the guest does not consume its upcalls, or corrupted its queue indices: \
-                     no room in vCPU {}'s queue ({} events pending)",
-                    target.unwrap_or(0),
-                    self.acts.pending()
-                ),
-            )),
-            Err(QueueError::Memory(e)) => {
-                self.finish(Outcome::fault(0, format!("upcall queue: {e}")))
-            }
-        }
-    }
-}
-
-impl Guest {
-    /// Events that waited for a running vCPU go to `vcpu`, which is about to run or runs.
-    pub fn flush_pending(&self, vcpu: u32) {
-        if self.acts.pending() == 0 {
-            return;
-        }
-        match self.acts.flush_pending(&self.ram, &self.plan, vcpu) {
-            Ok(0) => {}
-            Ok(_) => {
-                if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
-                    self.finish(Outcome::fault(
-                        vcpu,
-                        format!("cannot send the upcall interrupt: {e}"),
-                    ));
-                }
-            }
-            Err(e) => self.finish(Outcome::fault(vcpu, format!("upcall queue: {e:?}"))),
-        }
-    }
-
-    /// Whether a vCPU of this guest has been granted a processor as a new activation and not
-    /// started it yet (pending events will go out with its NEWPROC).
-    pub fn starting_activation(&self) -> bool {
-        self.procs
-            .alloc
-            .view(self.id)
-            .vcpus
-            .contains(&Slot::GrantedNew)
-    }
-
-    /// Pending events go now, with the upcall interrupt, to a running vCPU the guest does not
-    /// mark idle (`SharedHeader::idle_vcpus`). If every running vCPU idles they stay pending
-    /// (they go out with the next delivered event, new activation or quantum retry): an idle
-    /// vCPU has nothing to do with them, and waking it from a halt costs ~40 us.
-    pub fn flush_to_busy(&self) {
-        let idle = self
-            .ram
-            .read_u64(self.plan.shared_area.start + offset_of!(SharedHeader, idle_vcpus) as u64)
-            .unwrap_or(0);
-        let view = self.procs.alloc.view(self.id);
-        let busy = view
-            .vcpus
-            .iter()
-            .enumerate()
-            .find(|&(i, s)| matches!(s, Slot::Running(_)) && (i >= 64 || idle & (1 << i) == 0));
-        if let Some((vcpu, _)) = busy {
-            self.flush_pending(vcpu as u32);
-        }
-    }
-
-    /// Called every quantum: retry events that found no room, and stop a guest whose queues
-    /// have had no room for a second (it does not consume its upcalls, or corrupted them).
-    pub fn retry_pending(&self) {
-        if !self.acts.enabled() || self.acts.pending() == 0 || self.outcome().is_some() {
-            return;
-        }
-        match self.running_vcpu(None) {
-            Some(vcpu) => self.flush_pending(vcpu),
-            None => self.procs.revoke(self.procs.alloc.want_one(self.id)),
-        }
-        if let Some(stalled) = self.acts.stalled_for() {
-            if stalled > UPCALL_STALL_LIMIT {
-                // Where was each vCPU? Kick them all; those in `KVM_RUN` print their registers.
-                self.stall_snapshot.store(true, Ordering::Release);
-                for control in &self.vcpus {
-                    control.kick();
-                }
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                self.finish(Outcome::fault(
-                    self.running_vcpu(None).unwrap_or(0),
-                    format!(
-                        "the guest does not consume its upcalls, or corrupted its queue indices: \
-                         no room in its queues for {stalled:?} ({} events pending)\n  {}\n  \
-                         allocator: {}",
-                        self.acts.pending(),
-                        self.acts.describe(&self.ram, &self.plan),
-                        self.describe_vcpus()
-                    ),
-                ));
-            }
-        }
-    }
-}
-
-/// How long a guest's upcall queues may stay without room before the guest is stopped.
-pub const UPCALL_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-pub fn upcall_name(kind: UpcallKind) -> &'static str {
-    match kind {
-        UpcallKind::NewProc => "upcall NEWPROC",
-        UpcallKind::Preempted => "upcall PREEMPTED",
-        UpcallKind::Blocked => "upcall BLOCKED",
-        UpcallKind::Unblocked => "upcall UNBLOCKED",
-        UpcallKind::Signal => "upcall SIGNAL",
-        UpcallKind::User => "upcall USER",
     }
 }
 

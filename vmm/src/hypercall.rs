@@ -1,304 +1,165 @@
-//! Handling vCPU exits: hypercalls (a load from the hypercall page, arguments in registers, see
-//! `protocol::hypercall`) and every other exit, which ends the guest with a report. Every
-//! argument is untrusted.
+//! A hypercall, decoded once: which call the guest's load named (`protocol::hypercall`) and its
+//! parameters, typed. The arguments come from the architecture's registers
+//! (`arch::current::hypercall_args`); what each call does is `vcpu/hypercalls.rs`. Nothing
+//! here is trusted yet: the handlers check every value against the guest.
 
-use kvm_bindings::{kvm_mp_state, kvm_regs, KVM_MP_STATE_HALTED};
-use kvm_ioctls::VcpuFd;
-use protocol::blk::BLK_ERR_NO_DEVICE;
-use protocol::hypercall::{decode, Hypercall, HC_UNSUPPORTED, MAX_WRITE_LEN};
-use protocol::shared::UpcallKind;
+use protocol::hypercall::{decode, Hypercall};
 
-use crate::activation::Event;
-use crate::allocator::Slot;
 use crate::arch::current::abi::HYPERCALL_BASE;
-use crate::arch::current::vcpu::{dump, fatal_trap_report, hypercall_args};
 use crate::devices::blk::{Op, Request};
-use crate::guest::Guest;
-use crate::vcpu::{Exit, EXIT_HYPERCALL, EXIT_OTHER};
-use crate::vm::Outcome;
 
-/// What the vCPU loop does after an exit.
-#[derive(Debug)]
-pub enum HcAction {
-    Continue,
-    /// The guest gave this vCPU's processor back (`sa_yield`).
-    Yield,
-    /// This vCPU is done; the guest goes on.
-    StopVcpu,
-    /// The whole guest is done.
-    Finish(Outcome),
-    /// A device request that must wait: the vCPU blocks in the VMM (see `vcpu.rs`); the
-    /// load's result is set when the request completes.
-    Block(Request),
+/// A hypercall with its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// Write `len` bytes at guest-physical `buf` to the console.
+    ConsoleWrite { buf: u64, len: u64 },
+    /// End the guest with this exit status (its low byte).
+    Exit { code: i32 },
+    /// End the guest with the `len`-byte message at `buf`.
+    Panic { buf: u64, len: u64 },
+    /// The CPL0 stub met an exception it cannot handle; the trap frame is on its stack.
+    FatalTrap,
+    /// Stop this vCPU for good.
+    VcpuStop,
+    /// Sleep until an interrupt.
+    Halt,
+    /// Register the upcall entry point.
+    SaRegister { entry: u64 },
+    /// Start taking upcalls.
+    SaEnable,
+    /// How many processors the guest can use.
+    SaSetConcurrency { processors: u64 },
+    /// Give this vCPU's processor back.
+    SaYield,
+    /// Interrupt vCPU `vcpu` with a USER upcall.
+    SaPreempt { vcpu: u64 },
+    /// Ask the block device a question (`protocol::blk`).
+    BlkInfo { what: u64 },
+    /// Read, write or flush the block device.
+    Blk(Request),
 }
 
-fn violation(index: u32, fd: &VcpuFd, what: String) -> HcAction {
-    HcAction::Finish(Outcome::fault(index, format!("{what}\n{}", dump(fd))))
+/// A load that is not a well-formed hypercall.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Malformed {
+    /// A load from an address with nothing behind it.
+    Unbacked { addr: u64 },
+    /// A load inside the hypercall page, not at a call's 8-byte slot.
+    Misaligned { offset: u64 },
+    /// A hypercall load of the wrong width.
+    Width { nr: u64, len: usize },
+    /// A slot no hypercall has.
+    Unknown { nr: u64 },
 }
 
-/// Handle one exit of vCPU `index`.
-pub fn handle_exit(fd: &mut VcpuFd, index: u32, guest: &Guest, exit: Exit) -> HcAction {
-    let count = |i: usize| {
-        guest.vcpus[index as usize].exits[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    };
-    match exit {
-        Exit::MmioRead { addr, len } => {
-            count(EXIT_HYPERCALL);
-            let regs = fd.sync_regs().regs;
-            match handle_load(fd, index, guest, addr, len, &regs) {
-                Ok(value) => {
-                    set_load_result(fd, value);
-                    HcAction::Continue
-                }
-                Err(action) => action,
-            }
+impl Call {
+    /// Decode the `len`-byte load at guest-physical `addr` with the arguments `args` (read only
+    /// when the address is a hypercall's).
+    pub fn decode(
+        addr: u64,
+        len: usize,
+        args: impl FnOnce() -> [u64; 4],
+    ) -> Result<(Hypercall, Call), Malformed> {
+        let nr = match decode(addr, HYPERCALL_BASE) {
+            None => return Err(Malformed::Unbacked { addr }),
+            Some(Err(offset)) => return Err(Malformed::Misaligned { offset }),
+            Some(Ok(nr)) => nr,
+        };
+        if len != 8 {
+            return Err(Malformed::Width { nr, len });
         }
-        Exit::MmioWrite { addr, len } => {
-            count(EXIT_OTHER);
-            let what = match decode(addr, HYPERCALL_BASE) {
-                Some(_) => format!(
-                    "malformed hypercall: a {len}-byte store to the hypercall page at {addr:#x} (hypercalls are loads)"
-                ),
-                None => format!("{len}-byte store to unbacked guest-physical address {addr:#x}: no device there"),
-            };
-            violation(index, fd, what)
-        }
-        Exit::Shutdown => violation(
-            index,
-            fd,
-            format!("guest triple fault (KVM shutdown) on vCPU {index}"),
-        ),
-        Exit::InternalError => {
-            let run = fd.get_kvm_run();
-            // SAFETY: the last exit was KVM_EXIT_INTERNAL_ERROR, so `internal` is active.
-            let suberror = unsafe { run.__bindgen_anon_1.internal.suberror };
-            violation(
-                index,
-                fd,
-                format!(
-                    "KVM internal error (suberror {suberror}) on vCPU {index}: the guest ran an \
-                     instruction KVM could not emulate (at CPL0: no SSE or xgetbv there)"
-                ),
-            )
-        }
-        Exit::FailEntry { reason } => violation(
-            index,
-            fd,
-            format!("KVM could not enter vCPU {index} (hardware reason {reason:#x})"),
-        ),
-        Exit::Io { port } => violation(
-            index,
-            fd,
-            format!("port I/O to {port:#x} on vCPU {index}: activm guests have no I/O ports"),
-        ),
-        Exit::Other(what) => violation(
-            index,
-            fd,
-            format!("unexpected KVM exit {what} on vCPU {index}"),
-        ),
+        let kind = Hypercall::from_raw(nr).ok_or(Malformed::Unknown { nr })?;
+        Ok((kind, Call::new(kind, args())))
     }
-}
 
-/// Set the result of the hypercall load the vCPU last exited on; KVM writes it to the load's
-/// destination register when the vCPU next runs.
-pub fn set_load_result(fd: &mut VcpuFd, value: u64) {
-    // Only called after a KVM_EXIT_MMIO for a hypercall (`mmio` is the active union field) and
-    // hypercall loads are 8 bytes (checked in `handle_load`).
-    fd.get_kvm_run().__bindgen_anon_1.mmio.data = value.to_le_bytes();
-}
-
-/// Handle an MMIO load at `addr`; `Ok(value)` is the load's result.
-fn handle_load(
-    fd: &VcpuFd,
-    index: u32,
-    guest: &Guest,
-    addr: u64,
-    len: usize,
-    regs: &kvm_regs,
-) -> Result<u64, HcAction> {
-    let nr = match decode(addr, HYPERCALL_BASE) {
-        None => {
-            return Err(violation(index, fd, format!(
-                "vCPU {index} read unbacked guest-physical address {addr:#x} (rip {:#x}): no device there",
-                regs.rip
-            )))
-        }
-        Some(Err(offset)) => {
-            return Err(violation(index, fd, format!(
-                "malformed hypercall on vCPU {index}: load at hypercall-page offset {offset:#x} is not 8-byte aligned"
-            )))
-        }
-        Some(Ok(nr)) => nr,
-    };
-    if len != 8 {
-        return Err(violation(index, fd, format!(
-            "malformed hypercall {nr} on vCPU {index}: a {len}-byte load (hypercalls are 8-byte loads)"
-        )));
-    }
-    let Some(call) = Hypercall::from_raw(nr) else {
-        return Err(violation(
-            index,
-            fd,
-            format!(
-                "unknown hypercall {nr} on vCPU {index} (rip {:#x})",
-                regs.rip
-            ),
-        ));
-    };
-    if let Some(trace) = &guest.trace {
-        trace.instant(guest.id, index, call.name(), regs.rdi);
-    }
-    let [a0, a1, a2, _a3] = hypercall_args(regs);
-    match call {
-        Hypercall::ConsoleWrite => {
-            let bytes = read_buffer(guest, call, a0, a1).map_err(|e| violation(index, fd, e))?;
-            guest.console_write(&bytes);
-            Ok(a1)
-        }
-        Hypercall::Exit => Err(HcAction::Finish(Outcome::Exited((a0 & 0xff) as i32))),
-        Hypercall::Panic => {
-            let message = match read_buffer(guest, call, a0, a1) {
-                Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-                Err(e) => format!("<unreadable panic message: {e}>"),
-            };
-            Err(HcAction::Finish(Outcome::Panicked {
-                vcpu: index,
-                message,
-            }))
-        }
-        Hypercall::FatalTrap => Err(HcAction::Finish(Outcome::Fault {
-            vcpu: index,
-            report: fatal_trap_report(fd, index, &guest.ram, regs),
-        })),
-        Hypercall::VcpuStop => Err(HcAction::StopVcpu),
-        Hypercall::Halt => {
-            // Sleep inside KVM until an interrupt is pending; KVM completes this load first.
-            guest.vcpus[index as usize]
-                .maybe_halted
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            fd.set_mp_state(kvm_mp_state {
-                mp_state: KVM_MP_STATE_HALTED,
-            })
-            .map_err(|e| violation(index, fd, format!("KVM_SET_MP_STATE(HALTED): {e}")))?;
-            Ok(0)
-        }
-        Hypercall::SaRegister => {
-            if !guest.acts.allowed() {
-                return Ok(HC_UNSUPPORTED);
-            }
-            if !guest.plan.image.contains(&a0) {
-                return Err(violation(index, fd, format!(
-                    "malformed hypercall sa_register: upcall entry {a0:#x} lies outside the guest image"
-                )));
-            }
-            guest.acts.register(a0);
-            Ok(0)
-        }
-        Hypercall::SaEnable => match guest.acts.enable() {
-            Ok(()) => {
-                guest
-                    .procs
-                    .revoke(guest.procs.alloc.set_activations(guest.id, true));
-                Ok(0)
-            }
-            Err(_) if !guest.acts.allowed() => Ok(HC_UNSUPPORTED),
-            Err(why) => Err(violation(
-                index,
-                fd,
-                format!("malformed hypercall sa_enable: {why}"),
-            )),
-        },
-        Hypercall::SaSetConcurrency => {
-            if !guest.acts.allowed() {
-                return Ok(HC_UNSUPPORTED);
-            }
-            if a0 == 0 || a0 > guest.config.vcpus as u64 {
-                return Err(violation(
-                    index,
-                    fd,
-                    format!(
-                        "malformed hypercall sa_setconcurrency({a0}): the guest has {} vCPUs",
-                        guest.config.vcpus
-                    ),
-                ));
-            }
-            let (previous, kicks) = guest.procs.alloc.set_concurrency(guest.id, a0 as usize);
-            guest.procs.revoke(kicks);
-            Ok(previous as u64)
-        }
-        Hypercall::SaYield => {
-            if !guest.acts.enabled() {
-                return Ok(HC_UNSUPPORTED);
-            }
-            Err(HcAction::Yield)
-        }
-        Hypercall::SaPreempt => {
-            if !guest.acts.enabled() {
-                return Ok(HC_UNSUPPORTED);
-            }
-            let view = guest.procs.alloc.view(guest.id);
-            match view.vcpus.get(a0 as usize) {
-                Some(Slot::Running(_)) => {
-                    let target = a0 as u32;
-                    let event = Event::new(
-                        UpcallKind::User,
-                        guest.acts.current(target),
-                        target,
-                        index as u64,
-                    );
-                    guest.deliver(event);
-                    Ok(0)
-                }
-                // Not running (or no such vCPU): nothing to interrupt.
-                _ => Ok(1),
-            }
-        }
-        Hypercall::BlkInfo => Ok(match &guest.disk {
-            None => 0,
-            Some(disk) => disk.info(a0).unwrap_or(HC_UNSUPPORTED),
-        }),
-        Hypercall::BlkRead | Hypercall::BlkWrite | Hypercall::BlkFlush => {
-            let Some(disk) = &guest.disk else {
-                return Ok(BLK_ERR_NO_DEVICE);
-            };
-            let op = match call {
-                Hypercall::BlkRead => Op::Read,
-                Hypercall::BlkWrite => Op::Write,
-                _ => Op::Flush,
-            };
-            let req = Request {
+    /// The typed call `kind` with the raw arguments `a`.
+    pub fn new(kind: Hypercall, a: [u64; 4]) -> Call {
+        let blk = |op| {
+            Call::Blk(Request {
                 op,
-                sector: a0,
-                gpa: a1,
-                count: a2,
-            };
-            match disk.check(&guest.plan, &req) {
-                Err(why) => Err(violation(
-                    index,
-                    fd,
-                    format!("malformed hypercall {}: {why}", call.name()),
-                )),
-                Ok(Err(code)) => Ok(code),
-                Ok(Ok(())) => match disk.try_now(&guest.ram, &req) {
-                    Some(result) => Ok(result),
-                    None => Err(HcAction::Block(req)),
-                },
-            }
+                sector: a[0],
+                gpa: a[1],
+                count: a[2],
+            })
+        };
+        match kind {
+            Hypercall::ConsoleWrite => Call::ConsoleWrite {
+                buf: a[0],
+                len: a[1],
+            },
+            Hypercall::Exit => Call::Exit {
+                code: (a[0] & 0xff) as i32,
+            },
+            Hypercall::Panic => Call::Panic {
+                buf: a[0],
+                len: a[1],
+            },
+            Hypercall::FatalTrap => Call::FatalTrap,
+            Hypercall::VcpuStop => Call::VcpuStop,
+            Hypercall::Halt => Call::Halt,
+            Hypercall::SaRegister => Call::SaRegister { entry: a[0] },
+            Hypercall::SaEnable => Call::SaEnable,
+            Hypercall::SaSetConcurrency => Call::SaSetConcurrency { processors: a[0] },
+            Hypercall::SaYield => Call::SaYield,
+            Hypercall::SaPreempt => Call::SaPreempt { vcpu: a[0] },
+            Hypercall::BlkInfo => Call::BlkInfo { what: a[0] },
+            Hypercall::BlkRead => blk(Op::Read),
+            Hypercall::BlkWrite => blk(Op::Write),
+            Hypercall::BlkFlush => blk(Op::Flush),
         }
     }
 }
 
-fn read_buffer(guest: &Guest, call: Hypercall, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
-    if len > MAX_WRITE_LEN {
-        return Err(format!(
-            "malformed hypercall {}: length {len} exceeds the limit of {MAX_WRITE_LEN}",
-            call.name()
-        ));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(kind: Hypercall) -> u64 {
+        HYPERCALL_BASE + 8 * kind as u64
     }
-    guest.ram.read_bytes(gpa, len).map_err(|e| {
-        format!(
-            "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",
-            call.name()
-        )
-    })
+
+    #[test]
+    fn decodes_typed_parameters() {
+        let args = || [7, 0x1000, 3, 0];
+        assert_eq!(
+            Call::decode(slot(Hypercall::BlkWrite), 8, args),
+            Ok((
+                Hypercall::BlkWrite,
+                Call::Blk(Request {
+                    op: Op::Write,
+                    sector: 7,
+                    gpa: 0x1000,
+                    count: 3
+                })
+            ))
+        );
+        assert_eq!(
+            Call::decode(slot(Hypercall::Exit), 8, || [0x1ff, 0, 0, 0]).map(|(_, c)| c),
+            Ok(Call::Exit { code: 0xff })
+        );
+    }
+
+    #[test]
+    fn rejects_what_is_no_hypercall() {
+        let args = || unreachable!("no arguments for a malformed call");
+        assert_eq!(
+            Call::decode(0x1000, 8, args),
+            Err(Malformed::Unbacked { addr: 0x1000 })
+        );
+        assert_eq!(
+            Call::decode(HYPERCALL_BASE + 4, 8, args),
+            Err(Malformed::Misaligned { offset: 4 })
+        );
+        assert_eq!(
+            Call::decode(slot(Hypercall::Halt), 4, args),
+            Err(Malformed::Width {
+                nr: Hypercall::Halt as u64,
+                len: 4
+            })
+        );
+        assert_eq!(
+            Call::decode(HYPERCALL_BASE + 8 * 511, 8, args),
+            Err(Malformed::Unknown { nr: 511 })
+        );
+    }
 }

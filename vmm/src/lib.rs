@@ -1,13 +1,16 @@
 //! activm: a KVM virtual machine monitor whose vCPUs are scheduler activations.
 //!
 //! The crate's map: [`monitor`] runs guests on a budget of physical CPUs that [`allocator`]
-//! shares out; [`guest`] is one guest; [`vcpu`] is the per-vCPU thread, its state machine and
-//! its kick; [`activation`] writes upcall records and starts new activations; [`hypercall`]
-//! dispatches guest requests; [`loader`] checks and loads guest ELFs; [`memory`] is guest RAM
-//! and the plan of what goes where; [`bootinfo`] writes the boot information; [`signals`],
-//! [`ctl`], [`trace`] and [`stats`] are the host-facing services; [`config`] is what
-//! `activm run` is asked to run (flags or a TOML file), checked; [`arch`] holds what differs
-//! per architecture.
+//! shares out (its `Slot` is a vCPU's one state machine); [`guest`] is one guest; [`vcpu`] is
+//! the per-vCPU thread (run loop, exits, hypercall handlers, hand-off) and [`kick`] how other
+//! threads reach it; [`hypercall`] decodes a hypercall into a typed call; [`activation`] keeps
+//! the activation state and writes upcall records through one view of the shared area, and
+//! [`delivery`] decides where they go; [`loader`] checks and loads guest ELFs; [`memory`] is
+//! guest RAM and the plan of what goes where; [`bootinfo`] writes the boot information;
+//! [`signals`], [`ctl`], [`trace`] and [`stats`] are the host-facing services; [`config`] is
+//! what `activm run` is asked to run (flags or a TOML file), checked, as plain data; [`vm`] is
+//! how a guest ended and [`report`] the report of a run; [`arch`] holds what differs per
+//! architecture, reached only through `arch::current`.
 
 pub mod activation;
 pub mod allocator;
@@ -15,13 +18,16 @@ pub mod arch;
 pub mod bootinfo;
 pub mod config;
 pub mod ctl;
+pub mod delivery;
 pub mod devices;
 pub mod error;
 pub mod guest;
 pub mod hypercall;
+pub mod kick;
 pub mod loader;
 pub mod memory;
 pub mod monitor;
+pub mod report;
 pub mod signals;
 pub mod stats;
 #[doc(hidden)]
@@ -30,11 +36,13 @@ pub mod trace;
 pub mod vcpu;
 pub mod vm;
 
+pub use config::{MonitorOptions, VmConfig};
 pub use error::Error;
-pub use monitor::{run_guests, MonitorOptions};
-pub use vm::{run, Outcome, RunReport, VmConfig};
+pub use monitor::{run, run_guests};
+pub use report::RunReport;
+pub use vm::Outcome;
 
-/// The TSC frequency in kHz, measured against the monotonic clock over 5 ms.
+/// The timestamp counter's frequency in kHz, measured against the monotonic clock over 5 ms.
 pub fn tsc_khz_estimate() -> u64 {
     let start = std::time::Instant::now();
     let tsc = rdtsc();
@@ -43,15 +51,7 @@ pub fn tsc_khz_estimate() -> u64 {
     (ticks as f64 / start.elapsed().as_secs_f64() / 1000.0) as u64
 }
 
-/// Read the host TSC (guest and host TSC agree: the VMM sets a zero TSC offset).
+/// Read the host's timestamp counter (guest and host agree: the VMM sets a zero offset).
 pub fn rdtsc() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: rdtsc has no preconditions on x86_64.
-        unsafe { core::arch::x86_64::_rdtsc() }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        0
-    }
+    arch::current::timestamp()
 }

@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use crate::arch::current::layout::{
+use crate::arch::layout::{
     BOOT_STACK_SIZE, MAX_STACK_TABLES, MIN_HEAP, STACK_REGION_ALIGN, STACK_TABLES_ADDR,
 };
 use crate::error::Error;

@@ -5,65 +5,18 @@
 //! SIGTERM into SIGNAL upcalls (a second signal stops every guest), and collects the outcomes.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use protocol::shared::UpcallKind;
-
-use crate::activation::Event;
 use crate::allocator::Allocator;
+use crate::config::{MonitorOptions, VmConfig};
 use crate::error::Error;
 use crate::guest::{Guest, PrefixedConsole, Processors};
+use crate::report::{boot_timing, RunReport};
 use crate::trace::Trace;
 use crate::vcpu;
-use crate::vm::{boot_timing, Outcome, RunReport, VmConfig};
-
-/// What the monitor does beyond running guests.
-#[derive(Clone, Debug)]
-pub struct MonitorOptions {
-    /// Physical CPUs for all guests together.
-    pub pcpus: usize,
-    /// Time slice of the allocator.
-    pub quantum: Duration,
-    /// Whether guests may use scheduler activations at all; a guest uses them only if its own
-    /// `VmConfig::activations` says so too (the command line sets that per guest).
-    pub activations: bool,
-    /// Stop every guest after this long.
-    pub timeout: Option<Duration>,
-    /// Write a Chrome trace here at the end.
-    pub trace: Option<PathBuf>,
-    /// Turn SIGINT/SIGTERM into SIGNAL upcalls (the CLI does; library callers usually not).
-    pub handle_signals: bool,
-    /// Serve the control socket here.
-    pub ctl_socket: Option<PathBuf>,
-    /// Chaos testing: with this seed, change the budget of physical CPUs to a random value
-    /// every 100 us - 2 ms, so processors are revoked and granted all the time.
-    pub chaos_seed: Option<u64>,
-}
-
-impl Default for MonitorOptions {
-    fn default() -> Self {
-        MonitorOptions {
-            pcpus: host_cpus(),
-            quantum: Duration::from_millis(10),
-            activations: true,
-            timeout: None,
-            trace: None,
-            handle_signals: false,
-            ctl_socket: None,
-            chaos_seed: None,
-        }
-    }
-}
-
-/// Online host CPUs.
-pub fn host_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-}
+use crate::vm::Outcome;
 
 /// A guest's name: the one its configuration gives, else its image's file name, made unique
 /// among `configs` with `#index` (given names are left as they are).
@@ -145,7 +98,7 @@ pub fn run_guests(
         }
         guests.push(created.guest);
     }
-    let started = crate::rdtsc();
+    let started = crate::arch::current::timestamp();
 
     let stop_dispatcher = Arc::new(AtomicBool::new(false));
     let dispatcher = {
@@ -251,16 +204,14 @@ fn wait_all(procs: &Processors, guests: &[Arc<Guest>], timeout: Option<Duration>
     }
 }
 
-/// Deliver a host signal to every guest: as a SIGNAL upcall where the guest takes upcalls,
-/// otherwise by stopping it (it could not shut down cleanly anyway).
-pub fn forward_signal(guests: &[Arc<Guest>], signal: i32, forced: bool) {
-    for guest in guests {
-        if forced || !guest.acts.enabled() {
-            guest.finish(Outcome::Signaled(signal));
-        } else {
-            guest.deliver(Event::new(UpcallKind::Signal, 0, 0, signal as u64));
-        }
-    }
+/// Boot and run one guest to its end on all host CPUs. Console output goes to `console`.
+pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunReport, Error> {
+    let options = MonitorOptions {
+        timeout: config.timeout,
+        ..MonitorOptions::default()
+    };
+    let mut reports = run_guests(std::slice::from_ref(config), vec![console], &options)?;
+    Ok(reports.remove(0))
 }
 
 #[cfg(test)]

@@ -3,8 +3,12 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use protocol::shared::UpcallKind;
+
+use crate::activation::Event;
 use crate::error::Error;
 use crate::guest::Guest;
+use crate::vm::Outcome;
 
 const FORWARDED: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
 
@@ -52,8 +56,20 @@ pub fn spawn_forwarder(set: libc::sigset_t, guests: Vec<Arc<Guest>>) -> Option<J
                         "; stopping every guest"
                     }
                 );
-                crate::monitor::forward_signal(&guests, signal, count > 1);
+                forward_signal(&guests, signal, count > 1);
             }
         })
         .ok()
+}
+
+/// Deliver a host signal to every guest: as a SIGNAL upcall where the guest takes upcalls,
+/// otherwise by stopping it (it could not shut down cleanly anyway).
+pub fn forward_signal(guests: &[Arc<Guest>], signal: i32, forced: bool) {
+    for guest in guests {
+        if forced || !guest.acts.enabled() {
+            guest.finish(Outcome::Signaled(signal));
+        } else {
+            guest.deliver(Event::new(UpcallKind::Signal, 0, 0, signal as u64));
+        }
+    }
 }

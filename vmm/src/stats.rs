@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 
 use protocol::shared::UpcallKind;
 
-use crate::guest::{upcall_name, Guest};
+use crate::activation::upcall_name;
+use crate::guest::Guest;
 
 /// Median and 99th percentile of `samples` (sorted in place).
 pub fn median_p99(samples: &mut [u64]) -> Option<(u64, u64)> {
@@ -66,9 +67,9 @@ pub fn render(guest: &Guest) -> String {
     }
     let (mut hypercalls, mut kicks, mut other) = (0, 0, 0);
     for v in &guest.vcpus {
-        hypercalls += v.exits[crate::vcpu::EXIT_HYPERCALL].load(Ordering::Relaxed);
-        kicks += v.exits[crate::vcpu::EXIT_KICK].load(Ordering::Relaxed);
-        other += v.exits[crate::vcpu::EXIT_OTHER].load(Ordering::Relaxed);
+        hypercalls += v.exits[crate::kick::EXIT_HYPERCALL].load(Ordering::Relaxed);
+        kicks += v.exits[crate::kick::EXIT_KICK].load(Ordering::Relaxed);
+        other += v.exits[crate::kick::EXIT_OTHER].load(Ordering::Relaxed);
     }
     let _ = write!(
         out,

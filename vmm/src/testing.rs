@@ -137,12 +137,8 @@ pub fn raw_guest(abi_version: u32, code: &[u8]) -> Vec<u8> {
     elf
 }
 
-/// x86_64 code that loads an empty IDT and raises #UD: a triple fault.
-pub const TRIPLE_FAULT_CODE: &[u8] = &[
-    0x0f, 0x01, 0x1d, 0x02, 0x00, 0x00, 0x00, // lidt 2(%rip)
-    0x0f, 0x0b, // ud2
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // the empty IDT descriptor
-];
+/// Guest code that crashes the vCPU at once (a triple fault on x86_64).
+pub use crate::arch::current::TRIPLE_FAULT_CODE;
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,8 @@
 //! x86_64: the guest enters at CPL0 in long mode with VMM-built GDT, TSS, IDT and page tables.
 
 pub mod boot;
+pub mod context;
+pub mod exit;
 pub mod layout;
 pub mod vcpu;
 
@@ -10,10 +12,21 @@ pub use protocol::arch::x86_64 as abi;
 pub const ELF_MACHINE: u16 = 62; // EM_X86_64
 
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
-use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 
 use crate::error::Error;
 use crate::memory::Plan;
+
+/// The KVM capabilities this back end needs beyond the common ones: the in-kernel irqchip
+/// and MSIs (the upcall interrupt), synced registers (hypercall arguments without an ioctl).
+pub const REQUIRED_CAPS: &[(Cap, &str)] = &[
+    (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
+    (Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
+    (Cap::SignalMsi, "KVM_CAP_SIGNAL_MSI"),
+];
+
+/// What an internal error (an instruction KVM could not emulate) most likely means here.
+pub const INTERNAL_ERROR_HINT: &str = "at CPL0: no SSE or xgetbv there";
 
 /// Per-VM x86_64 state the vCPUs are configured from.
 #[derive(Debug)]
@@ -46,3 +59,10 @@ pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::e
     };
     vm.signal_msi(msi).map(|_| ())
 }
+
+/// x86_64 code that loads an empty IDT and raises #UD: a triple fault.
+pub const TRIPLE_FAULT_CODE: &[u8] = &[
+    0x0f, 0x01, 0x1d, 0x02, 0x00, 0x00, 0x00, // lidt 2(%rip)
+    0x0f, 0x0b, // ud2
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // the empty IDT descriptor
+];

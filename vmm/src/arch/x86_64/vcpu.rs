@@ -168,11 +168,6 @@ pub fn dump(vcpu: &VcpuFd) -> String {
     )
 }
 
-/// Arguments of a hypercall, from the registers KVM synced on exit.
-pub fn hypercall_args(regs: &kvm_regs) -> [u64; 4] {
-    [regs.rdi, regs.rsi, regs.rdx, regs.r10]
-}
-
 /// The name of an exception vector.
 pub fn exception_name(vector: u64) -> &'static str {
     match vector {
@@ -199,8 +194,8 @@ pub fn exception_name(vector: u64) -> &'static str {
 }
 
 /// Report the exception the CPL0 stub could not handle (its `fatal_trap` hypercall).
-pub fn fatal_trap_report(fd: &VcpuFd, index: u32, ram: &GuestRam, regs: &kvm_regs) -> String {
-    let frame: TrapFrame = match ram.read_struct(regs.rsp) {
+pub fn fatal_trap_report(fd: &VcpuFd, index: u32, ram: &GuestRam) -> String {
+    let frame: TrapFrame = match ram.read_struct(fd.sync_regs().regs.rsp) {
         Ok(frame) => frame,
         Err(e) => return format!("fatal trap on vCPU {index} with an unreadable frame: {e}"),
     };
@@ -231,66 +226,4 @@ pub fn fatal_trap_report(fd: &VcpuFd, index: u32, ram: &GuestRam, regs: &kvm_reg
     }
     report += &format!("\n  rax={:#x} (at the trap)\n{}", frame.rax, dump(fd));
     report
-}
-
-/// Whether the vCPU (just out of `KVM_RUN`, registers synced) is at CPL3 with interrupts on:
-/// the only place its context can be handed to the guest.
-pub fn at_user_level(fd: &VcpuFd) -> bool {
-    let sync = fd.sync_regs();
-    sync.sregs.cs.dpl == 3 && sync.regs.rflags & (1 << 9) != 0
-}
-
-/// The vCPU's user context: registers and segment bases from the synced state, FP/SSE state
-/// from one `KVM_GET_XSAVE` (its first 512 bytes are the FXSAVE image).
-pub fn capture_user_context(fd: &VcpuFd) -> Result<protocol::arch::x86_64::UserContext, Error> {
-    use protocol::arch::x86_64::{FxsaveArea, Gprs, UserContext};
-    let sync = fd.sync_regs();
-    let r = sync.regs;
-    let xsave = fd.get_xsave().map_err(Error::kvm("KVM_GET_XSAVE"))?;
-    let mut fxsave = [0u8; 512];
-    for (chunk, word) in fxsave.chunks_exact_mut(4).zip(xsave.region.iter()) {
-        chunk.copy_from_slice(&word.to_le_bytes());
-    }
-    Ok(UserContext {
-        gprs: Gprs {
-            rax: r.rax,
-            rbx: r.rbx,
-            rcx: r.rcx,
-            rdx: r.rdx,
-            rsi: r.rsi,
-            rdi: r.rdi,
-            rbp: r.rbp,
-            rsp: r.rsp,
-            r8: r.r8,
-            r9: r.r9,
-            r10: r.r10,
-            r11: r.r11,
-            r12: r.r12,
-            r13: r.r13,
-            r14: r.r14,
-            r15: r.r15,
-        },
-        rip: r.rip,
-        rflags: r.rflags,
-        fs_base: sync.sregs.fs.base,
-        gs_base: sync.sregs.gs.base,
-        _reserved: [0; 4],
-        fxsave: FxsaveArea(fxsave),
-    })
-}
-
-/// Start a new activation on this vCPU: CPL3 at `entry` with `rdi` = vCPU index, `rsi` =
-/// activation id and `rsp` = `stack_top - 8` (a zero return address, as after a call), through
-/// the synced registers (no ioctl). The vCPU was parked at CPL3, so its segments are user ones.
-pub fn enter_activation(fd: &mut VcpuFd, entry: u64, stack_top: u64, vcpu: u32, activation: u32) {
-    let regs = &mut fd.sync_regs_mut().regs;
-    *regs = kvm_regs {
-        rip: entry,
-        rsp: stack_top - 8,
-        rdi: vcpu as u64,
-        rsi: activation as u64,
-        rflags: 0x202,
-        ..Default::default()
-    };
-    fd.set_sync_dirty_reg(kvm_ioctls::SyncReg::Register);
 }

@@ -1,0 +1,57 @@
+//! What a vCPU exit means on x86_64: reading a hypercall's arguments and writing its result,
+//! halting and waking, the instruction pointer for reports, and the timestamp counter.
+
+use kvm_bindings::{kvm_mp_state, KVM_MP_STATE_HALTED, KVM_MP_STATE_RUNNABLE};
+use kvm_ioctls::{SyncReg, VcpuFd};
+
+/// Ask KVM to sync the general and system registers out on every exit (the hypercall
+/// arguments, the user-level test and the context hand-over read them without an ioctl).
+pub fn prepare_run(fd: &mut VcpuFd) {
+    fd.set_sync_valid_reg(SyncReg::Register);
+    fd.set_sync_valid_reg(SyncReg::SystemRegister);
+}
+
+/// The four arguments of the hypercall the vCPU exited on (`rdi`, `rsi`, `rdx`, `r10`, see
+/// `protocol::hypercall`), from the registers KVM synced on exit.
+pub fn hypercall_args(fd: &VcpuFd) -> [u64; 4] {
+    let regs = fd.sync_regs().regs;
+    [regs.rdi, regs.rsi, regs.rdx, regs.r10]
+}
+
+/// Set the result of the hypercall load the vCPU last exited on; KVM writes it to the load's
+/// destination register when the vCPU next runs.
+pub fn set_hypercall_result(fd: &mut VcpuFd, value: u64) {
+    // Only called after a KVM_EXIT_MMIO for a hypercall (`mmio` is the active union field) and
+    // hypercall loads are 8 bytes (checked when the call is decoded).
+    fd.get_kvm_run().__bindgen_anon_1.mmio.data = value.to_le_bytes();
+}
+
+/// Where the vCPU is, for a report: `rip 0x...`.
+pub fn describe_pc(fd: &VcpuFd) -> String {
+    format!("rip {:#x}", fd.sync_regs().regs.rip)
+}
+
+/// Sleep inside KVM until an interrupt is pending (the `halt` hypercall).
+pub fn halt(fd: &VcpuFd) -> Result<(), vmm_sys_util::errno::Error> {
+    fd.set_mp_state(kvm_mp_state {
+        mp_state: KVM_MP_STATE_HALTED,
+    })
+}
+
+/// Wake a vCPU KVM may still hold halted, so a new activation runs at once.
+pub fn make_runnable(fd: &VcpuFd) -> Result<(), vmm_sys_util::errno::Error> {
+    fd.set_mp_state(kvm_mp_state {
+        mp_state: KVM_MP_STATE_RUNNABLE,
+    })
+}
+
+/// The guest's timestamp counter frequency in kHz (0: KVM does not say).
+pub fn timestamp_khz(fd: &VcpuFd) -> u64 {
+    fd.get_tsc_khz().map(u64::from).unwrap_or(0)
+}
+
+/// Read the host TSC (guest and host TSC agree: the VMM sets a zero TSC offset).
+pub fn timestamp() -> u64 {
+    // SAFETY: rdtsc has no preconditions on x86_64.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}

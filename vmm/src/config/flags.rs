@@ -1,0 +1,135 @@
+//! The settings as flags and file keys give them: the machine-wide ones and one guest's.
+
+use std::path::PathBuf;
+
+use super::{DEFAULT_MEM, DEFAULT_THREAD_STACK};
+
+/// A setting, as errors name it: by its flag, or by its key in a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Key {
+    Pcpus,
+    Quantum,
+    Timeout,
+    IoLatency,
+    Image,
+    Name,
+    Vcpus,
+    Mem,
+    Disk,
+    DiskReadOnly,
+    ThreadStack,
+}
+
+impl Key {
+    /// The `activm run` flag.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Key::Pcpus => "--pcpus",
+            Key::Quantum => "--quantum",
+            Key::Timeout => "--timeout",
+            Key::IoLatency => "--io-latency",
+            Key::Image => "GUEST",
+            Key::Name => "the guest name",
+            Key::Vcpus => "--vcpus",
+            Key::Mem => "--mem",
+            Key::Disk => "--disk",
+            Key::DiskReadOnly => "--disk-read-only",
+            Key::ThreadStack => "--thread-stack",
+        }
+    }
+
+    /// The key in a configuration file.
+    pub fn key(self) -> &'static str {
+        match self {
+            Key::Pcpus => "pcpus",
+            Key::Quantum => "quantum",
+            Key::Timeout => "timeout",
+            Key::IoLatency => "io_latency",
+            Key::Image => "image",
+            Key::Name => "name",
+            Key::Vcpus => "vcpus",
+            Key::Mem => "mem",
+            Key::Disk => "disk",
+            Key::DiskReadOnly => "disk_read_only",
+            Key::ThreadStack => "thread_stack",
+        }
+    }
+}
+
+/// Settings for the whole machine: the processors and the services around the guests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Machine {
+    /// Physical CPUs shared by every guest (default: every host CPU).
+    pub pcpus: Option<usize>,
+    /// The allocator's time slice in milliseconds.
+    pub quantum_ms: f64,
+    /// Seed of the allocation chaos (`--chaos`).
+    pub chaos: Option<u64>,
+    /// Stop every guest after this many seconds.
+    pub timeout_secs: Option<f64>,
+    /// Print per-guest counters at the end.
+    pub stats: bool,
+    /// Report boot milestones.
+    pub boot_timing: bool,
+    /// Write a Chrome trace here.
+    pub trace: Option<PathBuf>,
+    /// Serve the control socket here.
+    pub ctl: Option<PathBuf>,
+    /// Emulated latency of every guest's disk, in microseconds.
+    pub io_latency_us: u64,
+    /// Settings a command-line flag set over a file's value: errors about them name the flag.
+    pub from_flags: Vec<Key>,
+}
+
+impl Default for Machine {
+    fn default() -> Self {
+        Machine {
+            pcpus: None,
+            quantum_ms: 10.0,
+            chaos: None,
+            timeout_secs: None,
+            stats: false,
+            boot_timing: false,
+            trace: None,
+            ctl: None,
+            io_latency_us: 0,
+            from_flags: Vec::new(),
+        }
+    }
+}
+
+/// One guest, as asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestSpec {
+    pub image: PathBuf,
+    pub name: Option<String>,
+    pub vcpus: u32,
+    /// Guest RAM in bytes.
+    pub mem: u64,
+    pub args: Vec<String>,
+    /// Scheduler activations allowed (`no_activations` clears it).
+    pub activations: bool,
+    pub disk: Option<PathBuf>,
+    pub disk_read_only: bool,
+    /// Usable bytes of each thread stack.
+    pub thread_stack: u64,
+    pub thread_stacks: Option<u32>,
+}
+
+impl GuestSpec {
+    /// `image` with activm's defaults for the rest.
+    pub fn new(image: impl Into<PathBuf>) -> GuestSpec {
+        GuestSpec {
+            image: image.into(),
+            name: None,
+            vcpus: 1,
+            mem: DEFAULT_MEM,
+            args: Vec::new(),
+            activations: true,
+            disk: None,
+            disk_read_only: false,
+            thread_stack: DEFAULT_THREAD_STACK,
+            thread_stacks: None,
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Where an upcall record goes: into the queue of a running vCPU (not the one the event is
+//! about) with the upcall interrupt, or pending until a new activation or a vCPU that runs;
+//! and the quantum's retry of events that found no room. How a record is written is
+//! `activation/records.rs`.
+
+use std::sync::atomic::Ordering;
+
+use protocol::shared::UpcallKind;
+
+use crate::activation::{upcall_name, Event, QueueError};
+use crate::allocator::Slot;
+use crate::arch::current as arch;
+use crate::guest::Guest;
+use crate::vm::Outcome;
+
+/// How long a guest's upcall queues may stay without room before the guest is stopped.
+pub const UPCALL_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Guest {
+    /// Each vCPU's state (its allocator slot), for fault reports.
+    fn describe_vcpus(&self) -> String {
+        let view = self.procs.alloc.view(self.id);
+        view.vcpus
+            .iter()
+            .enumerate()
+            .map(|(i, slot)| format!("vCPU {i} {slot:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A vCPU that holds a processor and is not being revoked, other than `except`.
+    pub fn running_vcpu(&self, except: Option<u32>) -> Option<u32> {
+        let view = self.procs.alloc.view(self.id);
+        view.vcpus
+            .iter()
+            .enumerate()
+            .find(|(i, s)| matches!(s, Slot::Running(_)) && Some(*i as u32) != except)
+            .map(|(i, _)| i as u32)
+    }
+
+    /// Keep `event` pending, without interrupting anyone: it goes out with the next new
+    /// activation, ahead of the next delivered event, or with the next quantum's retry.
+    pub fn post_pending(&self, event: Event) {
+        let kind = event.kind;
+        match self.acts.post(self.shared(), event, None) {
+            Ok(_) => {
+                self.stats.upcalls[kind as usize].fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => self.finish(Outcome::fault(
+                0,
+                format!(
+                    "the guest does not consume its upcalls: {} events pending",
+                    self.acts.pending()
+                ),
+            )),
+        }
+    }
+
+    /// Hand `event` to the guest: into the queue of a running vCPU (not `event.vcpu`) with the
+    /// upcall interrupt, or pending until the next new activation. A guest that lets its queues
+    /// fill up is stopped.
+    pub fn deliver(&self, event: Event) {
+        let kind = event.kind;
+        let target = match kind {
+            // USER goes to the vCPU it names (the caller checked it runs).
+            UpcallKind::User => Some(event.vcpu),
+            UpcallKind::Signal => self.running_vcpu(None),
+            // Behind its BLOCKED record, in the same queue, while that queue's vCPU runs.
+            UpcallKind::Unblocked => self
+                .acts
+                .blocked_record_queue(event.activation)
+                .filter(|&v| {
+                    v != event.vcpu
+                        && matches!(
+                            self.procs.alloc.view(self.id).vcpus.get(v as usize),
+                            Some(Slot::Running(_))
+                        )
+                })
+                .or_else(|| self.running_vcpu(Some(event.vcpu))),
+            _ => self.running_vcpu(Some(event.vcpu)),
+        };
+        if target.is_none() && self.acts.enabled() {
+            // It gave every processor back: it wants one again for this event.
+            self.procs.revoke(self.procs.alloc.want_one(self.id));
+        }
+        let posted = self.acts.post(self.shared(), event, target);
+        if posted.is_ok() {
+            // Counted once, when it is written now or pending for the next activation.
+            self.stats.upcalls[kind as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        match posted {
+            Ok(Some(vcpu)) => {
+                if let Some(trace) = &self.trace {
+                    trace.instant(self.id, vcpu, upcall_name(kind), 0);
+                }
+                if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
+                    self.finish(Outcome::fault(
+                        vcpu,
+                        format!("cannot send the upcall interrupt: {e}"),
+                    ));
+                }
+            }
+            Ok(None) => {
+                // Its target's activation ended meanwhile: to another running vCPU, or a
+                // processor is wanted for it.
+                if target.is_some() {
+                    match self.running_vcpu(target) {
+                        Some(vcpu) => self.flush_pending(vcpu),
+                        None => self.procs.revoke(self.procs.alloc.want_one(self.id)),
+                    }
+                }
+            }
+            Err(QueueError::Full) => self.finish(Outcome::fault(
+                target.unwrap_or(0),
+                format!(
+                    "the guest does not consume its upcalls, or corrupted its queue indices: \
+                     no room in vCPU {}'s queue ({} events pending)",
+                    target.unwrap_or(0),
+                    self.acts.pending()
+                ),
+            )),
+            Err(QueueError::Memory(e)) => {
+                self.finish(Outcome::fault(0, format!("upcall queue: {e}")))
+            }
+        }
+    }
+    /// Events that waited for a running vCPU go to `vcpu`, which is about to run or runs.
+    pub fn flush_pending(&self, vcpu: u32) {
+        if self.acts.pending() == 0 {
+            return;
+        }
+        match self.acts.flush_pending(self.shared(), vcpu) {
+            Ok(0) => {}
+            Ok(_) => {
+                if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
+                    self.finish(Outcome::fault(
+                        vcpu,
+                        format!("cannot send the upcall interrupt: {e}"),
+                    ));
+                }
+            }
+            Err(e) => self.finish(Outcome::fault(vcpu, format!("upcall queue: {e:?}"))),
+        }
+    }
+
+    /// Whether a vCPU of this guest has been granted a processor as a new activation and not
+    /// started it yet (pending events will go out with its NEWPROC).
+    pub fn starting_activation(&self) -> bool {
+        self.procs
+            .alloc
+            .view(self.id)
+            .vcpus
+            .contains(&Slot::GrantedNew)
+    }
+
+    /// Pending events go now, with the upcall interrupt, to a running vCPU the guest does not
+    /// mark idle (`SharedHeader::idle_vcpus`). If every running vCPU idles they stay pending
+    /// (they go out with the next delivered event, new activation or quantum retry): an idle
+    /// vCPU has nothing to do with them, and waking it from a halt costs ~40 us.
+    pub fn flush_to_busy(&self) {
+        let idle = self.shared().idle_vcpus();
+        let view = self.procs.alloc.view(self.id);
+        let busy = view
+            .vcpus
+            .iter()
+            .enumerate()
+            .find(|&(i, s)| matches!(s, Slot::Running(_)) && (i >= 64 || idle & (1 << i) == 0));
+        if let Some((vcpu, _)) = busy {
+            self.flush_pending(vcpu as u32);
+        }
+    }
+
+    /// Called every quantum: retry events that found no room, and stop a guest whose queues
+    /// have had no room for a second (it does not consume its upcalls, or corrupted them).
+    pub fn retry_pending(&self) {
+        if !self.acts.enabled() || self.acts.pending() == 0 || self.outcome().is_some() {
+            return;
+        }
+        match self.running_vcpu(None) {
+            Some(vcpu) => self.flush_pending(vcpu),
+            None => self.procs.revoke(self.procs.alloc.want_one(self.id)),
+        }
+        if let Some(stalled) = self.acts.stalled_for() {
+            if stalled > UPCALL_STALL_LIMIT {
+                // Where was each vCPU? Kick them all; those in `KVM_RUN` print their registers.
+                self.stall_snapshot.store(true, Ordering::Release);
+                for control in &self.vcpus {
+                    control.kick();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                self.finish(Outcome::fault(
+                    self.running_vcpu(None).unwrap_or(0),
+                    format!(
+                        "the guest does not consume its upcalls, or corrupted its queue indices: \
+                         no room in its queues for {stalled:?} ({} events pending)\n  {}\n  \
+                         allocator: {}",
+                        self.acts.pending(),
+                        self.acts.describe(self.shared()),
+                        self.describe_vcpus()
+                    ),
+                ));
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! What other threads may do to a vCPU (stop it, take its processor back) and the race-free
+//! kick that gets it out of `KVM_RUN` for that.
+//!
+//! **Kick.** To get a vCPU out of `KVM_RUN`, the kicker sets a request flag, then sends the
+//! thread [`kick_signal`]. The handler sets `kvm_run.immediate_exit`, so wherever the signal
+//! lands (before `KVM_RUN`, inside it, or while the VMM handles an exit) the current or next
+//! `KVM_RUN` returns `EINTR` and the loop sees the request. No kick is lost, none costs an ioctl.
+//! Where a vCPU stands (running, being revoked, parked, blocked, stopped) is its allocator slot
+//! ([`Slot`](crate::allocator::Slot)), the one state machine of a vCPU.
+
+use std::cell::Cell;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
+
+use kvm_bindings::kvm_run;
+use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
+
+/// What other threads may do to a vCPU: read its state, ask it to stop or to give its
+/// processor back, kick it.
+#[derive(Debug, Default)]
+pub struct VcpuControl {
+    pub(crate) stop_requested: AtomicBool,
+    revoke_requested: AtomicBool,
+    thread: OnceLock<libc::pthread_t>,
+    /// Exits handled, by coarse reason (see `EXIT_*`).
+    pub exits: [AtomicUsize; 3],
+    /// The guest halted (`halt` hypercall) and has not run an instruction since as far as the
+    /// VMM knows: KVM may still hold the vCPU halted.
+    pub(crate) maybe_halted: AtomicBool,
+}
+
+/// Indices into `VcpuControl::exits`.
+pub const EXIT_HYPERCALL: usize = 0;
+pub const EXIT_KICK: usize = 1;
+pub const EXIT_OTHER: usize = 2;
+
+impl VcpuControl {
+    /// Register the calling thread as this vCPU's, with its `kvm_run` for the kick handler.
+    pub(crate) fn bind(&self, run: *mut kvm_run) {
+        KVM_RUN_PTR.with(|p| p.set(run));
+        // SAFETY: pthread_self has no preconditions.
+        let _ = self.thread.set(unsafe { libc::pthread_self() });
+    }
+
+    /// The vCPU thread is done with its `kvm_run`.
+    pub(crate) fn unbind(&self) {
+        KVM_RUN_PTR.with(|p| p.set(null_mut()));
+    }
+
+    /// Whether a kick asked for this vCPU's processor (consumes the request).
+    pub(crate) fn take_revoke_request(&self) -> bool {
+        self.revoke_requested.swap(false, Ordering::AcqRel)
+    }
+
+    /// Ask the vCPU to leave its run loop for good, and kick it.
+    pub fn request_stop(&self) {
+        self.stop_requested.store(true, Ordering::Release);
+        self.kick();
+    }
+
+    /// The allocator wants this vCPU's processor back: flag it and kick it.
+    pub fn revoke(&self) {
+        self.revoke_requested.store(true, Ordering::Release);
+        self.kick();
+    }
+
+    /// Force the vCPU out of `KVM_RUN` soon (see the module comment).
+    pub fn kick(&self) {
+        if let Some(&thread) = self.thread.get() {
+            // SAFETY: `thread` is the pthread of a vCPU thread that registered itself; the
+            // monitor joins vCPU threads only after the last kick can be sent (the guest is
+            // finished and the dispatcher stopped), so the id is live.
+            unsafe {
+                libc::pthread_kill(thread, kick_signal());
+            }
+        }
+    }
+}
+
+/// The signal used to kick vCPU threads.
+pub fn kick_signal() -> libc::c_int {
+    SIGRTMIN()
+}
+
+thread_local! {
+    /// This thread's `kvm_run`, for the kick signal handler.
+    static KVM_RUN_PTR: Cell<*mut kvm_run> = const { Cell::new(null_mut()) };
+}
+
+extern "C" fn handle_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let run = KVM_RUN_PTR.with(|p| p.get());
+    if !run.is_null() {
+        // SAFETY: the pointer is this thread's mapped `kvm_run`, set while the vCPU fd is alive
+        // and cleared before it is dropped; a single byte store is async-signal-safe.
+        unsafe { std::ptr::write_volatile(&mut (*run).immediate_exit, 1) };
+    }
+    std::sync::atomic::fence(Ordering::Release);
+}
+
+/// Install the kick handler once per process.
+pub fn install_kick_handler() -> Result<(), crate::error::Error> {
+    static ONCE: Once = Once::new();
+    let mut result = Ok(());
+    ONCE.call_once(|| {
+        result = register_signal_handler(kick_signal(), handle_kick).map_err(|e| {
+            crate::error::Error::Host(format!("cannot install the vCPU kick handler: {e}"))
+        });
+    });
+    result
+}
+
+/// A per-thread one-shot timer that kicks this thread: used to run a vCPU forward a few
+/// microseconds at a time until it is back at CPL3.
+pub(crate) struct KickTimer(libc::timer_t);
+
+impl KickTimer {
+    pub(crate) fn new() -> Option<KickTimer> {
+        // SAFETY: sigevent is plain data, filled in before use; gettid has no preconditions.
+        let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
+        event.sigev_notify = libc::SIGEV_THREAD_ID;
+        event.sigev_signo = kick_signal();
+        // SAFETY: as above.
+        event.sigev_notify_thread_id = unsafe { libc::gettid() };
+        let mut timer: libc::timer_t = null_mut();
+        // SAFETY: `event` and `timer` are valid for the call; the timer is deleted on drop.
+        let ok = unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer) } == 0;
+        ok.then_some(KickTimer(timer))
+    }
+
+    pub(crate) fn arm(&self, micros: i64) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: micros * 1000,
+            },
+        };
+        // SAFETY: the timer exists (created in `new`); `spec` is valid for the call.
+        unsafe { libc::timer_settime(self.0, 0, &spec, null_mut()) };
+    }
+}
+
+impl Drop for KickTimer {
+    fn drop(&mut self) {
+        // SAFETY: the timer was created by timer_create and is deleted once.
+        unsafe { libc::timer_delete(self.0) };
+    }
+}

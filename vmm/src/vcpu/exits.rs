@@ -1,0 +1,99 @@
+//! What a vCPU exit means: a load from the hypercall page is a hypercall
+//! (`hypercalls.rs`); every other exit ends the guest with a report.
+
+use std::sync::atomic::Ordering;
+
+use kvm_ioctls::VcpuExit;
+
+use super::{ExitAction, VcpuThread};
+use crate::arch::current as arch;
+use crate::kick::{EXIT_HYPERCALL, EXIT_OTHER};
+use crate::vm::Outcome;
+
+/// A KVM exit, copied out of `kvm_run` so the vCPU fd is free again while it is handled.
+#[derive(Debug)]
+pub enum Exit {
+    MmioRead { addr: u64, len: usize },
+    MmioWrite { addr: u64, len: usize },
+    Shutdown,
+    InternalError,
+    FailEntry { reason: u64 },
+    Io { port: u16 },
+    Other(String),
+}
+
+impl Exit {
+    pub(super) fn copy(exit: VcpuExit<'_>) -> Exit {
+        match exit {
+            VcpuExit::MmioRead(addr, data) => Exit::MmioRead {
+                addr,
+                len: data.len(),
+            },
+            VcpuExit::MmioWrite(addr, data) => Exit::MmioWrite {
+                addr,
+                len: data.len(),
+            },
+            VcpuExit::Shutdown => Exit::Shutdown,
+            VcpuExit::InternalError => Exit::InternalError,
+            VcpuExit::FailEntry(reason, _) => Exit::FailEntry { reason },
+            VcpuExit::IoIn(port, _) | VcpuExit::IoOut(port, _) => Exit::Io { port },
+            other => Exit::Other(format!("{other:?}")),
+        }
+    }
+}
+
+impl VcpuThread {
+    /// The guest broke a rule: it ends with a report and the registers.
+    pub(super) fn violation(&self, what: String) -> ExitAction {
+        ExitAction::Finish(Outcome::fault(
+            self.index,
+            format!("{what}\n{}", arch::dump(&self.fd)),
+        ))
+    }
+
+    /// Handle one exit.
+    pub(super) fn handle_exit(&mut self, exit: Exit) -> ExitAction {
+        let index = self.index;
+        let count = |i: usize| self.control.exits[i].fetch_add(1, Ordering::Relaxed);
+        match exit {
+            Exit::MmioRead { addr, len } => {
+                count(EXIT_HYPERCALL);
+                self.hypercall(addr, len)
+            }
+            Exit::MmioWrite { addr, len } => {
+                count(EXIT_OTHER);
+                let what = if protocol::hypercall::decode(addr, arch::abi::HYPERCALL_BASE).is_some()
+                {
+                    format!(
+                        "malformed hypercall: a {len}-byte store to the hypercall page at {addr:#x} (hypercalls are loads)"
+                    )
+                } else {
+                    format!("{len}-byte store to unbacked guest-physical address {addr:#x}: no device there")
+                };
+                self.violation(what)
+            }
+            Exit::Shutdown => {
+                self.violation(format!("guest triple fault (KVM shutdown) on vCPU {index}"))
+            }
+            Exit::InternalError => {
+                let run = self.fd.get_kvm_run();
+                // SAFETY: the last exit was KVM_EXIT_INTERNAL_ERROR, so `internal` is active.
+                let suberror = unsafe { run.__bindgen_anon_1.internal.suberror };
+                self.violation(format!(
+                    "KVM internal error (suberror {suberror}) on vCPU {index}: the guest ran an \
+                     instruction KVM could not emulate ({})",
+                    arch::INTERNAL_ERROR_HINT
+                ))
+            }
+            Exit::FailEntry { reason } => self.violation(format!(
+                "KVM could not enter vCPU {index} (hardware reason {reason:#x})"
+            )),
+            Exit::Io { port } => self.violation(format!(
+                "port I/O to {port:#x} on vCPU {index}: activm guests have no I/O ports"
+            )),
+            Exit::Other(what) => {
+                self.violation(format!("unexpected KVM exit {what} on vCPU {index}"))
+            }
+        }
+    }
+}

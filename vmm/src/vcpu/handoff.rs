@@ -1,0 +1,271 @@
+//! What a vCPU does when it loses its processor: an oblivious vCPU just waits to resume; a vCPU
+//! of a guest that takes upcalls cancels an activation that never ran, or grants a deferral
+//! the guest asked for, runs forward to user level, and hands its context over (PREEMPTED).
+//! Also the two other ways a processor goes back: a device request that blocks (BLOCKED, then
+//! UNBLOCKED) and the guest's own `sa_yield`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use protocol::shared::{UpcallKind, VcpuRunState};
+
+use super::{ExitAction, VcpuThread, DEFER_GRACE_US, MAX_RUN_FORWARD, RUN_FORWARD_US};
+use crate::activation::Event;
+use crate::allocator::Release;
+use crate::arch::current::{self as arch, abi::UserContext};
+use crate::devices::blk::Request;
+use crate::vm::Outcome;
+
+impl VcpuThread {
+    /// The allocator took the processor: hand the context to the guest or just wait.
+    pub(super) fn give_back_processor(&mut self) {
+        let kicked_at = arch::timestamp();
+        self.complete_pending_io();
+        if !self.guest.acts.enabled() {
+            return self.deschedule();
+        }
+        if self.cancel_fresh_activation() {
+            return;
+        }
+        if self.guest.shared().defer_requested(self.index)
+            && self.timer.is_some()
+            && self.defer_preemption()
+        {
+            return;
+        }
+        if self.run_forward_to_user() {
+            self.hand_over_preempted(kicked_at);
+        }
+    }
+
+    /// Taken away without a hand-off: the vCPU resumes where it was when it runs again.
+    fn deschedule(&mut self) {
+        self.guest.stats.deschedules.fetch_add(1, Ordering::Relaxed);
+        self.release(Release::Descheduled);
+    }
+
+    /// Revoked before the new activation ran a single instruction: there is no context to
+    /// hand over, and its NEWPROC must not reach another vCPU. Cancel it; `true` if it did.
+    fn cancel_fresh_activation(&mut self) -> bool {
+        let Some(fresh) = self.fresh.take() else {
+            return false;
+        };
+        if !arch::at_activation_entry(&self.fd, fresh.entry, fresh.stack_top) {
+            return false;
+        }
+        self.guest
+            .acts
+            .cancel_activation(self.guest.shared(), self.index, fresh);
+        self.guest.stats.canceled.fetch_add(1, Ordering::Relaxed);
+        self.release(Release::Preempted);
+        true
+    }
+
+    /// The guest asked for a short reprieve (it holds a lock): grant it once, bounded, and tell
+    /// it to yield when it can (`preempt_pending`). `true` if the processor went back meanwhile
+    /// some other way (the guest ended, blocked or yielded).
+    fn defer_preemption(&mut self) -> bool {
+        let guest = Arc::clone(&self.guest);
+        let area = guest.shared();
+        area.set_preempt_pending(self.index, true);
+        self.guest.stats.deferrals.fetch_add(1, Ordering::Relaxed);
+        if let Some(timer) = &self.timer {
+            timer.arm(DEFER_GRACE_US);
+        }
+        let action = loop {
+            match self.step() {
+                ExitAction::Continue => {}
+                other => break other,
+            }
+        };
+        if let ExitAction::Kicked = action {
+            // The grace is over.
+            self.complete_pending_io();
+            area.set_preempt_pending(self.index, false);
+            return false;
+        }
+        if !matches!(action, ExitAction::Finish(_)) {
+            area.set_preempt_pending(self.index, false);
+        }
+        self.ends_handoff(action)
+    }
+
+    /// Run the vCPU forward until it is at CPL3 with interrupts on, where its context can be
+    /// handed over. `false` if it could not be caught there (it is descheduled) or the
+    /// processor went back some other way meanwhile.
+    fn run_forward_to_user(&mut self) -> bool {
+        let mut forward = 0;
+        while !arch::at_user_level(&self.fd) {
+            if forward == 0 {
+                self.guest
+                    .stats
+                    .run_forwards
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            forward += 1;
+            if forward > MAX_RUN_FORWARD || self.timer.is_none() {
+                self.deschedule();
+                return false;
+            }
+            if let Some(timer) = &self.timer {
+                timer.arm(RUN_FORWARD_US);
+            }
+            let action = self.step();
+            if self.ends_handoff(action) {
+                return false;
+            }
+            self.complete_pending_io();
+        }
+        true
+    }
+
+    /// Act on an exit seen while the processor is being taken: the guest ending, or the vCPU
+    /// blocking or yielding (that frees the processor too: nothing to hand over). `true` if it
+    /// was one of those.
+    fn ends_handoff(&mut self, action: ExitAction) -> bool {
+        match action {
+            ExitAction::Continue | ExitAction::Kicked => false,
+            ExitAction::Finish(outcome) => {
+                self.guest.finish(outcome);
+                true
+            }
+            ExitAction::Block(req) => {
+                self.block_on_request(req);
+                true
+            }
+            ExitAction::Stop | ExitAction::Yield => {
+                self.yielded();
+                true
+            }
+        }
+    }
+
+    /// Take the context at user level, end the activation and send the PREEMPTED record to a
+    /// vCPU that keeps running.
+    fn hand_over_preempted(&mut self, kicked_at: u64) {
+        let Some(context) = self.take_context("preempted") else {
+            return;
+        };
+        let activation = self.guest.acts.current(self.index);
+        self.guest
+            .acts
+            .end_activation(self.guest.shared(), self.index, VcpuRunState::Preempted);
+        let mut event = Event::new(UpcallKind::Preempted, activation, self.index, 0);
+        event.context = Some(Box::new(context));
+        event.tsc = kicked_at;
+        self.guest.stats.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.guest
+            .stats
+            .preempt_delays
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(arch::timestamp().saturating_sub(kicked_at));
+        // Give the processor back first, so the record goes to a vCPU that keeps running.
+        self.release(Release::Preempted);
+        self.guest.deliver(event);
+    }
+
+    /// A device request must wait: give the processor back, do the I/O on this thread, then
+    /// hand the context over (UNBLOCKED) or wait to resume where the vCPU was.
+    ///
+    /// With activations (and the request made at CPL3, as the runtime does): the activation
+    /// ends, the processor goes to a new activation if the guest has a parked vCPU and wants it,
+    /// and a BLOCKED record names the ended activation. When the request completes its result is
+    /// put in the thread's result register and that context travels in an UNBLOCKED record,
+    /// while this vCPU parks; if the guest is owed a processor, this vCPU starts that new
+    /// activation itself with the UNBLOCKED in its own queue. Otherwise the UNBLOCKED goes to a
+    /// running vCPU (into the queue that got the BLOCKED, if it still lives, so it cannot
+    /// overtake it). Oblivious guests' vCPUs just lose their processor meanwhile.
+    pub(super) fn block_on_request(&mut self, req: Request) {
+        let Some(disk) = &self.guest.disk else {
+            unreachable!("only device requests block")
+        };
+        self.trace_state("blocked", true);
+        let handing_over = self.guest.acts.enabled() && arch::at_user_level(&self.fd);
+        let activation = self.guest.acts.current(self.index);
+        if handing_over {
+            self.fresh = None;
+            self.guest
+                .acts
+                .end_activation(self.guest.shared(), self.index, VcpuRunState::Blocked);
+        }
+        self.release(Release::Blocked);
+        if handing_over {
+            // No interrupt for it: it goes out with the NEWPROC of the activation that takes
+            // the processor, or ahead of the UNBLOCKED, or with the next quantum's retry.
+            self.guest
+                .post_pending(Event::new(UpcallKind::Blocked, activation, self.index, 0));
+        }
+        let result = disk.perform(&self.guest.ram, &req, &self.control.stop_requested);
+        self.trace_state("blocked", false);
+        arch::set_hypercall_result(&mut self.fd, result);
+        if self.control.stop_requested.load(Ordering::Acquire) {
+            return;
+        }
+        if !handing_over {
+            let procs = &self.guest.procs;
+            let (kicks, _) = procs
+                .alloc
+                .unblock(self.guest.id, self.index as usize, false);
+            procs.revoke(kicks);
+            return;
+        }
+        self.complete_pending_io();
+        let Some(context) = self.take_context("unblocked") else {
+            return;
+        };
+        let mut event = Event::new(UpcallKind::Unblocked, activation, self.index, result);
+        event.context = Some(Box::new(context));
+        let procs = &self.guest.procs;
+        let (kicks, restarts_here) = procs
+            .alloc
+            .unblock(self.guest.id, self.index as usize, true);
+        procs.revoke(kicks);
+        if restarts_here {
+            // This vCPU starts the new activation the guest is owed next (the run loop picks
+            // up the grant): the record rides in its own queue, after its NEWPROC, and no
+            // other vCPU has to be interrupted.
+            self.guest.post_pending(event);
+        } else {
+            self.guest.deliver(event);
+        }
+    }
+
+    /// The vCPU's user context (sync regs and one FPU transfer), to hand to the guest; if KVM
+    /// refuses it the guest is stopped and `None` returned.
+    fn take_context(&self, what: &str) -> Option<UserContext> {
+        match arch::take_user_context(&self.fd) {
+            Ok(context) => Some(context),
+            Err(e) => {
+                self.guest.finish(Outcome::fault(
+                    self.index,
+                    format!("cannot take the {what} context: {e}"),
+                ));
+                None
+            }
+        }
+    }
+
+    /// The guest gave the processor up itself (`sa_yield`), possibly while the VMM was taking
+    /// it: nothing to hand over; the vCPU parks until a new activation.
+    pub(super) fn yielded(&mut self) {
+        self.guest.stats.yields.fetch_add(1, Ordering::Relaxed);
+        self.complete_pending_io();
+        self.fresh = None;
+        self.guest
+            .acts
+            .yield_activation(self.guest.shared(), self.index);
+        self.release(Release::Yielded);
+        // Records that reached its queue after the guest decided to yield were taken back:
+        // they go to a running vCPU, or make the guest want a processor to receive them.
+        if self.guest.acts.pending() > 0 {
+            match self.guest.running_vcpu(None) {
+                Some(vcpu) => self.guest.flush_pending(vcpu),
+                None => {
+                    let procs = &self.guest.procs;
+                    procs.revoke(procs.alloc.want_one(self.guest.id));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The hypercalls: decoded once into a typed [`Call`] (the arguments read from the registers by
+//! the architecture), then one handler per call. A handler's `Ok(value)` is the load's result;
+//! `Err(action)` is what the run loop does instead. Every argument is untrusted.
+
+use std::sync::atomic::Ordering;
+
+use protocol::blk::BLK_ERR_NO_DEVICE;
+use protocol::hypercall::{Hypercall, HC_UNSUPPORTED, MAX_WRITE_LEN};
+use protocol::shared::UpcallKind;
+
+use super::{ExitAction, VcpuThread};
+use crate::activation::Event;
+use crate::allocator::Slot;
+use crate::arch::current as arch;
+use crate::devices::blk::Request;
+use crate::hypercall::{Call, Malformed};
+use crate::vm::Outcome;
+
+/// A handler's result: the load's value, or what the run loop does instead.
+type Handled = Result<u64, ExitAction>;
+
+impl VcpuThread {
+    /// The `len`-byte load at guest-physical `addr`: decode it, trace it, run its handler and
+    /// set its result.
+    pub(super) fn hypercall(&mut self, addr: u64, len: usize) -> ExitAction {
+        let fd = &self.fd;
+        let (kind, call) = match Call::decode(addr, len, || arch::hypercall_args(fd)) {
+            Ok(decoded) => decoded,
+            Err(malformed) => return self.malformed(malformed),
+        };
+        if let Some(trace) = &self.guest.trace {
+            let first_arg = arch::hypercall_args(&self.fd)[0];
+            trace.instant(self.guest.id, self.index, kind.name(), first_arg);
+        }
+        match self.dispatch(kind, call) {
+            Ok(value) => {
+                arch::set_hypercall_result(&mut self.fd, value);
+                ExitAction::Continue
+            }
+            Err(action) => action,
+        }
+    }
+
+    fn malformed(&self, malformed: Malformed) -> ExitAction {
+        let index = self.index;
+        self.violation(match malformed {
+            Malformed::Unbacked { addr } => format!(
+                "vCPU {index} read unbacked guest-physical address {addr:#x} ({}): no device there",
+                arch::describe_pc(&self.fd)
+            ),
+            Malformed::Misaligned { offset } => format!(
+                "malformed hypercall on vCPU {index}: load at hypercall-page offset {offset:#x} is not 8-byte aligned"
+            ),
+            Malformed::Width { nr, len } => format!(
+                "malformed hypercall {nr} on vCPU {index}: a {len}-byte load (hypercalls are 8-byte loads)"
+            ),
+            Malformed::Unknown { nr } => format!(
+                "unknown hypercall {nr} on vCPU {index} ({})",
+                arch::describe_pc(&self.fd)
+            ),
+        })
+    }
+
+    fn dispatch(&mut self, kind: Hypercall, call: Call) -> Handled {
+        match call {
+            Call::ConsoleWrite { buf, len } => self.console_write(kind, buf, len),
+            Call::Exit { code } => Err(ExitAction::Finish(Outcome::Exited(code))),
+            Call::Panic { buf, len } => self.panic(kind, buf, len),
+            Call::FatalTrap => Err(ExitAction::Finish(Outcome::Fault {
+                vcpu: self.index,
+                report: arch::fatal_trap_report(&self.fd, self.index, &self.guest.ram),
+            })),
+            Call::VcpuStop => Err(ExitAction::Stop),
+            Call::Halt => self.halt(),
+            Call::SaRegister { entry } => self.sa_register(entry),
+            Call::SaEnable => self.sa_enable(),
+            Call::SaSetConcurrency { processors } => self.sa_setconcurrency(processors),
+            Call::SaYield => self.sa_yield(),
+            Call::SaPreempt { vcpu } => self.sa_preempt(vcpu),
+            Call::BlkInfo { what } => Ok(match &self.guest.disk {
+                None => 0,
+                Some(disk) => disk.info(what).unwrap_or(HC_UNSUPPORTED),
+            }),
+            Call::Blk(req) => self.blk(kind, req),
+        }
+    }
+
+    fn console_write(&self, kind: Hypercall, buf: u64, len: u64) -> Handled {
+        let bytes = self
+            .read_buffer(kind, buf, len)
+            .map_err(|e| self.violation(e))?;
+        self.guest.console_write(&bytes);
+        Ok(len)
+    }
+
+    fn panic(&self, kind: Hypercall, buf: u64, len: u64) -> Handled {
+        let message = match self.read_buffer(kind, buf, len) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            Err(e) => format!("<unreadable panic message: {e}>"),
+        };
+        Err(ExitAction::Finish(Outcome::Panicked {
+            vcpu: self.index,
+            message,
+        }))
+    }
+
+    /// Sleep inside KVM until an interrupt is pending; KVM completes this load first.
+    fn halt(&self) -> Handled {
+        self.control.maybe_halted.store(true, Ordering::Relaxed);
+        arch::halt(&self.fd)
+            .map_err(|e| self.violation(format!("KVM_SET_MP_STATE(HALTED): {e}")))?;
+        Ok(0)
+    }
+
+    fn sa_register(&self, entry: u64) -> Handled {
+        if !self.guest.acts.allowed() {
+            return Ok(HC_UNSUPPORTED);
+        }
+        if !self.guest.plan.image.contains(&entry) {
+            return Err(self.violation(format!(
+                "malformed hypercall sa_register: upcall entry {entry:#x} lies outside the guest image"
+            )));
+        }
+        self.guest.acts.register(entry);
+        Ok(0)
+    }
+
+    fn sa_enable(&self) -> Handled {
+        let guest = &self.guest;
+        match guest.acts.enable() {
+            Ok(()) => {
+                guest
+                    .procs
+                    .revoke(guest.procs.alloc.set_activations(guest.id, true));
+                Ok(0)
+            }
+            Err(_) if !guest.acts.allowed() => Ok(HC_UNSUPPORTED),
+            Err(why) => Err(self.violation(format!("malformed hypercall sa_enable: {why}"))),
+        }
+    }
+
+    fn sa_setconcurrency(&self, processors: u64) -> Handled {
+        let guest = &self.guest;
+        if !guest.acts.allowed() {
+            return Ok(HC_UNSUPPORTED);
+        }
+        if processors == 0 || processors > guest.config.vcpus as u64 {
+            return Err(self.violation(format!(
+                "malformed hypercall sa_setconcurrency({processors}): the guest has {} vCPUs",
+                guest.config.vcpus
+            )));
+        }
+        let (previous, kicks) = guest
+            .procs
+            .alloc
+            .set_concurrency(guest.id, processors as usize);
+        guest.procs.revoke(kicks);
+        Ok(previous as u64)
+    }
+
+    fn sa_yield(&self) -> Handled {
+        if !self.guest.acts.enabled() {
+            return Ok(HC_UNSUPPORTED);
+        }
+        Err(ExitAction::Yield)
+    }
+
+    /// A USER upcall to vCPU `target`, if it runs; 1 if it does not (nothing to interrupt).
+    fn sa_preempt(&self, target: u64) -> Handled {
+        let guest = &self.guest;
+        if !guest.acts.enabled() {
+            return Ok(HC_UNSUPPORTED);
+        }
+        let view = guest.procs.alloc.view(guest.id);
+        match view.vcpus.get(target as usize) {
+            Some(Slot::Running(_)) => {
+                let target = target as u32;
+                let event = Event::new(
+                    UpcallKind::User,
+                    guest.acts.current(target),
+                    target,
+                    self.index as u64,
+                );
+                guest.deliver(event);
+                Ok(0)
+            }
+            _ => Ok(1),
+        }
+    }
+
+    /// A block request: done now if it can be, else the vCPU blocks on it.
+    fn blk(&self, kind: Hypercall, req: Request) -> Handled {
+        let Some(disk) = &self.guest.disk else {
+            return Ok(BLK_ERR_NO_DEVICE);
+        };
+        match disk.check(&self.guest.plan, &req) {
+            Err(why) => Err(self.violation(format!("malformed hypercall {}: {why}", kind.name()))),
+            Ok(Err(code)) => Ok(code),
+            Ok(Ok(())) => match disk.try_now(&self.guest.ram, &req) {
+                Some(result) => Ok(result),
+                None => Err(ExitAction::Block(req)),
+            },
+        }
+    }
+
+    fn read_buffer(&self, kind: Hypercall, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
+        if len > MAX_WRITE_LEN {
+            return Err(format!(
+                "malformed hypercall {}: length {len} exceeds the limit of {MAX_WRITE_LEN}",
+                kind.name()
+            ));
+        }
+        self.guest.ram.read_bytes(gpa, len).map_err(|e| {
+            format!(
+                "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",
+                kind.name()
+            )
+        })
+    }
+}

@@ -1,0 +1,87 @@
+//! One host thread per vCPU: the run loop (`run.rs`), what each exit means (`exits.rs`, with the
+//! hypercalls in `hypercalls.rs`) and what the vCPU does when it loses its processor
+//! (`handoff.rs`). Other threads reach a vCPU through its [`VcpuControl`] (the kick); where it
+//! stands is its allocator [`Slot`](crate::allocator::Slot).
+//!
+//! **Processors.** The thread runs guest code only while the allocator grants it a physical CPU
+//! ([`Allocator::acquire`](crate::allocator::Allocator::acquire)). When the allocator revokes it:
+//! an oblivious vCPU just waits to resume; a vCPU of a guest that takes upcalls is first run
+//! forward to CPL3 with interrupts on (if it was in the stub's CPL0 code), its context is taken
+//! and handed to the guest in a PREEMPTED record on another running vCPU, and the vCPU parks
+//! until the allocator gives the guest a processor again, as a new activation (NEWPROC).
+
+mod exits;
+mod handoff;
+mod hypercalls;
+mod run;
+
+use std::sync::Arc;
+
+use kvm_bindings::kvm_run;
+use kvm_ioctls::VcpuFd;
+
+use crate::activation::NewActivation;
+use crate::arch::current as arch;
+use crate::devices::blk::Request;
+use crate::guest::Guest;
+use crate::kick::KickTimer;
+pub use crate::kick::{install_kick_handler, VcpuControl, EXIT_HYPERCALL, EXIT_KICK, EXIT_OTHER};
+use crate::vm::Outcome;
+
+/// What the vCPU loop does after one `KVM_RUN` and the handling of its exit.
+#[derive(Debug)]
+pub enum ExitAction {
+    /// Run on.
+    Continue,
+    /// `KVM_RUN` was interrupted by a kick: look at the requests.
+    Kicked,
+    /// The guest gave this vCPU's processor back (`sa_yield`).
+    Yield,
+    /// This vCPU is done (`vcpu_stop`); the guest goes on.
+    Stop,
+    /// The whole guest is done.
+    Finish(Outcome),
+    /// A device request that must wait: the vCPU blocks in the VMM (`handoff.rs`); the load's
+    /// result is set when the request completes.
+    Block(Request),
+}
+
+/// How many times a vCPU caught at CPL0 is run forward before it is descheduled without a
+/// hand-off (the stub's CPL0 paths are ~20 instructions, a few microseconds each).
+const MAX_RUN_FORWARD: u32 = 64;
+/// Time the vCPU runs on between two looks while it is run forward.
+const RUN_FORWARD_US: i64 = 20;
+/// How long a new activation waits for the guest to put a stack into its empty pool.
+const STACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a preemption is deferred when the guest sets `defer_preemption` (once per revoke).
+const DEFER_GRACE_US: i64 = 100;
+
+struct VcpuThread {
+    fd: VcpuFd,
+    index: u32,
+    guest: Arc<Guest>,
+    control: Arc<VcpuControl>,
+    timer: Option<KickTimer>,
+    /// The activation last started here, until the processor is next given back.
+    fresh: Option<NewActivation>,
+    /// Whether this vCPU printed its registers for a stalled guest already.
+    snapshot_taken: bool,
+}
+
+/// The body of vCPU thread `index` of `guest`.
+pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
+    let control = Arc::clone(&guest.vcpus[index as usize]);
+    control.bind(fd.get_kvm_run() as *mut kvm_run);
+    arch::prepare_run(&mut fd);
+    let mut vcpu = VcpuThread {
+        fd,
+        index,
+        guest,
+        control,
+        timer: KickTimer::new(),
+        fresh: None,
+        snapshot_taken: false,
+    };
+    vcpu.run();
+    vcpu.control.unbind();
+}

@@ -1,0 +1,215 @@
+//! The run loop of a vCPU thread: wait for a processor, start a new activation or resume, run
+//! guest code until the processor is revoked or the vCPU is done, and act on how it ended.
+
+use std::sync::atomic::Ordering;
+
+use protocol::shared::UpcallKind;
+
+use super::exits::Exit;
+use super::{ExitAction, VcpuThread, STACK_WAIT};
+use crate::activation::StartError;
+use crate::allocator::{Acquired, Release};
+use crate::arch::current as arch;
+use crate::kick::EXIT_KICK;
+use crate::vm::Outcome;
+
+impl VcpuThread {
+    pub(super) fn trace_state(&self, name: &'static str, begin: bool) {
+        if let Some(trace) = &self.guest.trace {
+            if begin {
+                trace.begin(self.guest.id, self.index, name);
+            } else {
+                trace.end(self.guest.id, self.index, name);
+            }
+        }
+    }
+
+    pub(super) fn release(&self, why: Release) {
+        let procs = &self.guest.procs;
+        procs.revoke(procs.alloc.release(self.guest.id, self.index as usize, why));
+    }
+
+    pub(super) fn run(&mut self) {
+        loop {
+            match self
+                .guest
+                .procs
+                .alloc
+                .acquire(self.guest.id, self.index as usize)
+            {
+                Acquired::Exit => break,
+                Acquired::Resume => {
+                    if self.guest.acts.enabled() {
+                        self.guest.flush_pending(self.index);
+                    }
+                }
+                Acquired::NewActivation => match self.start_activation() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Revoked while it waited for an upcall stack: nothing started, nothing
+                        // to hand over; the processor goes back at once.
+                        self.release(Release::Preempted);
+                        continue;
+                    }
+                    Err(outcome) => {
+                        self.guest.finish(outcome);
+                        break;
+                    }
+                },
+                Acquired::HandOff => {
+                    // Waiting with a live context while the guest now takes upcalls: hand it
+                    // over as if preempted now (running forward first if needed).
+                    self.give_back_processor();
+                    continue;
+                }
+            }
+            self.trace_state("running", true);
+            let step = self.run_until_revoked();
+            self.trace_state("running", false);
+            match step {
+                ExitAction::Kicked => self.give_back_processor(),
+                ExitAction::Yield => self.yielded(),
+                ExitAction::Stop => {
+                    self.release(Release::Stopped);
+                    self.guest.vcpu_stopped();
+                    break;
+                }
+                ExitAction::Finish(outcome) => {
+                    self.guest.finish(outcome);
+                    break;
+                }
+                ExitAction::Block(req) => self.block_on_request(req),
+                ExitAction::Continue => unreachable!("run_until_revoked returns only on a change"),
+            }
+        }
+    }
+
+    /// Whether a kick asked for this vCPU's processor and the allocator still wants it back
+    /// (consumes the request).
+    pub(super) fn take_revoke(&self) -> bool {
+        self.control.take_revoke_request()
+            && self
+                .guest
+                .procs
+                .alloc
+                .revoking(self.guest.id, self.index as usize)
+    }
+
+    /// Run guest code until the processor is revoked or the vCPU/guest is done.
+    fn run_until_revoked(&mut self) -> ExitAction {
+        loop {
+            if self.control.stop_requested.load(Ordering::Acquire) {
+                return ExitAction::Finish(self.guest.outcome().unwrap_or(Outcome::AllStopped));
+            }
+            if self.take_revoke() {
+                return ExitAction::Kicked;
+            }
+            match self.step() {
+                ExitAction::Continue | ExitAction::Kicked => {}
+                other => return other,
+            }
+        }
+    }
+
+    /// One `KVM_RUN` and the handling of its exit.
+    pub(super) fn step(&mut self) -> ExitAction {
+        let exit = match self.fd.run() {
+            Ok(exit) => {
+                // It exited on an instruction, so it is not halted.
+                self.control.maybe_halted.store(false, Ordering::Relaxed);
+                Exit::copy(exit)
+            }
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                self.fd.set_kvm_immediate_exit(0);
+                if self.guest.stall_snapshot.load(Ordering::Acquire) && !self.snapshot_taken {
+                    self.snapshot_taken = true;
+                    eprintln!(
+                        "activm: vCPU {} of the stalled guest, in KVM_RUN:\n{}",
+                        self.index,
+                        arch::dump(&self.fd)
+                    );
+                }
+                self.control.exits[EXIT_KICK].fetch_add(1, Ordering::Relaxed);
+                return ExitAction::Kicked;
+            }
+            Err(e) => {
+                return ExitAction::Finish(Outcome::fault(
+                    self.index,
+                    format!("KVM_RUN failed: {e}"),
+                ))
+            }
+        };
+        self.handle_exit(exit)
+    }
+
+    /// Let KVM finish an MMIO load the VMM answered (write the result register, advance the
+    /// instruction pointer) without running guest code, so the registers are final.
+    pub(super) fn complete_pending_io(&mut self) {
+        self.fd.set_kvm_immediate_exit(1);
+        let _ = self.fd.run();
+        self.fd.set_kvm_immediate_exit(0);
+    }
+
+    /// Start a new activation here: NEWPROC (and pending events) in this vCPU's queue, then
+    /// enter the guest's upcall entry on a stack from its pool.
+    /// `Ok(false)`: the processor was revoked while the activation waited for a stack.
+    fn start_activation(&mut self) -> Result<bool, Outcome> {
+        // An empty stack pool is a guest that has not recycled its upcall stacks yet: wait for
+        // it (its other vCPUs run), up to a bound; a pool that stays empty is a guest bug.
+        let waiting_since = std::time::Instant::now();
+        let start = loop {
+            match self.guest.acts.start_activation(self.guest.shared(), self.index) {
+                Ok(start) => break start,
+                Err(StartError::NoStack) if waiting_since.elapsed() < STACK_WAIT => {
+                    if self.control.stop_requested.load(Ordering::Acquire) {
+                        return Err(self.guest.outcome().unwrap_or(Outcome::AllStopped));
+                    }
+                    if self.take_revoke() {
+                        return Ok(false);
+                    }
+                    self.guest.stats.stack_waits.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                Err(StartError::NoStack) => {
+                    return Err(Outcome::fault(
+                        self.index,
+                        format!(
+                            "a new activation has waited {STACK_WAIT:?} for an upcall stack: the guest's stack pool stays empty"
+                        ),
+                    ))
+                }
+                Err(StartError::Fatal(why)) => return Err(Outcome::fault(self.index, why)),
+            }
+        };
+        // A vCPU taken away while halted is still halted in KVM: the new activation would not
+        // run until some interrupt came.
+        if self.control.maybe_halted.swap(false, Ordering::Relaxed) {
+            if let Err(e) = arch::make_runnable(&self.fd) {
+                return Err(Outcome::fault(
+                    self.index,
+                    format!("KVM_SET_MP_STATE(RUNNABLE) for a new activation: {e}"),
+                ));
+            }
+        }
+        // A zero return address above the entry's stack frame.
+        let _ = self.guest.ram.write_u64(start.stack_top - 8, 0);
+        arch::enter_activation(
+            &mut self.fd,
+            start.entry,
+            start.stack_top,
+            self.index,
+            start.activation,
+        );
+        self.fresh = Some(start);
+        self.guest.stats.upcalls[UpcallKind::NewProc as usize].fetch_add(1, Ordering::Relaxed);
+        if let Some(trace) = &self.guest.trace {
+            trace.instant(
+                self.guest.id,
+                self.index,
+                "upcall NEWPROC",
+                start.activation as u64,
+            );
+        }
+        Ok(true)
+    }
+}
