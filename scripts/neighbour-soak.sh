@@ -1,6 +1,7 @@
 #!/bin/sh
 # An activation guest beside an I/O-heavy neighbour, in one activm process, many times over
-# (docs/activations.md, "A neighbour that blocks in the VMM").
+# (docs/activations.md, "A neighbour that blocks in the VMM"). Guests use the blocking disk path
+# (--rt-blk-async=off): the neighbour's vCPUs block in the VMM.
 #
 #   scripts/neighbour-soak.sh [RUNS] [storm|serve|six] [EXTRA ACTIVM OPTIONS...]
 #
@@ -41,7 +42,7 @@ if [ "$MODE" = six ]; then
             (
                 "$ACTIVM" run "$G/rt-tests" --vcpus 4 --pcpus 2 --chaos "$i" --stats \
                     --timeout $((SOAK_SECS + 60)) --disk "$OUT/disk-$g.img" --io-latency 200 \
-                    "$@" -- chaos-soak "$SOAK_SECS" >"$OUT/run-$i-$g.log" 2>&1
+                    "$@" -- --rt-blk-async=off chaos-soak "$SOAK_SECS" >"$OUT/run-$i-$g.log" 2>&1
                 echo "status $?" >>"$OUT/run-$i-$g.log"
             ) &
         done
@@ -65,11 +66,11 @@ if [ "$MODE" = six ]; then
 fi
 case $MODE in
 storm)
-    NEIGHBOUR_ARGS="\"storm\", \"8\", \"$STORM_ROUNDS\""
+    NEIGHBOUR_ARGS="\"--rt-blk-async=off\", \"storm\", \"8\", \"$STORM_ROUNDS\""
     NEIGHBOUR_OK="RESULT storm .* flushes=$((8 * STORM_ROUNDS)) check=8"
     LATENCY="" ;;
 serve)
-    NEIGHBOUR_ARGS='"serve", "16", "4000", "100", "20"'
+    NEIGHBOUR_ARGS='"--rt-blk-async=off", "serve", "16", "4000", "100", "20"'
     NEIGHBOUR_OK="RESULT serve .* requests=4000 check=35988000 table_slots=1"
     LATENCY="io_latency = 200" ;;
 *)
