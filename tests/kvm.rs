@@ -316,6 +316,21 @@ fn kvm_tests() -> Vec<Trial> {
         ));
     }
     trials.extend([
+        Trial::test("rt_tests_host_sched_4_vcpus", || {
+            // Host-scheduled: every vCPU thread left to Linux, oblivious guests, nothing revoked.
+            activm_run(
+                &guest("rt-tests")?,
+                &["--vcpus", "4", "--host-sched", "--stats"],
+                &[],
+            )?
+            .expect_code(0)?
+            .stdout_has("test upcall-preempted ... ok")?
+            .stdout_has("24 passed, 0 failed\n")?;
+            activm_run(&guest("rt-tests")?, &["--host-sched", "--chaos", "1"], &[])?
+                .expect_code(2)?
+                .stderr_has("--chaos")?;
+            Ok(())
+        }),
         Trial::test("rt_real_activations_hand_threads_over", || {
             activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["sa-real"])?
                 .expect_code(0)?

@@ -1,23 +1,28 @@
-//! vCPU overcommit (seed 001, Table V): two copies of a parallel application run at once on
-//! fewer physical CPUs than they have vCPUs, with scheduler activations and in oblivious mode
-//! (`--no-activations`), reporting each copy's speedup over the same application alone on one
-//! vCPU. Then the upcall latency beside the raw cost of a kick and of an interrupt.
+//! vCPU overcommit (Anderson et al. 1992, Table V): two copies of a parallel application run at
+//! once on 2 physical CPUs with 2, 4 and 8 vCPUs each (2x, 4x, 8x overcommit), in three modes on
+//! the same pinned CPUs ([`activm_benches::modes`]): scheduler activations; host-scheduled
+//! (`--host-sched`: plain KVM, every vCPU thread left to Linux, the baseline a user would pick
+//! instead); and activm's time slicer (`--no-activations`, the paper's oblivious baseline).
+//! Each copy's speedup is over the same application alone on one vCPU. Plots go to
+//! `target/bench/overcommit-*.svg`. Then the upcall latency beside the raw cost of a kick and of
+//! an interrupt.
 //!
 //! `cargo xtask bench overcommit`; `ACTIVM_BENCH_QUICK=1` for a short smoke run.
 
 use std::time::Duration;
 
 use activm::{MonitorOptions, Outcome, VmConfig};
-use activm_benches::{field, floor, guest, stats::summary, Captured};
+use activm_benches::modes::{pin_and_report, Mode};
+use activm_benches::{field, floor, guest, plot, run_captured, stats::summary, Captured};
 
-/// Run `copies` copies of `image` with `guest_args` on `pcpus` physical CPUs; returns what each
-/// copy printed, or why it failed.
+/// Run `copies` copies of `image` with `guest_args` on `pcpus` physical CPUs in `mode`; returns
+/// what each copy printed, or why it failed.
 fn run(
     image: &std::path::Path,
     copies: usize,
     vcpus: u32,
     pcpus: usize,
-    activations: bool,
+    mode: Mode,
     guest_args: &[&str],
 ) -> Result<Vec<String>, String> {
     let config = VmConfig {
@@ -26,29 +31,11 @@ fn run(
         args: guest_args.iter().map(|s| s.to_string()).collect(),
         ..VmConfig::new(image)
     };
-    let configs = vec![config; copies];
-    let consoles: Vec<Captured> = (0..copies).map(|_| Captured::default()).collect();
-    let boxed = consoles
-        .iter()
-        .map(|c| Box::new(c.clone()) as Box<dyn std::io::Write + Send>)
-        .collect();
     let options = MonitorOptions {
-        pcpus,
-        activations,
         timeout: Some(Duration::from_secs(300)),
-        ..MonitorOptions::default()
+        ..mode.options(pcpus)
     };
-    let reports = activm::run_guests(&configs, boxed, &options).map_err(|e| e.to_string())?;
-    for (report, console) in reports.iter().zip(&consoles) {
-        if report.outcome != Outcome::Exited(0) {
-            return Err(format!(
-                "{:?}: {}",
-                report.outcome,
-                console.text().lines().last().unwrap_or("")
-            ));
-        }
-    }
-    Ok(consoles.iter().map(Captured::text).collect())
+    run_captured(&vec![config; copies], &options)
 }
 
 fn ms_of(outputs: &[String]) -> Result<Vec<f64>, String> {
@@ -67,12 +54,19 @@ fn main() {
     let quick = std::env::var_os("ACTIVM_BENCH_QUICK").is_some();
     let rounds = if quick { 1 } else { 3 };
     let pcpus = 2;
-    let vcpus = 2;
+    pin_and_report(pcpus);
     println!(
         "vCPU overcommit, multiprogramming level 2: two copies of an app on {pcpus} physical CPUs"
     );
-    println!("(seed 001 Table V: 6 processors, FastThreads on Topaz 1.29, original FastThreads 1.26, new FastThreads 2.45)");
+    println!("(Anderson et al. 1992, Table V: 6 processors, FastThreads on Topaz 1.29, original FastThreads 1.26, new FastThreads 2.45)");
     println!("speedup = time of one copy alone on 1 vCPU / time of each copy under multiprogramming; medians of {rounds} rounds");
+    println!(
+        "modes, same CPUs, same run: activations ({}), host-sched ({}), time slicer ({})",
+        Mode::Activations.flags(),
+        Mode::HostSched.flags(),
+        Mode::TimeSlicer.flags()
+    );
+    println!("vs host = activations / host-sched, vs slicer = activations / time slicer (above 1: activations faster)");
     let workloads = [
         Workload {
             name: "N-body (O(N^2), {threads} threads, 2 barriers/step)",
@@ -93,60 +87,93 @@ fn main() {
                 .to_vec(),
         },
     ];
-    let nbody = activm_benches::guest_path("nbody");
-    match &nbody {
-        None => println!("\n  Table V rows: n/a (guest `nbody` is not built: it needs the guest runtime, guests/apps/nbody)"),
-        Some(image) => {
-            // As in the seed (each copy as many threads as processors, two copies: demand twice
-            // the processors), then twice that overcommit (4 vCPUs and threads per copy).
-            for per_copy in [vcpus, 2 * vcpus] {
-                println!(
-                    "\n  two copies x {per_copy} vCPUs ({per_copy} threads for N-body) on {pcpus} physical CPUs: {}x overcommit",
-                    2 * per_copy as usize / pcpus
-                );
-                println!("  {:<46} {:>10} {:>14} {:>14} {:>8}", "workload", "alone ms", "activations", "oblivious", "ratio");
-                for w in &workloads {
-                    let mut args: Vec<String> = w.args.clone();
-                    if args[0] == "nbody" {
-                        args[3] = per_copy.to_string();
-                    }
-                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                    let name = w.name.replace("{threads}", &per_copy.to_string());
-                    let mut alone = Vec::new();
-                    let mut act = Vec::new();
-                    let mut obl = Vec::new();
-                    let mut failure = None;
-                    for _ in 0..rounds {
-                        match (|| -> Result<(), String> {
-                            let base = ms_of(&run(image, 1, 1, 1, true, &args)?)?[0];
-                            alone.push(base);
-                            act.extend(ms_of(&run(image, 2, per_copy, pcpus, true, &args)?)?.iter().map(|ms| base / ms));
-                            obl.extend(ms_of(&run(image, 2, per_copy, pcpus, false, &args)?)?.iter().map(|ms| base / ms));
-                            Ok(())
-                        })() {
-                            Ok(()) => {}
-                            Err(e) => {
-                                failure = Some(e);
-                                break;
-                            }
-                        }
-                    }
-                    match failure {
-                        Some(e) => println!("  {name:<46} n/a: {e}"),
-                        None => {
-                            let (a, _, _) = summary(&mut act);
-                            let (o, _, _) = summary(&mut obl);
-                            println!("  {name:<46} {:>10.1} {:>13.2}x {:>13.2}x {:>7.2}x", summary(&mut alone).0, a, o, a / o);
-                        }
-                    }
-                }
+    let Some(image) = activm_benches::guest_path("nbody") else {
+        println!("\n  Table V rows: n/a (guest `nbody` is not built: it needs the guest runtime, guests/apps/nbody)");
+        return upcall_latency(quick);
+    };
+    // speedups[workload][mode] = (overcommit level, median speedup) points for the plots.
+    let mut speedups = vec![vec![Vec::new(); Mode::ALL.len()]; workloads.len()];
+    // As in the paper (each copy as many threads as processors, two copies: demand twice the
+    // processors), then 4x and 8x (4 and 8 vCPUs and N-body threads per copy).
+    for per_copy in [2u32, 4, 8] {
+        let level = 2 * per_copy as usize / pcpus;
+        println!(
+            "\n  two copies x {per_copy} vCPUs ({per_copy} threads for N-body) on {pcpus} physical CPUs: {level}x overcommit"
+        );
+        println!(
+            "  {:<46} {:>9} {:>12} {:>11} {:>8} {:>12} {:>10}",
+            "workload",
+            "alone ms",
+            "activations",
+            "host-sched",
+            "vs host",
+            "time slicer",
+            "vs slicer"
+        );
+        for (w, workload) in workloads.iter().enumerate() {
+            let mut args: Vec<String> = workload.args.clone();
+            if args[0] == "nbody" {
+                args[3] = per_copy.to_string();
             }
-            println!("\n  The ideal speedup of each copy is {}/2 = {:.1}x (the seed's: 6/2 = 3). Oblivious guests' idle vCPUs", pcpus, pcpus as f64 / 2.0);
-            println!("  halt holding their processor until the end of their quantum, as the seed's original FastThreads'");
-            println!("  virtual processors spun; a host that ran another vCPU whenever one halts would do better.");
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let name = workload.name.replace("{threads}", &per_copy.to_string());
+            let mut alone = Vec::new();
+            let mut by_mode = vec![Vec::new(); Mode::ALL.len()];
+            let measured = (0..rounds).try_for_each(|_| -> Result<(), String> {
+                let base = ms_of(&run(&image, 1, 1, 1, Mode::Activations, &args)?)?[0];
+                alone.push(base);
+                for (m, &mode) in Mode::ALL.iter().enumerate() {
+                    let ms = ms_of(&run(&image, 2, per_copy, pcpus, mode, &args)?)?;
+                    by_mode[m].extend(ms.iter().map(|ms| base / ms));
+                }
+                Ok(())
+            });
+            if let Err(e) = measured {
+                println!("  {name:<46} n/a: {e}");
+                continue;
+            }
+            let [act, host, slicer] = [0, 1, 2].map(|m| summary(&mut by_mode[m]).0);
+            for (m, speedup) in [act, host, slicer].into_iter().enumerate() {
+                speedups[w][m].push((level as f64, speedup));
+            }
+            println!(
+                "  {name:<46} {:>9.1} {act:>11.2}x {host:>10.2}x {:>7.2}x {slicer:>11.2}x {:>9.2}x",
+                summary(&mut alone).0,
+                act / host,
+                act / slicer
+            );
         }
     }
+    println!(
+        "\n  The ideal speedup of each copy is {}/2 = {:.1}x (the paper's: 6/2 = 3).",
+        pcpus,
+        pcpus as f64 / 2.0
+    );
+    for (w, workload) in workloads.iter().enumerate() {
+        let stem = ["nbody", "locks-4", "locks-1"][w];
+        let path = plot::out_dir().join(format!("overcommit-{stem}.svg"));
+        let series: Vec<plot::Series> = Mode::ALL
+            .iter()
+            .zip(&speedups[w])
+            .map(|(mode, points)| (mode.name().to_string(), points.clone()))
+            .collect();
+        let title = workload.name.replace("{threads}", "N");
+        plot::report(
+            plot::lines(
+                &path,
+                &title,
+                ("overcommit (vCPUs / physical CPUs)", "speedup per copy"),
+                &series,
+                false,
+            ),
+            &path,
+        );
+    }
+    upcall_latency(quick);
+}
 
+/// Upcall latency beside a raw kick, a raw interrupt and vCPU add/remove.
+fn upcall_latency(quick: bool) {
     // Upcall latency: PREEMPTED, from the kick to the guest's handler, one sample per run.
     let selftest = guest("selftest");
     let runs = if quick { 5 } else { 30 };

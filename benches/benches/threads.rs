@@ -155,10 +155,7 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick" || a == "quick")
         || std::env::var("ACTIVM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
     let started = Instant::now();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("benches lives in the repository root")
-        .to_path_buf();
+    let root = activm_benches::repo_root();
 
     let host_tsc_khz = host_tsc_khz();
     let nptl = PathBuf::from(env!("CARGO_BIN_EXE_threadbench-nptl"));

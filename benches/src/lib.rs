@@ -1,30 +1,50 @@
 //! Shared pieces of activm's benchmarks: statistics, the platform floor, guest lookup.
 
 pub mod floor;
+pub mod modes;
+pub mod plot;
 pub mod stats;
 pub mod threads;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The repository root, found at run time: the nearest directory at or above the current one
+/// whose `Cargo.toml` is a `[workspace]` with `xtask` among its members. (`cargo bench` runs a
+/// benchmark in its package directory, `benches/`.) Exits with status 2 outside a checkout.
+pub fn repo_root() -> PathBuf {
+    let is_root = |dir: &Path| {
+        std::fs::read_to_string(dir.join("Cargo.toml"))
+            .is_ok_and(|toml| toml.contains("[workspace]") && toml.contains("\"xtask\""))
+    };
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    match cwd.ancestors().find(|dir| is_root(dir)) {
+        Some(root) => root.to_path_buf(),
+        None => {
+            eprintln!(
+                "no activm workspace at or above {}: run the benchmarks with `cargo xtask bench`",
+                cwd.display()
+            );
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Where `cargo xtask build-guests` puts the guest ELFs (or `ACTIVM_GUEST_DIR`).
+fn guest_dir() -> PathBuf {
+    std::env::var_os("ACTIVM_GUEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("guests/target/x86_64-activm/release"))
+}
 
 /// The guest ELF `name`, if it has been built.
 pub fn guest_path(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("ACTIVM_GUEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guests/target/x86_64-activm/release")
-        });
-    let path = dir.join(name);
+    let path = guest_dir().join(name);
     path.is_file().then_some(path)
 }
 
-/// Where `cargo xtask build-guests` puts the guest ELFs.
+/// The guest ELF `name`; exits with a hint when it has not been built.
 pub fn guest(name: &str) -> PathBuf {
-    let dir = std::env::var_os("ACTIVM_GUEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guests/target/x86_64-activm/release")
-        });
-    let path = dir.join(name);
+    let path = guest_dir().join(name);
     if !path.is_file() {
         eprintln!(
             "guest {} is missing: run `cargo xtask build-guests` first",
@@ -56,6 +76,52 @@ impl std::io::Write for Captured {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// Run `configs` as guests of one activm monitor with `options`, each with a captured console;
+/// returns what each printed, or, if one did not exit with status 0, its outcome and name and
+/// the last line it printed.
+pub fn run_captured(
+    configs: &[activm::VmConfig],
+    options: &activm::MonitorOptions,
+) -> Result<Vec<String>, String> {
+    let consoles: Vec<Captured> = configs.iter().map(|_| Captured::default()).collect();
+    let boxed = consoles
+        .iter()
+        .map(|c| Box::new(c.clone()) as Box<dyn std::io::Write + Send>)
+        .collect();
+    let reports = activm::run_guests(configs, boxed, options).map_err(|e| e.to_string())?;
+    for ((report, console), config) in reports.iter().zip(&consoles).zip(configs) {
+        if report.outcome != activm::Outcome::Exited(0) {
+            return Err(format!(
+                "{}: {:?}: {}",
+                config.image.display(),
+                report.outcome,
+                console.text().lines().last().unwrap_or("")
+            ));
+        }
+    }
+    Ok(consoles.iter().map(Captured::text).collect())
+}
+
+/// A sparse 64 MiB disk image in the temporary directory, removed when dropped.
+#[derive(Debug)]
+pub struct TempDisk(pub PathBuf);
+
+impl TempDisk {
+    pub fn new(stem: &str) -> Result<TempDisk, String> {
+        let path = std::env::temp_dir().join(format!("{stem}-{}.img", std::process::id()));
+        std::fs::File::create(&path)
+            .and_then(|file| file.set_len(64 << 20))
+            .map_err(|e| format!("cannot create the disk image {}: {e}", path.display()))?;
+        Ok(TempDisk(path))
+    }
+}
+
+impl Drop for TempDisk {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 

@@ -22,15 +22,14 @@ pub mod sync;
 
 pub use protocol;
 
+#[cfg(target_arch = "x86_64")]
+pub use arch::current::irqchip as lapic;
 pub use arch::current::percpu::vcpu_id;
-pub use arch::current::{current_cpl, rdtsc};
-#[cfg(target_arch = "x86_64")]
-pub use arch::x86_64::irqchip as lapic;
-#[cfg(target_arch = "x86_64")]
-pub use arch::x86_64::{
+pub use arch::current::{
     arm_exception_stack, set_exception_handler, trap_eoi_window, ExceptionFrame, ExceptionHandler,
     ExceptionInfo,
 };
+pub use arch::current::{current_cpl, rdtsc};
 pub use hypercall::{exit, halt, vcpu_stop};
 pub use irq::{register_irq_handler, unregister_irq_handler, IrqFrame, IrqHandler};
 pub use panic::set_panic_context;

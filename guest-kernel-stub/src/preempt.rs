@@ -2,17 +2,19 @@
 //! interrupts (and whose interrupt handlers may switch threads).
 //!
 //! Code that must not be preempted on this vCPU (a held spinlock, a short per-vCPU update)
-//! brackets itself with [`hold`] and [`release`]. Both are single `%gs`-relative instructions on
-//! this vCPU's counter, so a thread that migrates between vCPUs never changes another vCPU's
+//! holds a [`Hold`] guard (or, where the release happens on another path, brackets itself with
+//! [`hold`] and [`release`]). Both are single instructions on this vCPU's counter, so a thread that migrates between vCPUs never changes another vCPU's
 //! count. The layer above's interrupt handlers look at [`held`]: while it is non-zero they only
 //! record what they wanted to do in this vCPU's pending word ([`defer`]) and return; the
 //! [`release`] that brings the count back to zero sees the pending word and calls the hook the
 //! layer above installed with [`set_release_hook`] (the thread runtime's safepoint). This is the
-//! held-count half of the critical-section recovery of seed 000, section 6.
+//! held-count half of the critical-section recovery of Williams 2002, section 6.
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
-use crate::arch::current::percpu::{gs_or, gs_read, HOLD_OFFSET, PENDING_OFFSET};
+use crate::arch::current::percpu::{
+    gs_or, gs_read, hold_enter, hold_leave, HOLD_OFFSET, PENDING_OFFSET,
+};
 
 static RELEASE_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 static WAIT_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
@@ -39,37 +41,49 @@ pub fn set_release_hook(hook: fn()) {
     RELEASE_HOOK.store(hook as *mut (), Ordering::Release);
 }
 
-/// Enters a region that must not be preempted on this vCPU.
+/// Enters a region that must not be preempted on this vCPU. Prefer [`Hold`]; a bare `hold`
+/// is for a region that ends on another path (its [`release`] is then documented there).
 #[inline(always)]
 pub fn hold() {
-    // SAFETY: one instruction on this vCPU's hold counter.
-    unsafe {
-        core::arch::asm!(
-            "inc qword ptr gs:[{off}]",
-            off = const HOLD_OFFSET,
-            options(nostack),
-        );
-    }
+    hold_enter();
 }
 
 /// Leaves a region entered with [`hold`]; runs the release hook if that was the last hold and
 /// an interrupt handler deferred work meanwhile.
 #[inline(always)]
 pub fn release() {
-    let zero: u8;
-    // SAFETY: one instruction on this vCPU's hold counter.
-    unsafe {
-        core::arch::asm!(
-            "dec qword ptr gs:[{off}]",
-            "setz {z}",
-            off = const HOLD_OFFSET,
-            z = out(reg_byte) zero,
-            options(nostack),
-        );
-    }
     // SAFETY: reads this vCPU's pending word.
-    if zero != 0 && unsafe { gs_read(PENDING_OFFSET) } != 0 {
+    if hold_leave() && unsafe { gs_read(PENDING_OFFSET) } != 0 {
         release_slow();
+    }
+}
+
+/// A preemption hold for as long as the guard lives ([`hold`] now, [`release`] when dropped).
+/// Not `Send`: a held region never leaves its vCPU.
+#[derive(Debug)]
+#[must_use = "the hold ends when the guard is dropped"]
+pub struct Hold(core::marker::PhantomData<*const ()>);
+
+impl Hold {
+    /// Enters a region that must not be preempted on this vCPU.
+    #[inline(always)]
+    pub fn new() -> Hold {
+        hold();
+        Hold(core::marker::PhantomData)
+    }
+}
+
+impl Default for Hold {
+    #[inline(always)]
+    fn default() -> Hold {
+        Hold::new()
+    }
+}
+
+impl Drop for Hold {
+    #[inline(always)]
+    fn drop(&mut self) {
+        release();
     }
 }
 

@@ -75,13 +75,7 @@ fn check(info: &BootInfo) {
         info.hypercall_base,
         protocol::arch::current::HYPERCALL_BASE
     );
-    #[cfg(target_arch = "x86_64")]
-    assert!(
-        info.irq_controller_base == protocol::arch::x86_64::LAPIC_BASE,
-        "BootInfo local APIC {:#x} is not the ABI's {:#x}",
-        info.irq_controller_base,
-        protocol::arch::x86_64::LAPIC_BASE
-    );
+    crate::arch::current::check_boot_info(info);
 }
 
 /// The boot information (a copy taken by vCPU 0 at boot; timestamps are not kept up to date).

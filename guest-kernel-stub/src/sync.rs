@@ -1,6 +1,6 @@
 //! [`SpinLock`]: a test-and-test-and-set lock that holds off preemption on this vCPU while it is
 //! held ([`crate::preempt`]), so a thread is never switched out with a spinlock held and a lock
-//! holder preempted by the VMM can be recognised and continued (seed 000, section 6).
+//! holder preempted by the VMM can be recognised and continued (Williams 2002, section 6).
 
 use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
@@ -41,15 +41,18 @@ impl<T: ?Sized> SpinLock<T> {
     #[inline]
     pub fn lock(&self) -> SpinGuard<'_, T> {
         loop {
-            preempt::hold();
+            let hold = preempt::Hold::new();
             if self
                 .locked
                 .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                return SpinGuard { lock: self };
+                return SpinGuard {
+                    lock: self,
+                    _hold: hold,
+                };
             }
-            preempt::release();
+            drop(hold);
             let mut spins = 0u32;
             while self.locked.load(Ordering::Relaxed) {
                 core::hint::spin_loop();
@@ -65,15 +68,17 @@ impl<T: ?Sized> SpinLock<T> {
     /// Takes the lock if it is free.
     #[inline]
     pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
-        preempt::hold();
+        let hold = preempt::Hold::new();
         if self
             .locked
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
-            Some(SpinGuard { lock: self })
+            Some(SpinGuard {
+                lock: self,
+                _hold: hold,
+            })
         } else {
-            preempt::release();
             None
         }
     }
@@ -93,6 +98,8 @@ impl<T: ?Sized> SpinLock<T> {
 #[derive(Debug)]
 pub struct SpinGuard<'a, T: ?Sized> {
     lock: &'a SpinLock<T>,
+    /// Dropped after `drop` below unlocked: the hold ends once the lock is free.
+    _hold: preempt::Hold,
 }
 
 impl<T: ?Sized> Deref for SpinGuard<'_, T> {
@@ -114,6 +121,5 @@ impl<T: ?Sized> Drop for SpinGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
         self.lock.locked.store(false, Ordering::Release);
-        preempt::release();
     }
 }

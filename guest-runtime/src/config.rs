@@ -15,13 +15,14 @@
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use core::time::Duration;
 
-use crate::timer::ns_to_ticks;
+use crate::percpu::ns_to_ticks;
 
 static SLICE_NS: AtomicU64 = AtomicU64::new(10_000_000);
 static IDLE_SPIN_NS: AtomicU64 = AtomicU64::new(50_000);
 static USE_SA: AtomicBool = AtomicBool::new(true);
 static USE_HALT: AtomicBool = AtomicBool::new(true);
 static IDLE_YIELD_NS: AtomicU64 = AtomicU64::new(1_000_000);
+static PRINT_STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
 /// Random preemption (tests): min and max period in ns, 0 = off.
 static RANDOM_MIN_NS: AtomicU64 = AtomicU64::new(0);
 static RANDOM_MAX_NS: AtomicU64 = AtomicU64::new(0);
@@ -80,6 +81,16 @@ pub fn set_random_preemption(range: Option<(Duration, Duration)>) {
     RANDOM_MAX_NS.store(max, Ordering::Relaxed);
 }
 
+/// Prints the runtime's counters when `main` returns (`crate::stats::set_print_at_exit`).
+pub(crate) fn set_print_stats_at_exit(on: bool) {
+    PRINT_STATS_AT_EXIT.store(on, Ordering::Relaxed);
+}
+
+/// Whether the counters are printed when `main` returns.
+pub(crate) fn print_stats_at_exit() -> bool {
+    PRINT_STATS_AT_EXIT.load(Ordering::Relaxed)
+}
+
 /// The random preemption range in ns, if on.
 pub(crate) fn random_preemption() -> Option<(u64, u64)> {
     let max = RANDOM_MAX_NS.load(Ordering::Relaxed);
@@ -109,7 +120,7 @@ pub(crate) fn apply_arg(arg: &str) -> bool {
         ("idle-yield-us", Some(us), _) => {
             set_idle_yield((us > 0).then(|| Duration::from_micros(us)))
         }
-        ("stats", _, Some(on)) => crate::stats::set_print_at_exit(on),
+        ("stats", _, Some(on)) => set_print_stats_at_exit(on),
         _ => activm_stub::println!("activm-rt: ignoring unknown runtime argument {arg:?}"),
     }
     true

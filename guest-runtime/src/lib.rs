@@ -38,6 +38,7 @@ pub mod thread;
 pub(crate) mod timer;
 mod tls;
 pub mod upcall;
+mod watchdog;
 
 pub use activm_stub::{print, println};
 

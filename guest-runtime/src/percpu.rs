@@ -7,7 +7,11 @@
 //! happen; it goes through [`this`] each time, or uses the restartable sequences, which read
 //! `%gs` themselves.
 
+use alloc::boxed::Box;
+use alloc::vec::Vec;
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use activm_stub::protocol::boot::BootInfo;
 
 use crate::arch::cpu::{self, Word};
 use crate::tcb::Tcb;
@@ -102,7 +106,7 @@ pub fn print_trace() {
 /// Prints the last `n` entries of every vCPU's trace ring.
 pub fn print_trace_last(n: usize) {
     TRACE_FROZEN.store(true, Ordering::Release);
-    for p in crate::start::pcpus() {
+    for p in pcpus() {
         let at = p.trace_at.load(Ordering::Relaxed) as usize;
         let mut last_tsc = 0;
         for i in TRACE - n.min(TRACE)..TRACE {
@@ -130,7 +134,7 @@ pub fn print_trace_last(n: usize) {
 /// (diagnostics: what happened to one thread).
 pub fn print_trace_about(value: u64) {
     TRACE_FROZEN.store(true, Ordering::Release);
-    for p in crate::start::pcpus() {
+    for p in pcpus() {
         let at = p.trace_at.load(Ordering::Relaxed) as usize;
         let mut show_next = false;
         for i in 0..TRACE {
@@ -204,7 +208,7 @@ pub struct Pcpu {
     /// The thread to run next here (Go's `runnext`), on a line of its own: one the running
     /// thread just spawned or woke, so it runs when that thread blocks (a hand-off, usually at
     /// once) instead of crossing to another vCPU. Taken by this vCPU's scheduler first (or by a
-    /// joiner here); other vCPUs take it only after it stayed there for `sched::NEXT_GRACE_NS`.
+    /// joiner here); other vCPUs take it only after it stayed there for `sched::queue::NEXT_GRACE_NS`.
     pub next: Line<NextSlot>,
     pub ring: [AtomicPtr<Tcb>; RQ_CAP],
     /// The counter `rseq::probe_increment` adds to (tests).
@@ -238,8 +242,8 @@ pub struct Pcpu {
     pub in_drain: AtomicU32,
     /// Top of this vCPU's alternate exception stack (to re-arm it after a retried `#UD`).
     pub exception_stack: AtomicU64,
-    /// `rip` of the last `#UD` retried here, and how many times in a row (`crate::fault`).
-    pub ud_retry_rip: AtomicU64,
+    /// Address of the last invalid-opcode fault retried here, and how many times in a row (`crate::fault`).
+    pub ud_retry_pc: AtomicU64,
     pub ud_retries: AtomicU32,
     /// Diagnostics: the last scheduler events (`trace`), printed on a fatal exception.
     pub trace: [AtomicU64; TRACE],
@@ -280,7 +284,7 @@ impl Pcpu {
             retired_stack: AtomicU64::new(0),
             in_drain: AtomicU32::new(0),
             exception_stack: AtomicU64::new(0),
-            ud_retry_rip: AtomicU64::new(0),
+            ud_retry_pc: AtomicU64::new(0),
             ud_retries: AtomicU32::new(0),
             trace: [const { AtomicU64::new(0) }; TRACE],
             trace_tsc: [const { AtomicU64::new(0) }; TRACE],
@@ -357,5 +361,50 @@ pub fn this() -> &'static Pcpu {
 
 /// vCPU `vcpu`'s `Pcpu`.
 pub fn of(vcpu: u32) -> &'static Pcpu {
-    crate::start::pcpus()[vcpu as usize]
+    pcpus()[vcpu as usize]
+}
+
+static NR_VCPUS: AtomicU32 = AtomicU32::new(1);
+static TSC_KHZ: AtomicU64 = AtomicU64::new(1_000_000);
+static PCPUS: AtomicPtr<&'static Pcpu> = AtomicPtr::new(core::ptr::null_mut());
+
+/// vCPU 0, at boot, before any other vCPU uses the runtime: the vCPU count, the TSC rate and
+/// every vCPU's `Pcpu`.
+pub fn init(info: &BootInfo) {
+    NR_VCPUS.store(info.nr_vcpus.max(1), Ordering::Relaxed);
+    TSC_KHZ.store(info.tsc_khz.max(1), Ordering::Relaxed);
+    let pcpus: Vec<&'static Pcpu> = (0..info.nr_vcpus)
+        .map(|v| &*Box::leak(Box::new(Pcpu::new(v, info.vcpus[v as usize].irq_id))))
+        .collect();
+    PCPUS.store(pcpus.leak().as_mut_ptr(), Ordering::Release);
+}
+
+/// Number of vCPUs.
+#[inline]
+pub fn nr_vcpus() -> u32 {
+    NR_VCPUS.load(Ordering::Relaxed)
+}
+
+/// TSC frequency.
+#[inline]
+pub fn tsc_khz() -> u64 {
+    TSC_KHZ.load(Ordering::Relaxed)
+}
+
+/// Every vCPU's `Pcpu`, by index.
+pub fn pcpus() -> &'static [&'static Pcpu] {
+    let p = PCPUS.load(Ordering::Acquire);
+    // SAFETY: vCPU 0 leaks this slice of `nr_vcpus` entries (`init`) before any other vCPU
+    // uses the runtime.
+    unsafe { core::slice::from_raw_parts(p, nr_vcpus() as usize) }
+}
+
+/// TSC ticks in `ns` nanoseconds.
+pub fn ns_to_ticks(ns: u64) -> u64 {
+    (u128::from(ns) * u128::from(tsc_khz()) / 1_000_000) as u64
+}
+
+/// Nanoseconds in `ticks` TSC ticks.
+pub fn ticks_to_ns(ticks: u64) -> u64 {
+    (u128::from(ticks) * 1_000_000 / u128::from(tsc_khz().max(1))) as u64
 }

@@ -16,7 +16,7 @@ pub fn vcpu() -> u32 {
 
 /// Number of vCPUs.
 pub fn nr_vcpus() -> u32 {
-    crate::start::nr_vcpus()
+    crate::percpu::nr_vcpus()
 }
 
 /// The time-stamp counter.
@@ -27,7 +27,7 @@ pub fn rdtsc() -> u64 {
 
 /// TSC frequency in kHz.
 pub fn tsc_khz() -> u64 {
-    crate::start::tsc_khz()
+    crate::percpu::tsc_khz()
 }
 
 /// Nanoseconds between two TSC readings.
@@ -43,15 +43,15 @@ pub fn probe_increment(spins: u64) {
 
 /// The sum of every vCPU's probe counter.
 pub fn probe_total() -> u64 {
-    crate::start::pcpus()
+    crate::percpu::pcpus()
         .iter()
         .map(|p| p.probe.load(core::sync::atomic::Ordering::Relaxed))
         .sum()
 }
 
-/// Whether the restartable-sequence table has an entry covering `rip` (tests).
-pub fn in_rseq(rip: u64) -> bool {
-    rseq::fixup(rip).is_some()
+/// Whether the restartable-sequence table has an entry covering `pc` (tests).
+pub fn in_rseq(pc: u64) -> bool {
+    rseq::fixup(pc).is_some()
 }
 
 /// Threads in this vCPU's run queue (a snapshot).

@@ -1,4 +1,4 @@
-//! Thread stacks (NPTL-style cache, seed 004).
+//! Thread stacks (NPTL-style cache, Drepper & Molnar 2003).
 //!
 //! The VMM maps `BootInfo::nr_stack_slots` slots of `stack_slot_size` bytes from
 //! `stack_region`, the lowest 4 KiB page of each left unmapped: a guard page, so running off
@@ -67,7 +67,7 @@ static FREE_LEN: AtomicU32 = AtomicU32::new(0);
 /// global list and the per-vCPU caches). Exact when no stack is being taken or given back; the
 /// hot paths count nothing.
 pub fn slots_in_use() -> u64 {
-    let cached: u64 = crate::start::pcpus()
+    let cached: u64 = crate::percpu::pcpus()
         .iter()
         .map(|p| u64::from(p.nr_stacks.load(Ordering::Relaxed)))
         .sum();

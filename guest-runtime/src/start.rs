@@ -4,18 +4,17 @@
 //! boot frames and runs its scheduler on its boot stack, its first activation stack. Once every
 //! vCPU is there, vCPU 0 turns on scheduler activations if the VMM offers them.
 
-use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt::Write as _;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
-use activm_stub::protocol::arch::x86_64::{VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL};
 use activm_stub::{preempt, register_irq_handler};
 
 use crate::arch::context;
 use crate::arch::cpu::{self, Word};
-use crate::percpu::Pcpu;
+use crate::arch::{RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};
+use crate::percpu::{self, Pcpu};
 use crate::tcb::{self, Tcb};
 use crate::{config, fault, sched, stack, timer, upcall};
 
@@ -24,32 +23,10 @@ pub type MainFn = fn(&[&str]) -> i32;
 
 static READY: AtomicBool = AtomicBool::new(false);
 static UP: AtomicU32 = AtomicU32::new(0);
-static NR_VCPUS: AtomicU32 = AtomicU32::new(1);
-static TSC_KHZ: AtomicU64 = AtomicU64::new(1_000_000);
-static PCPUS: AtomicPtr<&'static Pcpu> = AtomicPtr::new(core::ptr::null_mut());
 static MAIN: AtomicPtr<Tcb> = AtomicPtr::new(core::ptr::null_mut());
 
 /// Alternate stack for CPU exceptions, per vCPU.
 const EXCEPTION_STACK: usize = 16 * 1024;
-
-/// Number of vCPUs.
-#[inline]
-pub fn nr_vcpus() -> u32 {
-    NR_VCPUS.load(Ordering::Relaxed)
-}
-
-/// TSC frequency.
-#[inline]
-pub fn tsc_khz() -> u64 {
-    TSC_KHZ.load(Ordering::Relaxed)
-}
-
-/// Every vCPU's `Pcpu`, by index.
-pub fn pcpus() -> &'static [&'static Pcpu] {
-    let p = PCPUS.load(Ordering::Acquire);
-    // SAFETY: vCPU 0 leaks this slice of `nr_vcpus` entries before setting READY.
-    unsafe { core::slice::from_raw_parts(p, nr_vcpus() as usize) }
-}
 
 /// The stub calls this on every vCPU (through `main!`).
 pub fn vcpu_entry(vcpu: u32, main: MainFn) -> ! {
@@ -66,7 +43,7 @@ pub fn vcpu_entry(vcpu: u32, main: MainFn) -> ! {
     init_vcpu(vcpu);
     UP.fetch_add(1, Ordering::AcqRel);
     if vcpu == 0 {
-        while UP.load(Ordering::Acquire) < nr_vcpus() {
+        while UP.load(Ordering::Acquire) < percpu::nr_vcpus() {
             core::hint::spin_loop();
         }
         upcall::enable();
@@ -85,13 +62,8 @@ extern "C" fn enter_scheduler() -> ! {
 
 fn init(main: MainFn) {
     let info = activm_stub::boot_info();
-    NR_VCPUS.store(info.nr_vcpus.max(1), Ordering::Relaxed);
-    TSC_KHZ.store(info.tsc_khz.max(1), Ordering::Relaxed);
-    let pcpus: Vec<&'static Pcpu> = (0..info.nr_vcpus)
-        .map(|v| &*Box::leak(Box::new(Pcpu::new(v, info.vcpus[v as usize].irq_id))))
-        .collect();
-    PCPUS.store(pcpus.leak().as_mut_ptr(), Ordering::Release);
-    cpu::set(Word::Pcpu, self::pcpus()[0] as *const Pcpu as u64);
+    percpu::init(info);
+    cpu::set(Word::Pcpu, percpu::of(0) as *const Pcpu as u64);
     stack::init();
     upcall::init();
     upcall::reserve_spare_stacks();
@@ -102,14 +74,16 @@ fn init(main: MainFn) {
         .collect();
     let args: &'static [&'static str] = args.leak();
 
-    register_irq_handler(VECTOR_TIMER, timer::on_timer);
-    register_irq_handler(VECTOR_RESCHEDULE, sched::on_resched);
-    register_irq_handler(VECTOR_UPCALL, upcall::on_upcall);
+    register_irq_handler(TIMER_IRQ, timer::on_timer);
+    register_irq_handler(RESCHEDULE_IRQ, sched::on_resched);
+    register_irq_handler(UPCALL_IRQ, upcall::on_upcall);
+    #[cfg(feature = "sim")]
     register_irq_handler(upcall::VECTOR_SIM, upcall::sim::on_sim);
     activm_stub::set_exception_handler(fault::on_exception);
     activm_stub::set_panic_context(panic_context);
     preempt::set_release_hook(sched::safepoint);
-    preempt::set_wait_hook(crate::stats::watchdog_tick);
+    preempt::set_wait_hook(crate::watchdog::tick);
+    crate::watchdog::set_report(crate::stats::dump);
 
     let t = tcb::alloc(1);
     t.flags.fetch_or(tcb::FLAG_MAIN, Ordering::Relaxed);
@@ -122,7 +96,7 @@ fn init(main: MainFn) {
 }
 
 fn init_vcpu(vcpu: u32) {
-    let pcpu: &'static Pcpu = pcpus()[vcpu as usize];
+    let pcpu: &'static Pcpu = percpu::of(vcpu);
     cpu::set(Word::Pcpu, pcpu as *const Pcpu as u64);
     cpu::set(Word::Armed, 0);
     cpu::set(Word::SchedIdle, 0);
@@ -138,16 +112,6 @@ fn init_vcpu(vcpu: u32) {
     cpu::init_timer();
 }
 
-/// The main thread's closure returned: the guest exits with its value.
-pub fn main_returned(t: &Tcb) -> ! {
-    // SAFETY: the main thread's packet holds its i32 result now (see `init_main_packet`).
-    let code = unsafe { *(t.packet_ptr() as *const i32) };
-    if crate::stats::print_at_exit() {
-        crate::stats::print();
-    }
-    activm_stub::exit(code)
-}
-
 /// Writes "thread 'name' " (or "scheduler ") at the start of a panic message.
 fn panic_context(w: &mut dyn core::fmt::Write) {
     let cur = sched::current_raw();
@@ -157,12 +121,12 @@ fn panic_context(w: &mut dyn core::fmt::Write) {
     }
     // SAFETY: the running thread's TCB.
     let t = unsafe { tcb::from_raw(cur) };
-    let _ = write!(w, "thread {} ", crate::thread::describe(t));
+    let _ = write!(w, "thread {} ", tcb::describe(t));
 }
 
 /// A name for messages (`String` so it can outlive the thread).
 pub fn thread_name_of(t: &Tcb) -> String {
     let mut s = String::new();
-    let _ = write!(s, "{}", crate::thread::describe(t));
+    let _ = write!(s, "{}", tcb::describe(t));
     s
 }

@@ -1,52 +1,17 @@
 //! Runtime counters, summed over vCPUs (for tests and tuning).
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::Ordering;
 
 use activm_stub::println;
 
+use crate::percpu;
 use crate::percpu::Counters;
-use crate::start;
 
-static PRINT_AT_EXIT: AtomicBool = AtomicBool::new(false);
-/// TSC after which the next timer interrupt dumps the state and ends the guest (0: off).
-static WATCHDOG: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
-
-/// Arms (or with `None` disarms) a watchdog: if the guest is still running `after` from now,
-/// the next timer interrupt on any vCPU prints where that vCPU was and every vCPU's state, then
-/// exits with status 99. It works even when the scheduler no longer handles upcalls (tests).
-pub fn set_watchdog(after: Option<core::time::Duration>) {
-    let at = after.map_or(0, |d| {
-        crate::arch::cpu::rdtsc() + crate::timer::ns_to_ticks(d.as_nanos() as u64)
-    });
-    WATCHDOG.store(at, Ordering::Release);
-}
-
-/// The watchdog check without an interrupted context (lock waits, scheduler loops).
-pub(crate) fn watchdog_tick() {
-    check_watchdog(0);
-}
-
-/// Timer interrupt (or `watchdog_tick`): fires the watchdog if it is due.
-pub(crate) fn check_watchdog(rip: u64) {
-    let at = WATCHDOG.load(Ordering::Relaxed);
-    if at == 0 || crate::arch::cpu::rdtsc() < at || WATCHDOG.swap(0, Ordering::AcqRel) == 0 {
-        return;
-    }
-    println!(
-        "activm-rt: watchdog: vCPU {} interrupted at rip {rip:#x}",
-        activm_stub::vcpu_id()
-    );
-    dump();
-    activm_stub::exit(99);
-}
+pub use crate::watchdog::set_watchdog;
 
 /// Prints the counters when `main` returns.
 pub fn set_print_at_exit(on: bool) {
-    PRINT_AT_EXIT.store(on, Ordering::Relaxed);
-}
-
-pub(crate) fn print_at_exit() -> bool {
-    PRINT_AT_EXIT.load(Ordering::Relaxed)
+    crate::config::set_print_stats_at_exit(on);
 }
 
 /// A snapshot of the counters, summed over all vCPUs.
@@ -86,7 +51,7 @@ pub struct Stats {
 /// Sums the counters of every vCPU.
 pub fn snapshot() -> Stats {
     let mut s = Stats::default();
-    for p in start::pcpus() {
+    for p in percpu::pcpus() {
         let c: &Counters = &p.counters;
         let get = |a: &core::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         s.switches += get(&c.switches);
@@ -126,15 +91,9 @@ pub fn print() {
 /// Prints every vCPU's runtime words and queues (diagnostics: the default SIGNAL action).
 pub fn dump() {
     use crate::arch::cpu::{self, Word};
-    for (v, p) in start::pcpus().iter().enumerate() {
+    for (v, p) in percpu::pcpus().iter().enumerate() {
         let v = v as u32;
-        let (hold, pending) = {
-            let b = activm_stub::arch::x86_64::percpu::cpu_local(v as usize);
-            (
-                b.hold().load(Ordering::Relaxed),
-                b.pending().load(Ordering::Relaxed),
-            )
-        };
+        let (hold, pending) = (cpu::hold_of(v), cpu::pending_of(v));
         println!(
             "activm-rt: vCPU {v}: activation {} in_sched {} idle {} current {:#x} hold {hold} pending {pending:#x} armed {} runq {} switches {} records {}",
             cpu::get_of(v, Word::Activation),
@@ -147,18 +106,7 @@ pub fn dump() {
             p.counters.records.load(Ordering::Relaxed),
         );
     }
-    {
-        use activm_stub::protocol::arch::x86_64::{VECTOR_RESCHEDULE, VECTOR_TIMER, VECTOR_UPCALL};
-        let state = |v: u8| activm_stub::lapic::vector_state(v);
-        println!(
-            "activm-rt: this vCPU ({}) APIC: timer count {} in-service/requested timer {:?} resched {:?} upcall {:?}",
-            activm_stub::vcpu_id(),
-            activm_stub::lapic::timer_count(),
-            state(VECTOR_TIMER),
-            state(VECTOR_RESCHEDULE),
-            state(VECTOR_UPCALL),
-        );
-    }
+    cpu::print_interrupt_state();
     crate::sched::dump();
     crate::upcall::dump();
     crate::percpu::print_trace_last(64);

@@ -275,24 +275,14 @@ impl Tcb {
         self.wake.store(WAITING, Ordering::Relaxed);
     }
 
-    /// Wakes the thread if it waits (see the module documentation). The TCB must be live at the
-    /// call (the caller holds the queue it waited in, or a reference).
-    ///
-    /// Woken by a running thread, it runs next on this vCPU (`sched::make_next`); woken by the
-    /// scheduler, it joins the run queue.
+    /// Whether a waker came ([`Tcb::prepare_wait`] undone).
     #[inline]
-    pub fn wake(&self) {
-        if self.wake.swap(WOKEN, Ordering::AcqRel) == PARKED {
-            if crate::arch::cpu::get(crate::arch::cpu::Word::InSched) == 0 {
-                crate::sched::make_next(self);
-            } else {
-                crate::sched::make_runnable(self, true);
-            }
-        }
+    pub fn is_woken(&self) -> bool {
+        self.wake.load(Ordering::Acquire) == WOKEN
     }
 
-    /// Like [`Tcb::wake`], but a parked thread is not queued: true means it was parked, and
-    /// the caller now owns it (runnable, in no queue) and must run or queue it.
+    /// Marks the thread woken: true means it was parked, and the caller now owns it (runnable,
+    /// in no queue) and must run or queue it (`sched::wake` queues it).
     #[inline]
     pub fn wake_owned(&self) -> bool {
         self.wake.swap(WOKEN, Ordering::AcqRel) == PARKED
@@ -304,13 +294,6 @@ impl Tcb {
 
     pub fn add_ref(&self) {
         self.refs.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Sleeps until [`Tcb::wake`] (after [`Tcb::prepare_wait`]); `me` is the current thread.
-pub fn wait(me: &Tcb) {
-    while me.wake.load(Ordering::Acquire) != WOKEN {
-        crate::sched::park_current(me);
     }
 }
 
@@ -354,7 +337,7 @@ pub fn alloc(refs: u32) -> &'static Tcb {
 }
 
 fn take_cached() -> Option<&'static Tcb> {
-    preempt::hold();
+    let hold = preempt::Hold::new();
     let p = percpu::this();
     let n = p.nr_tcbs.load(Ordering::Relaxed);
     let local = if n > 0 {
@@ -363,7 +346,7 @@ fn take_cached() -> Option<&'static Tcb> {
     } else {
         None
     };
-    preempt::release();
+    drop(hold);
     let raw = match local {
         Some(raw) => raw as *const Tcb,
         None => {
@@ -406,7 +389,7 @@ fn recycle(t: &Tcb) {
         (*t.tls.get()).clear();
     }
     debug_assert!(t.stack.get().is_none());
-    preempt::hold();
+    let hold = preempt::Hold::new();
     let p = percpu::this();
     let n = p.nr_tcbs.load(Ordering::Relaxed);
     let cached = if (n as usize) < TCB_CACHE {
@@ -416,7 +399,7 @@ fn recycle(t: &Tcb) {
     } else {
         false
     };
-    preempt::release();
+    drop(hold);
     if !cached {
         let mut pool = POOL.lock();
         t.link.set(pool.0);
@@ -432,4 +415,22 @@ fn recycle(t: &Tcb) {
 pub unsafe fn from_raw(raw: *const Tcb) -> &'static Tcb {
     // SAFETY: the caller guarantees `raw` points at a leaked TCB.
     unsafe { &*raw }
+}
+
+/// "'name'" or "<unnamed #id>", for messages.
+pub fn describe(t: &Tcb) -> DescribeThread<'_> {
+    DescribeThread(t)
+}
+
+/// Formats a thread for messages.
+#[derive(Debug)]
+pub struct DescribeThread<'a>(&'a Tcb);
+
+impl core::fmt::Display for DescribeThread<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0.name() {
+            Some(name) => write!(f, "'{name}'"),
+            None => write!(f, "'<unnamed #{}>'", self.0.id.get()),
+        }
+    }
 }

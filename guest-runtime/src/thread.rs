@@ -20,7 +20,6 @@ use core::sync::atomic::Ordering;
 use core::time::Duration;
 
 use crate::sched;
-use crate::stack;
 use crate::tcb::{self, Tcb};
 
 pub use crate::tls::{AccessError, LocalKey};
@@ -97,7 +96,7 @@ impl Thread {
                         )
                         .is_ok()
                     {
-                        t.wake();
+                        sched::wake(t);
                         return;
                     }
                 }
@@ -177,12 +176,12 @@ pub fn park() {
         me.token.store(tcb::TOKEN_EMPTY, Ordering::Release);
         return;
     }
-    tcb::wait(me);
+    sched::wait(me);
 }
 
 /// The number of vCPUs (`std::thread::available_parallelism`).
 pub fn available_parallelism() -> usize {
-    crate::start::nr_vcpus() as usize
+    crate::percpu::nr_vcpus() as usize
 }
 
 /// Spawns a thread (default stack: one guard-paged slot).
@@ -347,7 +346,7 @@ impl<T> JoinHandle<T> {
             // It cannot finish before it runs: nobody else writes its join word meanwhile.
             t.join.store(me as *const Tcb as usize, Ordering::Release);
             sched::park_and_run(me, t);
-            tcb::wait(me);
+            sched::wait(me);
         }
         loop {
             if t.join.load(Ordering::Acquire) == tcb::JOIN_FINISHED {
@@ -364,7 +363,7 @@ impl<T> JoinHandle<T> {
                 )
                 .is_ok()
             {
-                tcb::wait(me);
+                sched::wait(me);
             }
         }
         t.drop_result.set(None);
@@ -386,29 +385,14 @@ impl<T> Drop for JoinHandle<T> {
     }
 }
 
-/// "'name'" or "<unnamed #id>", for messages.
-pub fn describe(t: &Tcb) -> DescribeThread<'_> {
-    DescribeThread(t)
-}
+pub use crate::tcb::{describe, DescribeThread};
 
-/// Formats a thread for messages.
-#[derive(Debug)]
-pub struct DescribeThread<'a>(&'a Tcb);
-
-impl fmt::Display for DescribeThread<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.name() {
-            Some(name) => write!(f, "'{name}'"),
-            None => write!(f, "'<unnamed #{}>'", self.0.id.get()),
-        }
-    }
-}
-
-/// Every thread starts here (via `__rt_thread_start`), on its own stack.
+/// Every thread starts here (via `__rt_thread_start`, which calls it by name), on its own stack.
 ///
 /// # Safety
 /// Called once per thread by its start frame, with its TCB.
-pub(crate) unsafe extern "C" fn thread_main(t: *const Tcb) -> ! {
+#[unsafe(no_mangle)]
+unsafe extern "C" fn __rt_thread_main(t: *const Tcb) -> ! {
     // SAFETY: `build_start_frame` passed this thread's TCB.
     let t = unsafe { tcb::from_raw(t) };
     let Some(run) = t.run.take() else {
@@ -422,27 +406,17 @@ pub(crate) unsafe extern "C" fn thread_main(t: *const Tcb) -> ! {
     unsafe { run(t) };
     crate::tls::run_destructors(t);
     if t.flag(tcb::FLAG_MAIN) {
-        crate::start::main_returned(t);
+        main_returned(t);
     }
     sched::exit_current(t)
 }
 
-/// Scheduler side of a thread's exit: `t` is saved for good. Returns the joiner this woke, if
-/// it was parked: runnable and ours, for the scheduler to run next (null otherwise).
-pub fn retire(t: &Tcb) -> *const Tcb {
-    tcb::event(t, tcb::EV_EXITED);
-    if let Some(s) = t.stack.take() {
-        stack::free(s);
+/// The main thread's closure returned: the guest exits with its value.
+fn main_returned(t: &Tcb) -> ! {
+    // SAFETY: the main thread's packet holds its i32 result now (see `init_packet`).
+    let code = unsafe { *(t.packet_ptr() as *const i32) };
+    if crate::config::print_stats_at_exit() {
+        crate::stats::print();
     }
-    let joiner = t.join.swap(tcb::JOIN_FINISHED, Ordering::AcqRel);
-    let mut run = core::ptr::null();
-    if joiner != tcb::JOIN_RUNNING && joiner != tcb::JOIN_FINISHED {
-        // SAFETY: a joiner stored its own TCB there and waits for us.
-        let j = unsafe { tcb::from_raw(joiner as *const Tcb) };
-        if j.wake_owned() {
-            run = j as *const Tcb;
-        }
-    }
-    tcb::release(t);
-    run
+    activm_stub::exit(code)
 }

@@ -25,11 +25,13 @@ use core::time::Duration;
 use activm_stub::sync::SpinLock;
 use activm_stub::{preempt, IrqFrame};
 
+use crate::arch::context;
 use crate::arch::cpu::{self, Word};
+use crate::config;
 use crate::percpu;
-use crate::sched::{self, PEND_TIMER};
+pub use crate::percpu::{ns_to_ticks, ticks_to_ns};
+use crate::sched::{self, Pending};
 use crate::tcb::{self, Tcb};
-use crate::{config, start};
 
 /// Sleeps shorter than this spin (yielding) instead of parking.
 const SPIN_SLEEP_NS: u64 = 60_000;
@@ -83,16 +85,6 @@ fn insert_sleeper(list: &mut Sleepers, t: &Tcb) {
     }
 }
 
-/// TSC ticks in `ns` nanoseconds.
-pub fn ns_to_ticks(ns: u64) -> u64 {
-    (u128::from(ns) * u128::from(start::tsc_khz()) / 1_000_000) as u64
-}
-
-/// Nanoseconds in `ticks` TSC ticks.
-pub fn ticks_to_ns(ticks: u64) -> u64 {
-    (u128::from(ticks) * 1_000_000 / u128::from(start::tsc_khz().max(1))) as u64
-}
-
 /// Arms this vCPU's timer for TSC `deadline` unless it is armed for an earlier one. Call with
 /// this vCPU pinned (scheduler context or a preemption hold).
 fn ensure_armed_by(deadline: u64) {
@@ -137,7 +129,7 @@ pub fn ensure_slice_timer() {
     if cpu::get(Word::Armed) != 0 {
         return;
     }
-    preempt::hold();
+    let hold = preempt::Hold::new();
     let cur = sched::current_raw();
     if !cur.is_null() && cpu::get(Word::Armed) == 0 {
         // SAFETY: the running thread's TCB.
@@ -146,7 +138,7 @@ pub fn ensure_slice_timer() {
             .load(Ordering::Relaxed);
         ensure_armed_by(start + config::slice_ticks());
     }
-    preempt::release();
+    drop(hold);
 }
 
 /// Scheduler, before halting: wake up for the earliest sleeper.
@@ -223,19 +215,19 @@ pub fn wake_due() {
         // woken); read the link before the wake-up hands the TCB back to its thread.
         let t = unsafe { tcb::from_raw(cur) };
         cur = t.sleep_next.get();
-        t.wake();
+        sched::wake(t);
     }
 }
 
 /// The timer interrupt.
 pub fn on_timer(frame: &mut IrqFrame) {
     cpu::set(Word::Armed, 0);
-    percpu::trace(percpu::T_TIMER, frame.rip);
-    crate::stats::check_watchdog(frame.rip);
+    percpu::trace(percpu::T_TIMER, context::frame_pc(frame));
+    crate::watchdog::check(context::frame_pc(frame));
     percpu::bump(&percpu::this().counters.timer_irqs);
     crate::upcall::sim_on_interrupt(frame);
     if !sched::irq_prologue(frame) {
-        preempt::defer(PEND_TIMER);
+        Pending::Timer.defer();
         if let Some((min, _)) = config::random_preemption() {
             // Keep interrupting at random points even while deferring (tests).
             ensure_armed_by(cpu::rdtsc() + ns_to_ticks(min));
@@ -257,7 +249,7 @@ pub fn tick_in_thread() {
     if sleepers_due() {
         wake_due();
     }
-    preempt::hold();
+    let hold = preempt::Hold::new();
     let cur = sched::current();
     let start = cur.slice_start.load(Ordering::Relaxed);
     let now = cpu::rdtsc();
@@ -269,7 +261,7 @@ pub fn tick_in_thread() {
     } else if let Some(deadline) = wanted_deadline(start) {
         ensure_armed_by(deadline.max(now + ns_to_ticks(MIN_ARM_NS)));
     }
-    preempt::release();
+    drop(hold);
     if preempt {
         sched::preempt_current();
     }
@@ -301,9 +293,9 @@ pub fn add_sleeper(me: &Tcb, deadline: u64) {
         insert_sleeper(&mut list, me);
         EARLIEST.fetch_min(deadline, Ordering::AcqRel);
     }
-    preempt::hold();
+    let hold = preempt::Hold::new();
     ensure_armed_by(deadline.saturating_sub(ns_to_ticks(SLEEP_EARLY_NS)));
-    preempt::release();
+    drop(hold);
 }
 
 /// Takes `me` off the sleepers' list if it is still there (a timed wait a notifier ended).
@@ -350,7 +342,7 @@ pub fn sleep(d: Duration) {
         let me = sched::current();
         me.prepare_wait();
         add_sleeper(me, deadline);
-        tcb::wait(me);
+        sched::wait(me);
     }
     spin_until(deadline, || false);
 }

@@ -11,6 +11,7 @@
 //! `rdx` = top of this vCPU's CPL3 stack, `rsp` = top of its CPL0 stack.
 //! Memory is identity-mapped (virtual = physical).
 
+use crate::wire::wire_enum;
 use crate::MAX_VCPUS;
 
 /// `BootHeader::magic`: "ACTIVMHD".
@@ -56,28 +57,28 @@ impl BootHeader {
     }
 }
 
-/// What a region of the guest-physical address space holds.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MemKind {
-    /// Tables the VMM built (GDT, IDT, TSS, page tables) and CPL0 stacks: not mapped for CPL3.
-    Vmm = 1,
-    /// This [`BootInfo`] and the argument strings.
-    BootInfo = 2,
-    /// The loaded guest image.
-    Image = 3,
-    /// The activation shared area ([`crate::shared`]).
-    SharedArea = 4,
-    /// The per-vCPU CPL3 boot stacks.
-    BootStacks = 5,
-    /// Free RAM: the guest's heap.
-    Free = 6,
-    /// The hypercall page (no memory behind it).
-    Hypercall = 7,
-    /// The interrupt controller (x86_64: the local APIC page, mapped for CPL3).
-    InterruptController = 8,
-    /// Thread stacks with guard pages (`BootInfo::stack_region`).
-    ThreadStacks = 9,
+wire_enum! {
+    /// What a region of the guest-physical address space holds.
+    pub enum MemKind: u32 {
+        /// Tables the VMM built (GDT, IDT, TSS, page tables) and CPL0 stacks: not mapped for CPL3.
+        Vmm = 1 => "vmm",
+        /// This [`BootInfo`] and the argument strings.
+        BootInfo = 2 => "boot info",
+        /// The loaded guest image.
+        Image = 3 => "image",
+        /// The activation shared area ([`crate::shared`]).
+        SharedArea = 4 => "shared area",
+        /// The per-vCPU CPL3 boot stacks.
+        BootStacks = 5 => "boot stacks",
+        /// Free RAM: the guest's heap.
+        Free = 6 => "free",
+        /// The hypercall page (no memory behind it).
+        Hypercall = 7 => "hypercall",
+        /// The interrupt controller (x86_64: the local APIC page, mapped for CPL3).
+        InterruptController = 8 => "interrupt controller",
+        /// Thread stacks with guard pages (`BootInfo::stack_region`).
+        ThreadStacks = 9 => "thread stacks",
+    }
 }
 
 /// One entry of the memory map.

@@ -15,98 +15,59 @@
 //! arguments that break a call's rules (a buffer outside guest memory, say) stop the guest with an
 //! error naming the call: protocol violations are never silently ignored.
 
+use crate::wire::wire_enum;
+
 /// Size of the hypercall page.
 pub const HYPERCALL_PAGE_SIZE: u64 = 4096;
 
-/// Hypercall numbers.
-#[repr(u64)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Hypercall {
-    /// `console_write(gpa, len) -> len`: write `len` bytes at guest-physical `gpa` to the console.
-    ConsoleWrite = 1,
-    /// `exit(code) -> !`: stop the whole guest; `code & 0xff` becomes activm's exit status.
-    Exit = 2,
-    /// `panic(gpa, len) -> !`: stop the guest, report the UTF-8 message on stderr, fail.
-    Panic = 3,
-    /// `fatal_trap() -> !`: issued by the CPL0 stub for an exception it cannot handle. The stub
-    /// pushes `rax` and leaves the CPU's exception frame above it ([`crate::arch::x86_64::TrapFrame`]
-    /// at the stack pointer); the VMM reports it with the registers.
-    FatalTrap = 4,
-    /// `vcpu_stop() -> !`: this vCPU is done; the guest goes on with the others.
-    VcpuStop = 5,
-    /// `halt() -> 0`: sleep until an interrupt is pending for this vCPU.
-    Halt = 6,
-    /// `sa_register(upcall_entry, flags) -> 0`: register the CPL3 upcall entry point.
-    SaRegister = 16,
-    /// `sa_setconcurrency(n) -> previous`: the guest can use up to `n` vCPUs.
-    SaSetConcurrency = 17,
-    /// `sa_yield() -> 0`: this vCPU has no work; the VMM may give its processor away.
-    SaYield = 18,
-    /// `sa_preempt(vcpu) -> 0`: deliver a USER upcall to one of the guest's vCPUs.
-    SaPreempt = 19,
-    /// `sa_enable() -> 0`: start delivering upcalls (after the stack pool is filled).
-    SaEnable = 20,
-    /// `blk_info(what) -> value`: the block device ([`crate::blk`]): `BLK_INFO_SECTORS` gives its
-    /// capacity in sectors (0: no device), `BLK_INFO_FLAGS` its `BLK_FLAG_*` bits.
-    BlkInfo = 32,
-    /// `blk_read(sector, gpa, count) -> BLK_OK | BLK_ERR_*`: read `count` sectors into guest
-    /// memory. May block this vCPU in the VMM (a BLOCKED upcall, then UNBLOCKED, with activations).
-    BlkRead = 33,
-    /// `blk_write(sector, gpa, count) -> BLK_OK | BLK_ERR_*`: write `count` sectors from guest
-    /// memory. May block like `blk_read`.
-    BlkWrite = 34,
-    /// `blk_flush() -> BLK_OK | BLK_ERR_*`: make every completed write durable. Blocks.
-    BlkFlush = 35,
+wire_enum! {
+    /// Hypercall numbers.
+    pub enum Hypercall: u64 {
+        /// `console_write(gpa, len) -> len`: write `len` bytes at guest-physical `gpa` to the console.
+        ConsoleWrite = 1 => "console_write",
+        /// `exit(code) -> !`: stop the whole guest; `code & 0xff` becomes activm's exit status.
+        Exit = 2 => "exit",
+        /// `panic(gpa, len) -> !`: stop the guest, report the UTF-8 message on stderr, fail.
+        Panic = 3 => "panic",
+        /// `fatal_trap() -> !`: issued by the CPL0 stub for an exception it cannot handle. The stub
+        /// pushes `rax` and leaves the CPU's exception frame above it ([`crate::arch::x86_64::TrapFrame`]
+        /// at the stack pointer); the VMM reports it with the registers.
+        FatalTrap = 4 => "fatal_trap",
+        /// `vcpu_stop() -> !`: this vCPU is done; the guest goes on with the others.
+        VcpuStop = 5 => "vcpu_stop",
+        /// `halt() -> 0`: sleep until an interrupt is pending for this vCPU.
+        Halt = 6 => "halt",
+        /// `sa_register(upcall_entry, flags) -> 0`: register the CPL3 upcall entry point.
+        SaRegister = 16 => "sa_register",
+        /// `sa_setconcurrency(n) -> previous`: the guest can use up to `n` vCPUs.
+        SaSetConcurrency = 17 => "sa_setconcurrency",
+        /// `sa_yield() -> 0`: this vCPU has no work; the VMM may give its processor away.
+        SaYield = 18 => "sa_yield",
+        /// `sa_preempt(vcpu) -> 0`: deliver a USER upcall to one of the guest's vCPUs.
+        SaPreempt = 19 => "sa_preempt",
+        /// `sa_enable() -> 0`: start delivering upcalls (after the stack pool is filled).
+        SaEnable = 20 => "sa_enable",
+        /// `blk_info(what) -> value`: the block device ([`crate::blk`]): `BLK_INFO_SECTORS` gives its
+        /// capacity in sectors (0: no device), `BLK_INFO_FLAGS` its `BLK_FLAG_*` bits.
+        BlkInfo = 32 => "blk_info",
+        /// `blk_read(sector, gpa, count) -> BLK_OK | BLK_ERR_*`: read `count` sectors into guest
+        /// memory. May block this vCPU in the VMM (a BLOCKED upcall, then UNBLOCKED, with activations).
+        BlkRead = 33 => "blk_read",
+        /// `blk_write(sector, gpa, count) -> BLK_OK | BLK_ERR_*`: write `count` sectors from guest
+        /// memory. May block like `blk_read`.
+        BlkWrite = 34 => "blk_write",
+        /// `blk_flush() -> BLK_OK | BLK_ERR_*`: make every completed write durable. Blocks.
+        BlkFlush = 35 => "blk_flush",
+    }
 }
 
 impl Hypercall {
     /// Highest valid hypercall number + 1 (the page holds 512 slots).
     pub const SLOTS: u64 = HYPERCALL_PAGE_SIZE / 8;
 
-    pub const fn from_raw(nr: u64) -> Option<Hypercall> {
-        Some(match nr {
-            1 => Hypercall::ConsoleWrite,
-            2 => Hypercall::Exit,
-            3 => Hypercall::Panic,
-            4 => Hypercall::FatalTrap,
-            5 => Hypercall::VcpuStop,
-            6 => Hypercall::Halt,
-            16 => Hypercall::SaRegister,
-            17 => Hypercall::SaSetConcurrency,
-            18 => Hypercall::SaYield,
-            19 => Hypercall::SaPreempt,
-            20 => Hypercall::SaEnable,
-            32 => Hypercall::BlkInfo,
-            33 => Hypercall::BlkRead,
-            34 => Hypercall::BlkWrite,
-            35 => Hypercall::BlkFlush,
-            _ => return None,
-        })
-    }
-
     /// The guest-physical address whose load performs this call.
     pub const fn address(self, hypercall_base: u64) -> u64 {
         hypercall_base + 8 * self as u64
-    }
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Hypercall::ConsoleWrite => "console_write",
-            Hypercall::Exit => "exit",
-            Hypercall::Panic => "panic",
-            Hypercall::FatalTrap => "fatal_trap",
-            Hypercall::VcpuStop => "vcpu_stop",
-            Hypercall::Halt => "halt",
-            Hypercall::SaRegister => "sa_register",
-            Hypercall::SaSetConcurrency => "sa_setconcurrency",
-            Hypercall::SaYield => "sa_yield",
-            Hypercall::SaPreempt => "sa_preempt",
-            Hypercall::SaEnable => "sa_enable",
-            Hypercall::BlkInfo => "blk_info",
-            Hypercall::BlkRead => "blk_read",
-            Hypercall::BlkWrite => "blk_write",
-            Hypercall::BlkFlush => "blk_flush",
-        }
     }
 }
 

@@ -11,12 +11,18 @@
 //! Every type that crosses the boundary is `#[repr(C)]` with its layout pinned by tests.
 //! `docs/protocol.md` is the prose specification.
 #![no_std]
+#![forbid(unsafe_code)]
+
+mod wire;
 
 pub mod arch;
 pub mod blk;
 pub mod boot;
 pub mod hypercall;
 pub mod shared;
+
+use wire::wire_enum;
+pub use wire::UnknownWireValue;
 
 /// The ABI version. Both sides refuse to run with a peer of another version.
 /// Bump it on any change to a `#[repr(C)]` type, a hypercall or a constant in this crate.
@@ -31,12 +37,12 @@ pub const CACHE_LINE: usize = 64;
 /// Guest page size.
 pub const PAGE_SIZE: u64 = 4096;
 
-/// The architecture a guest image is built for, as recorded in its [`boot::BootHeader`].
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    X86_64 = 1,
-    Aarch64 = 2,
+wire_enum! {
+    /// The architecture a guest image is built for, as recorded in its [`boot::BootHeader`].
+    pub enum Arch: u32 {
+        X86_64 = 1 => "x86_64",
+        Aarch64 = 2 => "aarch64",
+    }
 }
 
 impl Arch {
@@ -46,21 +52,6 @@ impl Arch {
     } else {
         Arch::X86_64
     };
-
-    pub const fn from_raw(raw: u32) -> Option<Arch> {
-        match raw {
-            1 => Some(Arch::X86_64),
-            2 => Some(Arch::Aarch64),
-            _ => None,
-        }
-    }
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Arch::X86_64 => "x86_64",
-            Arch::Aarch64 => "aarch64",
-        }
-    }
 }
 
 /// A cache-line-aligned wrapper, so fields written by different sides never share a line.
@@ -87,7 +78,8 @@ mod tests {
 
     #[test]
     fn arch_round_trips() {
-        for arch in [Arch::X86_64, Arch::Aarch64] {
+        assert_eq!((Arch::X86_64.raw(), Arch::Aarch64.raw()), (1, 2));
+        for &arch in Arch::ALL {
             assert_eq!(Arch::from_raw(arch as u32), Some(arch));
         }
         assert_eq!(Arch::from_raw(0), None);

@@ -25,6 +25,7 @@
 
 use core::sync::atomic::{AtomicU32, AtomicU64};
 
+use crate::wire::wire_enum;
 use crate::{CacheAligned, MAX_VCPUS};
 
 /// `SharedHeader::magic`: "ACTIVMSA".
@@ -48,63 +49,39 @@ pub const fn vcpu_area_offset(index: usize) -> usize {
     SHARED_HEADER_SIZE + index * VCPU_AREA_SIZE
 }
 
-/// What a vCPU is doing, as the VMM last recorded it (`VcpuArea::state`).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VcpuRunState {
-    /// Not running and not owed to the guest (never started, yielded, or removed).
-    Stopped = 0,
-    /// Running guest code on a physical CPU.
-    Running = 1,
-    /// Taken away by the VMM; its context was (or will be) handed over in a PREEMPTED record.
-    Preempted = 2,
-    /// Blocked in the VMM on emulated I/O; an UNBLOCKED record follows.
-    Blocked = 3,
-}
-
-impl VcpuRunState {
-    pub const fn from_raw(raw: u32) -> Option<VcpuRunState> {
-        Some(match raw {
-            0 => VcpuRunState::Stopped,
-            1 => VcpuRunState::Running,
-            2 => VcpuRunState::Preempted,
-            3 => VcpuRunState::Blocked,
-            _ => return None,
-        })
+wire_enum! {
+    /// What a vCPU is doing, as the VMM last recorded it (`VcpuArea::state`).
+    pub enum VcpuRunState: u32 {
+        /// Not running and not owed to the guest (never started, yielded, or removed).
+        Stopped = 0 => "stopped",
+        /// Running guest code on a physical CPU.
+        Running = 1 => "running",
+        /// Taken away by the VMM; its context was (or will be) handed over in a PREEMPTED record.
+        Preempted = 2 => "preempted",
+        /// Blocked in the VMM on emulated I/O; an UNBLOCKED record follows.
+        Blocked = 3 => "blocked",
     }
 }
 
-/// The kind of an upcall record (seed 000, section 4.1).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UpcallKind {
-    /// A processor was granted: this activation is new and may run threads.
-    NewProc = 1,
-    /// Activation `activation` (on vCPU `vcpu`) was preempted; its context is in the record.
-    Preempted = 2,
-    /// Activation `activation` blocked in the VMM; no context (it stays with the VMM).
-    Blocked = 3,
-    /// Activation `activation` unblocked; its context is in the record.
-    Unblocked = 4,
-    /// A host signal arrived: `arg` is the signal number.
-    Signal = 5,
-    /// The guest asked (sa_preempt) to interrupt this vCPU; `arg` is the requester's vCPU.
-    User = 6,
+wire_enum! {
+    /// The kind of an upcall record (Williams 2002, section 4.1; `docs/references.md`).
+    pub enum UpcallKind: u32 {
+        /// A processor was granted: this activation is new and may run threads.
+        NewProc = 1 => "NEWPROC",
+        /// Activation `activation` (on vCPU `vcpu`) was preempted; its context is in the record.
+        Preempted = 2 => "PREEMPTED",
+        /// Activation `activation` blocked in the VMM; no context (it stays with the VMM).
+        Blocked = 3 => "BLOCKED",
+        /// Activation `activation` unblocked; its context is in the record.
+        Unblocked = 4 => "UNBLOCKED",
+        /// A host signal arrived: `arg` is the signal number.
+        Signal = 5 => "SIGNAL",
+        /// The guest asked (sa_preempt) to interrupt this vCPU; `arg` is the requester's vCPU.
+        User = 6 => "USER",
+    }
 }
 
 impl UpcallKind {
-    pub const fn from_raw(raw: u32) -> Option<UpcallKind> {
-        Some(match raw {
-            1 => UpcallKind::NewProc,
-            2 => UpcallKind::Preempted,
-            3 => UpcallKind::Blocked,
-            4 => UpcallKind::Unblocked,
-            5 => UpcallKind::Signal,
-            6 => UpcallKind::User,
-            _ => return None,
-        })
-    }
-
     /// Records of this kind carry a saved user context.
     pub const fn carries_context(self) -> bool {
         matches!(self, UpcallKind::Preempted | UpcallKind::Unblocked)

@@ -1,6 +1,6 @@
 //! The processor allocator: which vCPUs may run on the physical CPUs of the budget.
 //!
-//! This module is the whole policy (seed 001, section 4.1): a guest that uses activations tells
+//! This module is the whole policy (Anderson et al. 1992, section 4.1): a guest that uses activations tells
 //! the allocator how many processors it can use (`sa_setconcurrency`) and gives back idle ones
 //! (`sa_yield`); the allocator **space-shares** the budget among guests by demand (water-filling,
 //! so nobody gets more than it asked for and leftovers go to those who want more) and
@@ -105,7 +105,7 @@ struct GuestState {
     /// Processors the guest says it can use (`sa_setconcurrency`, or a cap from `activm ctl`).
     concurrency: usize,
     /// Processors an activation guest wants now: `concurrency`, less one for every processor it
-    /// gave back idle (`sa_yield`) since it last asked (seed 001, section 4.1: "this processor
+    /// gave back idle (`sa_yield`) since it last asked (Anderson et al. 1992, section 4.1: "this processor
     /// is idle" lowers its demand until it asks again).
     wanted: usize,
     /// The share computed by the last rebalance.

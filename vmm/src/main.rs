@@ -45,15 +45,16 @@ struct RunArgs {
     /// Read the guests and the machine-wide settings from a TOML file.
     ///
     /// At the top, the machine-wide keys, as the flags: pcpus, quantum (ms), chaos (seed),
-    /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us). Then one [[guest]] table
-    /// per guest: image (required), name (its label in output, --stats and `activm ctl`),
+    /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), host_sched. Then one
+    /// [[guest]] table per guest: image (required), name (its label in output, --stats and
+    /// `activm ctl`),
     /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only,
     /// thread_stack, thread_stacks. Sizes are numbers of bytes or strings like "256M"; paths
     /// are relative to the file's directory. Unknown keys are errors.
     ///
     /// Machine-wide flags given with --config (--pcpus, --quantum, --chaos, --timeout, --stats,
-    /// --boot-timing, --trace, --ctl, --io-latency) override the file. Per-guest ones (GUEST,
-    /// --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
+    /// --boot-timing, --trace, --ctl, --io-latency, --host-sched) override the file. Per-guest
+    /// ones (GUEST, --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
     /// --thread-stacks, GUEST_ARGS) are refused: set them in the [[guest]] tables.
     #[arg(long, value_name = "FILE.toml")]
     config: Option<PathBuf>,
@@ -72,6 +73,11 @@ struct RunArgs {
     /// Oblivious mode: no upcalls; vCPUs are time-sliced behind the guests' backs.
     #[arg(long)]
     no_activations: bool,
+    /// Host-scheduled, as plain KVM: no allocator, every vCPU thread is left to the host's
+    /// scheduler (Linux). Implies --no-activations for every guest; --pcpus and --quantum do
+    /// not apply. To confine activm to some host CPUs, run it under `taskset -c LIST`.
+    #[arg(long, conflicts_with = "chaos")]
+    host_sched: bool,
     /// Report process start → first guest instruction → guest main on stderr.
     #[arg(long)]
     boot_timing: bool,
@@ -265,6 +271,7 @@ fn settings(
     // Switches: a flag can turn them on, not off.
     machine.stats |= flags.stats;
     machine.boot_timing |= flags.boot_timing;
+    machine.host_sched |= flags.host_sched;
     Ok((machine, guests, Source::File(file)))
 }
 
@@ -279,6 +286,7 @@ fn machine_from_flags(args: &RunArgs) -> Machine {
         trace: args.trace.clone(),
         ctl: args.ctl.clone(),
         io_latency_us: args.io_latency,
+        host_sched: args.host_sched,
         from_flags: Vec::new(),
     }
 }

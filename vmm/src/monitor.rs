@@ -57,6 +57,26 @@ pub fn run_guests(
     if options.pcpus == 0 {
         return Err(Error::Config("--pcpus must be at least 1".into()));
     }
+    if options.host_sched && options.chaos_seed.is_some() {
+        return Err(Error::Config(
+            "--chaos needs the allocator: not with --host-sched".into(),
+        ));
+    }
+    // Host-scheduled: a slot for every vCPU, so nothing is ever revoked, and no upcalls.
+    let host_sched = MonitorOptions {
+        pcpus: configs
+            .iter()
+            .map(|c| c.vcpus as usize)
+            .sum::<usize>()
+            .max(1),
+        activations: false,
+        ..options.clone()
+    };
+    let options = if options.host_sched {
+        &host_sched
+    } else {
+        options
+    };
     vcpu::install_kick_handler()?;
     let signals = if options.handle_signals {
         Some(crate::signals::block()?)
@@ -112,9 +132,11 @@ pub fn run_guests(
             .sum::<usize>()
             .max(1);
         let budget = options.pcpus;
+        let host_sched = options.host_sched;
         std::thread::Builder::new()
             .name("dispatcher".into())
             .spawn(move || match chaos {
+                None if host_sched => {}
                 None => {
                     while !stop.load(Ordering::Acquire) {
                         procs.revoke(procs.alloc.rebalance());

@@ -16,10 +16,8 @@ const GUEST_CARGO: &str = "/usr/bin/cargo";
 const GUEST_RUSTC: &str = "/usr/bin/rustc";
 /// The custom target (guests/x86_64-activm.json): its output directory under guests/target.
 const GUEST_TARGET: &str = "x86_64-activm";
-/// Where the BootHeader must be: protocol::arch::x86_64::IMAGE_BASE.
-const IMAGE_BASE: u64 = 0x20_0000;
-/// BootHeader magic, "ACTIVMHD".
-const BOOT_HEADER_MAGIC: &[u8; 8] = b"ACTIVMHD";
+/// Where the BootHeader must be.
+use protocol::arch::x86_64::IMAGE_BASE;
 
 const USAGE: &str = "\
 usage: cargo xtask COMMAND
@@ -118,11 +116,37 @@ fn parse_release(args: &[String]) -> Result<bool, String> {
     }
 }
 
+/// The repository (the host workspace's root), found at run time from the current directory
+/// with `cargo locate-project --workspace`, so a moved or copied checkout works.
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the repository root")
-        .to_path_buf()
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let located = Command::new(cargo)
+            .args(["locate-project", "--workspace", "--message-format", "plain"])
+            .output();
+        match located {
+            Ok(out) if out.status.success() => {
+                let manifest = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+                let root = manifest.parent().map(Path::to_path_buf);
+                if let Some(root) = root.filter(|r| r.join("xtask/Cargo.toml").is_file()) {
+                    return root;
+                }
+                eprintln!(
+                    "xtask: error: {} is not activm's host workspace: run from the repository root",
+                    manifest.display()
+                );
+                std::process::exit(2);
+            }
+            _ => {
+                eprintln!(
+                    "xtask: error: cargo locate-project failed: run inside the activm repository"
+                );
+                std::process::exit(2);
+            }
+        }
+    })
+    .clone()
 }
 
 fn guests_dir() -> PathBuf {
@@ -358,7 +382,7 @@ fn check_elf(path: &Path) -> Result<(), String> {
             "lowest loadable address {vaddr:#x}, expected {IMAGE_BASE:#x}"
         )));
     }
-    if b.get(offset..offset + 8) != Some(&BOOT_HEADER_MAGIC[..]) {
+    if b.get(offset..offset + 8) != Some(&protocol::boot::BOOT_HEADER_MAGIC.to_le_bytes()[..]) {
         return Err(bad("no BootHeader at the lowest loadable address"));
     }
     check_cpl0_sse(path)

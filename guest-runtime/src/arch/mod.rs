@@ -1,6 +1,8 @@
-//! Architecture-specific parts: `cpu` (per-vCPU words, TSC, timer, IPIs), `context` (switches,
-//! new threads, full contexts), `rseq` (restartable sequences). `aarch64` mirrors the module
-//! names; it is documentation only for now.
+//! Architecture-specific parts, reached by the rest of the runtime only through the names
+//! re-exported here: `cpu` (per-vCPU words, time, timer, IPIs), `context` (switches, new threads,
+//! full contexts and their accessors), `rseq` (restartable sequences), `entry` (a new
+//! activation's first instructions), `fault` (reading a CPU exception's frame), and the protocol's context type and interrupt vectors.
+//! `current` is the architecture being built; `aarch64/mod.rs` holds the plan of its port.
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
@@ -8,6 +10,10 @@ pub mod aarch64;
 pub mod x86_64;
 
 #[cfg(target_arch = "aarch64")]
-pub use aarch64::*;
+pub use aarch64 as current;
 #[cfg(target_arch = "x86_64")]
-pub use x86_64::*;
+pub use x86_64 as current;
+
+pub use current::{
+    context, cpu, entry, fault, rseq, UserContext, RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ,
+};

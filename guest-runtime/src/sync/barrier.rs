@@ -7,7 +7,6 @@ use activm_stub::sync::SpinLock;
 
 use super::waitq::WaitList;
 use crate::sched;
-use crate::tcb;
 
 #[derive(Debug)]
 struct State {
@@ -51,7 +50,7 @@ impl Barrier {
                 let all = st.queue.take_all();
                 drop(st);
                 for t in all {
-                    t.wake();
+                    sched::wake(t);
                 }
                 return BarrierWaitResult(true);
             }
@@ -60,7 +59,7 @@ impl Barrier {
             st.queue.push(me, 0);
             me
         };
-        tcb::wait(me);
+        sched::wait(me);
         BarrierWaitResult(false)
     }
 }

@@ -12,7 +12,7 @@ use core::sync::atomic::Ordering;
 use super::mutex::MutexGuard;
 use super::waitq::WaitList;
 use super::LockResult;
-use crate::tcb::{self, Tcb};
+use crate::tcb::Tcb;
 use crate::{sched, timer};
 
 pub struct Condvar {
@@ -46,7 +46,7 @@ impl Condvar {
             q.push(me, 0);
         }
         drop(guard);
-        tcb::wait(me);
+        sched::wait(me);
         mutex.raw().lock();
         // SAFETY: the lock was just taken.
         Ok(unsafe { MutexGuard::from_locked(mutex) })
@@ -84,7 +84,7 @@ impl Condvar {
         timer::add_sleeper(me, deadline);
         self.waiters.lock().push(me, 0);
         drop(guard);
-        tcb::wait(me);
+        sched::wait(me);
         let timed_out = match me.timed.load(Ordering::Acquire) {
             timer::TIMED_NOTIFIED => {
                 // The notifier took us off the wait list; the timeout is cancelled.
@@ -152,7 +152,7 @@ impl Condvar {
         let wake = Self::claim(t);
         drop(q);
         if wake {
-            t.wake();
+            sched::wake(t);
         }
     }
 
@@ -167,7 +167,7 @@ impl Condvar {
         }
         drop(q);
         for t in to_wake {
-            t.wake();
+            sched::wake(t);
         }
     }
 }

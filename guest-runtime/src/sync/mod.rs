@@ -75,5 +75,5 @@ pub type TryLockResult<G> = Result<G, TryLockError<G>>;
 pub(crate) const SPIN_LIMIT: u32 = 7;
 
 pub(crate) fn may_spin() -> bool {
-    crate::start::nr_vcpus() > 1
+    crate::percpu::nr_vcpus() > 1
 }

@@ -9,7 +9,7 @@ use activm_stub::sync::SpinLock;
 
 use super::waitq::WaitList;
 use crate::sched;
-use crate::tcb::{self, Tcb};
+use crate::tcb::Tcb;
 
 struct State<T> {
     queue: VecDeque<T>,
@@ -131,11 +131,11 @@ impl<T> Sender<T> {
                 }
             };
             if let Some(me) = wait {
-                tcb::wait(me);
+                sched::wait(me);
                 continue;
             }
             if let Some(t) = wake {
-                t.wake();
+                sched::wake(t);
             }
             return Ok(());
         }
@@ -180,7 +180,7 @@ impl<T> Drop for Sender<T> {
             }
         };
         if let Some(t) = wake {
-            t.wake();
+            sched::wake(t);
         }
     }
 }
@@ -230,7 +230,7 @@ impl<T> Receiver<T> {
                     let room = st.full.pop();
                     drop(st);
                     if let Some(t) = room {
-                        t.wake();
+                        sched::wake(t);
                     }
                     return Ok(v);
                 }
@@ -242,7 +242,7 @@ impl<T> Receiver<T> {
                 st.waiting = Some(me);
                 me
             };
-            tcb::wait(me);
+            sched::wait(me);
         }
     }
 
@@ -254,7 +254,7 @@ impl<T> Receiver<T> {
                 let room = st.full.pop();
                 drop(st);
                 if let Some(t) = room {
-                    t.wake();
+                    sched::wake(t);
                 }
                 Ok(v)
             }
@@ -277,7 +277,7 @@ impl<T> Drop for Receiver<T> {
             st.full.take_all()
         };
         for t in blocked {
-            t.wake();
+            sched::wake(t);
         }
     }
 }

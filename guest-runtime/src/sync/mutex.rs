@@ -12,7 +12,6 @@ use activm_stub::sync::SpinLock;
 use super::waitq::WaitList;
 use super::{may_spin, LockResult, TryLockError, TryLockResult, SPIN_LIMIT};
 use crate::sched;
-use crate::tcb;
 
 const LOCKED: u32 = 1;
 const PARKED: u32 = 2;
@@ -95,7 +94,7 @@ impl RawMutex {
                 me.prepare_wait();
                 q.push(me, 0);
             }
-            tcb::wait(me);
+            sched::wait(me);
             spins = 0;
         }
     }
@@ -121,7 +120,7 @@ impl RawMutex {
         self.state.store(rest, Ordering::Release);
         drop(q);
         if let Some(t) = next {
-            t.wake();
+            sched::wake(t);
         }
     }
 }

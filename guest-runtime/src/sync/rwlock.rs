@@ -11,7 +11,6 @@ use activm_stub::sync::SpinLock;
 use super::waitq::WaitList;
 use super::{LockResult, TryLockError, TryLockResult};
 use crate::sched;
-use crate::tcb;
 
 const READER: usize = 0;
 const WRITER: usize = 1;
@@ -67,7 +66,7 @@ impl<T: ?Sized> RwLock<T> {
                 st.queue.push(me, READER);
                 me
             };
-            tcb::wait(me);
+            sched::wait(me);
         }
     }
 
@@ -96,7 +95,7 @@ impl<T: ?Sized> RwLock<T> {
                 st.queued_writers += 1;
                 me
             };
-            tcb::wait(me);
+            sched::wait(me);
         }
     }
 
@@ -120,7 +119,7 @@ impl<T: ?Sized> RwLock<T> {
         st.queued_writers = 0;
         drop(st);
         for t in all {
-            t.wake();
+            sched::wake(t);
         }
     }
 

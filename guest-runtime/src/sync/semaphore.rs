@@ -7,7 +7,6 @@ use activm_stub::sync::SpinLock;
 
 use super::waitq::WaitList;
 use crate::sched;
-use crate::tcb;
 
 #[derive(Debug)]
 struct State {
@@ -43,7 +42,7 @@ impl Semaphore {
             me
         };
         // The releaser hands its permit over with the wake-up.
-        tcb::wait(me);
+        sched::wait(me);
     }
 
     /// Takes a permit if one is available now.
@@ -68,7 +67,7 @@ impl Semaphore {
             next
         };
         if let Some(t) = next {
-            t.wake();
+            sched::wake(t);
         }
     }
 

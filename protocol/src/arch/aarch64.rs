@@ -9,12 +9,13 @@ pub const HYPERCALL_BASE: u64 = 0x0B00_0000;
 /// GICv3 distributor and redistributors.
 pub const GICD_BASE: u64 = 0x0800_0000;
 pub const GICR_BASE: u64 = 0x080A_0000;
-/// The upcall interrupt: a software-generated interrupt (SGI) number.
-pub const INTID_UPCALL: u32 = 8;
+/// The upcall interrupt: a GIC software-generated interrupt (SGI) INTID. Every interrupt the
+/// protocol reserves is an SGI or PPI (INTID < 32), so the type is the x86 vector's `u8`.
+pub const UPCALL_IRQ: u8 = 8;
 /// Guest-to-guest reschedule SGI.
-pub const INTID_RESCHEDULE: u32 = 9;
+pub const RESCHEDULE_IRQ: u8 = 9;
 /// EL1 virtual timer PPI: the runtime's preemption tick.
-pub const INTID_VTIMER: u32 = 27;
+pub const TIMER_IRQ: u8 = 27;
 
 /// An EL0 thread's complete state, as handed over in PREEMPTED and UNBLOCKED records.
 #[repr(C, align(64))]
@@ -29,6 +30,30 @@ pub struct UserContext {
     pub fpsr: u64,
     pub _pad: u64,
     pub q: [u128; 32],
+}
+
+impl UserContext {
+    /// The program counter (`pc`).
+    pub const fn pc(&self) -> u64 {
+        self.pc
+    }
+    pub fn set_pc(&mut self, pc: u64) {
+        self.pc = pc;
+    }
+    /// The stack pointer (`sp`, i.e. SP_EL0).
+    pub const fn sp(&self) -> u64 {
+        self.sp
+    }
+    pub fn set_sp(&mut self, sp: u64) {
+        self.sp = sp;
+    }
+    /// The register a hypercall's result comes back in with the reference stub's load (`x0`).
+    pub const fn result(&self) -> u64 {
+        self.x[0]
+    }
+    pub fn set_result(&mut self, value: u64) {
+        self.x[0] = value;
+    }
 }
 
 #[cfg(test)]

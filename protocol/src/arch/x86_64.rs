@@ -23,12 +23,12 @@ pub const fn vector_has_error_code(vector: u8) -> bool {
 }
 /// Vectors 0..32 are CPU exceptions.
 pub const FIRST_EXTERNAL_VECTOR: u8 = 32;
-/// Local APIC timer: the runtime's preemption tick.
-pub const VECTOR_TIMER: u8 = 0x30;
-/// Guest-to-guest wake-up / reschedule IPI.
-pub const VECTOR_RESCHEDULE: u8 = 0x31;
-/// The upcall interrupt the VMM sends when it has put records in a vCPU's queue.
-pub const VECTOR_UPCALL: u8 = 0x40;
+/// Local APIC timer: the runtime's preemption tick (an IDT vector).
+pub const TIMER_IRQ: u8 = 0x30;
+/// Guest-to-guest wake-up / reschedule IPI (an IDT vector).
+pub const RESCHEDULE_IRQ: u8 = 0x31;
+/// The upcall interrupt the VMM sends when it has put records in a vCPU's queue (an IDT vector).
+pub const UPCALL_IRQ: u8 = 0x40;
 /// Spurious-interrupt vector programmed into the APIC.
 pub const VECTOR_SPURIOUS: u8 = 0xFF;
 /// IST slot (1-based) used for double fault, NMI and machine check.
@@ -98,6 +98,30 @@ pub struct UserContext {
     pub gs_base: u64,
     pub _reserved: [u64; 4],
     pub fxsave: FxsaveArea,
+}
+
+impl UserContext {
+    /// The instruction pointer (`rip`).
+    pub const fn pc(&self) -> u64 {
+        self.rip
+    }
+    pub fn set_pc(&mut self, pc: u64) {
+        self.rip = pc;
+    }
+    /// The stack pointer (`rsp`).
+    pub const fn sp(&self) -> u64 {
+        self.gprs.rsp
+    }
+    pub fn set_sp(&mut self, sp: u64) {
+        self.gprs.rsp = sp;
+    }
+    /// The register a hypercall's result comes back in with the reference stub's load (`rax`).
+    pub const fn result(&self) -> u64 {
+        self.gprs.rax
+    }
+    pub fn set_result(&mut self, value: u64) {
+        self.gprs.rax = value;
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! record into the upcall queue of a vCPU that is running (other than the one the event is
 //! about) and that vCPU gets the upcall interrupt; when none is running the event waits in
 //! `pending` and goes out with the next new activation, ahead of nothing but its NEWPROC record
-//! (seed 000, section 4.1). Sequence numbers are given when a record is written, under the one
+//! (Williams 2002, section 4.1). Sequence numbers are given when a record is written, under the one
 //! lock that serialises all writers of the guest's queues, so they are gap-free and ordered.
 //!
 //! Records left unconsumed in the queue of a vCPU that loses its processor are taken back

@@ -180,6 +180,7 @@ pub fn build(
             handle_signals: true,
             ctl_socket: machine.ctl.clone(),
             chaos_seed: machine.chaos,
+            host_sched: machine.host_sched,
         },
         stats: machine.stats,
     })

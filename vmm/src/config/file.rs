@@ -81,6 +81,8 @@ struct FileDoc {
     /// Microseconds.
     #[serde(default)]
     io_latency: u64,
+    #[serde(default)]
+    host_sched: bool,
     #[serde(default, deserialize_with = "guest_tables")]
     guest: Vec<FileGuest>,
 }
@@ -162,6 +164,7 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
         trace: doc.trace.map(here),
         ctl: doc.ctl.map(here),
         io_latency_us: doc.io_latency,
+        host_sched: doc.host_sched,
         from_flags: Vec::new(),
     };
     let guests = doc

@@ -77,6 +77,8 @@ pub struct Machine {
     pub ctl: Option<PathBuf>,
     /// Emulated latency of every guest's disk, in microseconds.
     pub io_latency_us: u64,
+    /// No allocator: every vCPU thread is left to the host's scheduler (`--host-sched`).
+    pub host_sched: bool,
     /// Settings a command-line flag set over a file's value: errors about them name the flag.
     pub from_flags: Vec<Key>,
 }
@@ -93,6 +95,7 @@ impl Default for Machine {
             trace: None,
             ctl: None,
             io_latency_us: 0,
+            host_sched: false,
             from_flags: Vec::new(),
         }
     }

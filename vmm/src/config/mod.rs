@@ -9,7 +9,8 @@
 //!
 //! ```toml
 //! pcpus = 2            # also: quantum (ms), chaos (seed), timeout (s), stats, boot_timing,
-//! timeout = 60         #       trace, ctl, io_latency (us, for every guest with a disk)
+//! timeout = 60         #       trace, ctl, io_latency (us, for every guest with a disk),
+//!                      #       host_sched (no allocator: the host schedules every vCPU)
 //!
 //! [[guest]]
 //! image = "rt-tests"   # the only required key
@@ -212,6 +213,9 @@ pub struct MonitorOptions {
     /// Chaos testing: with this seed, change the budget of physical CPUs to a random value
     /// every 100 us - 2 ms, so processors are revoked and granted all the time.
     pub chaos_seed: Option<u64>,
+    /// No allocator: every vCPU thread is left to the host's scheduler, as plain KVM monitors
+    /// run them (one host thread per vCPU). Implies oblivious guests; `pcpus` is ignored.
+    pub host_sched: bool,
 }
 
 impl Default for MonitorOptions {
@@ -225,6 +229,7 @@ impl Default for MonitorOptions {
             handle_signals: false,
             ctl_socket: None,
             chaos_seed: None,
+            host_sched: false,
         }
     }
 }

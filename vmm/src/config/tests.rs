@@ -78,6 +78,7 @@ fn a_full_file_parses() {
             trace: Some("/etc/activm/run.json".into()),
             ctl: Some("/tmp/activm.sock".into()),
             io_latency_us: 1000,
+            host_sched: false,
             from_flags: Vec::new(),
         }
     );

@@ -40,3 +40,13 @@ pub fn current_cpl() -> u8 {
 pub(crate) fn init_vcpu() {
     irqchip::enable();
 }
+
+/// Checks the architecture's part of the VMM's layout against the one this guest was built for.
+pub(crate) fn check_boot_info(info: &protocol::boot::BootInfo) {
+    assert!(
+        info.irq_controller_base == protocol::arch::x86_64::LAPIC_BASE,
+        "BootInfo local APIC {:#x} is not the ABI's {:#x}",
+        info.irq_controller_base,
+        protocol::arch::x86_64::LAPIC_BASE
+    );
+}

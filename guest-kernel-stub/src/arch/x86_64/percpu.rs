@@ -242,3 +242,35 @@ pub unsafe fn gs_or(offset: usize, bits: u64) {
         );
     }
 }
+
+/// Adds one to this vCPU's preemption hold count, in one instruction (so a thread that
+/// migrates never changes another vCPU's count).
+#[inline(always)]
+pub fn hold_enter() {
+    // SAFETY: one instruction on this vCPU's hold counter.
+    unsafe {
+        core::arch::asm!(
+            "inc qword ptr gs:[{off}]",
+            off = const HOLD_OFFSET,
+            options(nostack),
+        );
+    }
+}
+
+/// Takes one from this vCPU's preemption hold count, in one instruction; returns whether it
+/// reached zero.
+#[inline(always)]
+pub fn hold_leave() -> bool {
+    let zero: u8;
+    // SAFETY: one instruction on this vCPU's hold counter.
+    unsafe {
+        core::arch::asm!(
+            "dec qword ptr gs:[{off}]",
+            "setz {z}",
+            off = const HOLD_OFFSET,
+            z = out(reg_byte) zero,
+            options(nostack),
+        );
+    }
+    zero != 0
+}

@@ -24,6 +24,9 @@
 //! resumed the same way: [`build_resume_frame`] writes that trap-frame layout below the context's
 //! stack pointer plus a switch frame whose return address is `__rt_resume_frame`, the epilogue.
 
+// The assembly calls the runtime by symbol (`extern "C"`, defined above this layer):
+// `__rt_sched_entry(prev, action, arg)`, `__rt_thread_main(tcb)`, `__rt_safepoint()`.
+
 use core::mem::{offset_of, size_of};
 
 use activm_stub::arch::x86_64::percpu::PENDING_OFFSET;
@@ -77,7 +80,7 @@ core::arch::global_asm!(
     "    mov %rsp, (%rdi)",
     "    mov %gs:{sched_top}, %rsp",
     "    xor %ebp, %ebp",
-    "    call {sched_entry}",
+    "    call __rt_sched_entry",
     "    ud2",
     ".size __rt_switch_out, . - __rt_switch_out",
     "",
@@ -86,7 +89,7 @@ core::arch::global_asm!(
     "__rt_thread_start:",
     "    mov %r12, %rdi",
     "    xor %ebp, %ebp",
-    "    call {thread_main}",
+    "    call __rt_thread_main",
     "    ud2",
     "",
     // The epilogue of a trap frame at rbx (IrqFrame layout, FXSAVE image below): like the stub's
@@ -143,7 +146,7 @@ core::arch::global_asm!(
     "    popq %rbp",
     "    ret",
     "2:",
-    "    call {safepoint}",
+    "    call __rt_safepoint",
     "    jmp 1b",
     ".size __rt_switch_in, . - __rt_switch_in",
     ".popsection",
@@ -192,9 +195,6 @@ core::arch::global_asm!(
     sched_top = const offset(Word::SchedTop),
     current = const offset(Word::Current),
     pending = const PENDING_OFFSET,
-    sched_entry = sym crate::sched::sched_entry,
-    thread_main = sym crate::thread::thread_main,
-    safepoint = sym crate::sched::safepoint_from_switch,
     options(att_syntax),
 );
 
@@ -422,4 +422,40 @@ pub fn reset_fp_control() {
             options(nostack, readonly),
         );
     }
+}
+
+/// The instruction pointer of a handed-over context.
+#[inline]
+pub fn pc(ctx: &UserContext) -> u64 {
+    ctx.rip
+}
+
+/// Moves a handed-over context's instruction pointer (a restartable sequence rewound).
+#[inline]
+pub fn set_pc(ctx: &mut UserContext, pc: u64) {
+    ctx.rip = pc;
+}
+
+/// The stack pointer of a handed-over context.
+#[inline]
+pub fn sp(ctx: &UserContext) -> u64 {
+    ctx.gprs.rsp
+}
+
+/// The instruction pointer of the code an interrupt frame interrupted.
+#[inline]
+pub fn frame_pc(frame: &IrqFrame) -> u64 {
+    frame.rip
+}
+
+/// Moves where an interrupt frame returns to (a restartable sequence rewound).
+#[inline]
+pub fn set_frame_pc(frame: &mut IrqFrame, pc: u64) {
+    frame.rip = pc;
+}
+
+/// The stack pointer of the code an interrupt frame interrupted.
+#[inline]
+pub fn frame_sp(frame: &IrqFrame) -> u64 {
+    frame.rsp()
 }

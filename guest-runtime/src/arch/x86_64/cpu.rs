@@ -5,7 +5,7 @@
 //! vCPU's copy even in code that may be preempted and continued on another vCPU.
 
 use activm_stub::arch::x86_64::percpu::{self, RT_OFFSET};
-use activm_stub::protocol::arch::x86_64::VECTOR_TIMER;
+use activm_stub::protocol::arch::x86_64::TIMER_IRQ;
 
 /// A runtime word of the per-vCPU block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,7 +100,7 @@ pub fn rdtsc() -> u64 {
 
 /// Programs this vCPU's APIC timer for one-shot interrupts on the runtime's timer vector.
 pub fn init_timer() {
-    activm_stub::lapic::setup_oneshot_timer(VECTOR_TIMER);
+    activm_stub::lapic::setup_oneshot_timer(TIMER_IRQ);
 }
 
 /// Arms this vCPU's one-shot timer to fire `ns` nanoseconds from now (KVM's APIC timer ticks
@@ -119,4 +119,36 @@ pub fn send_ipi(apic_id: u32, vector: u8) {
 /// Sends `vector` to this vCPU.
 pub fn send_self_ipi(vector: u8) {
     activm_stub::lapic::send_self_ipi(vector);
+}
+
+/// Ends the in-service interrupts among `vectors` that a previous activation of this vCPU may
+/// have left without their EOI.
+pub fn end_owed_interrupts(vectors: &[u8]) {
+    activm_stub::lapic::clear_in_service(vectors);
+}
+
+/// The runtime word `word` of vCPU `vcpu`, as an atomic (for compare-and-swap from elsewhere).
+pub fn word_of(vcpu: u32, word: Word) -> &'static core::sync::atomic::AtomicU64 {
+    percpu::cpu_local(vcpu as usize).rt_word(word as usize)
+}
+
+/// vCPU `vcpu`'s pending word (diagnostics).
+pub fn pending_of(vcpu: u32) -> u64 {
+    percpu::cpu_local(vcpu as usize)
+        .pending()
+        .load(core::sync::atomic::Ordering::Acquire)
+}
+
+/// Prints this vCPU's interrupt controller state for the runtime's vectors (diagnostics).
+pub fn print_interrupt_state() {
+    use activm_stub::protocol::arch::x86_64::{RESCHEDULE_IRQ, UPCALL_IRQ};
+    let state = |v: u8| activm_stub::lapic::vector_state(v);
+    activm_stub::println!(
+        "activm-rt: this vCPU ({}) APIC: timer count {} in-service/requested timer {:?} resched {:?} upcall {:?}",
+        activm_stub::vcpu_id(),
+        activm_stub::lapic::timer_count(),
+        state(TIMER_IRQ),
+        state(RESCHEDULE_IRQ),
+        state(UPCALL_IRQ),
+    );
 }

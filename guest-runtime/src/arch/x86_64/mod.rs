@@ -2,4 +2,8 @@
 
 pub mod context;
 pub mod cpu;
+pub mod entry;
+pub mod fault;
 pub mod rseq;
+
+pub use activm_stub::protocol::arch::x86_64::{UserContext, RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};

@@ -1,6 +1,6 @@
 //! Restartable sequences: the per-vCPU operations, written so that being interrupted (and
 //! perhaps moved to another vCPU) anywhere before their single committing instruction is undone
-//! by restarting them (Anderson's PC-range recovery, seed 000 section 6 / seed 002).
+//! by restarting them (Anderson's PC-range recovery, Williams 2002, section 6; Anderson et al. 1992, section 4.3).
 //!
 //! Each sequence reads `%gs` afresh at its start, does its work in registers or in slots nobody
 //! else reads yet, and publishes with one instruction (a store or a `lock cmpxchg`). Its

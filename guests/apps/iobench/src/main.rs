@@ -8,6 +8,12 @@
 //! * `serve-cpu THREADS REQUESTS WORK [LOCKED]`: the same without the reads (the computation
 //!   alone).
 //! * `latency READS`: one thread reads 4 KiB READS times; the mean time of one read.
+//! * `serve-latency THREADS REQUESTS INTERVAL_US WORK`: a server with open-loop arrivals:
+//!   request i arrives at start + i * INTERVAL_US; THREADS threads take them in turn, each
+//!   sleeping (a timer) until its request arrives, then reading 4 KiB from the disk if there is
+//!   one (blocking on the device) and hashing it WORK times. A request's latency runs from its
+//!   arrival to the end of its computation, measured with the TSC. Also prints
+//!   `CDF us=q0,q1,...,q100` (the latency at each whole percentile).
 //!
 //! Each prints one `RESULT name ms=... check=...` line and exits 0.
 #![no_std]
@@ -44,8 +50,14 @@ fn main(args: &[&str]) -> i32 {
             false,
         ),
         Some("latency") => latency(number(1, 100)),
+        Some("serve-latency") => serve_latency(
+            number(1, 8),
+            number(2, 1000),
+            number(3, 1000),
+            number(4, 20),
+        ),
         _ => {
-            println!("usage: serve THREADS REQUESTS WORK | serve-cpu THREADS REQUESTS WORK | latency READS");
+            println!("usage: serve THREADS REQUESTS WORK | serve-cpu THREADS REQUESTS WORK | latency READS | serve-latency THREADS REQUESTS INTERVAL_US WORK");
             2
         }
     }
@@ -144,6 +156,69 @@ fn latency(reads: u64) -> i32 {
         "RESULT latency ms={ms:.2} per_read_us={:.1} check={}",
         ms * 1000.0 / reads as f64,
         hash(&buf, 1)
+    );
+    0
+}
+
+fn serve_latency(threads: u64, requests: u64, interval_us: u64, work: u64) -> i32 {
+    let threads = threads.max(1);
+    let disk_sectors = blk::capacity();
+    let khz = tsc_khz();
+    let interval = interval_us * khz / 1000;
+    // The first arrival 20 ms from now, once every thread has started and waits.
+    let start = rdtsc() + 20 * khz;
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            thread::spawn(move || {
+                let mut buf = alloc::vec![0u8; (SECTORS * blk::SECTOR_SIZE) as usize];
+                let mut latencies = Vec::new();
+                let mut check = 0u64;
+                for i in (t..requests).step_by(threads as usize) {
+                    let arrival = start + i * interval;
+                    let now = rdtsc();
+                    if now < arrival {
+                        let ns = (arrival - now) * 1_000_000 / khz;
+                        thread::sleep(core::time::Duration::from_nanos(ns));
+                    }
+                    if disk_sectors >= SECTORS {
+                        blk::read(place(i, disk_sectors), &mut buf).expect("disk read");
+                    } else {
+                        buf[0] = i as u8;
+                    }
+                    check = check.wrapping_add(hash(&buf, work) & 0xffff);
+                    latencies.push(rdtsc().saturating_sub(arrival));
+                }
+                (latencies, check)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    let mut check = 0u64;
+    for w in workers {
+        let (latencies, c) = w.join().unwrap();
+        all.extend(latencies);
+        check = check.wrapping_add(c);
+    }
+    let ms = elapsed_ms(start);
+    all.sort_unstable();
+    let us = |q: f64| {
+        let at = ((all.len() - 1) as f64 * q + 0.5) as usize;
+        all[at.min(all.len() - 1)] as f64 * 1000.0 / khz as f64
+    };
+    let mut cdf = alloc::string::String::new();
+    for p in 0..=100 {
+        let sep = if p == 0 { "" } else { "," };
+        let _ =
+            core::fmt::Write::write_fmt(&mut cdf, format_args!("{sep}{:.1}", us(p as f64 / 100.0)));
+    }
+    println!("CDF us={cdf}");
+    println!(
+        "RESULT serve-latency requests={} ms={ms:.2} p50_us={:.1} p99_us={:.1} p999_us={:.1} max_us={:.1} check={check}",
+        all.len(),
+        us(0.5),
+        us(0.99),
+        us(0.999),
+        us(1.0)
     );
     0
 }

@@ -1,12 +1,13 @@
-//! Overcommit workloads (seed 001, Table V), for `cargo xtask bench overcommit`:
+//! Overcommit workloads (Anderson et al. 1992, Table V), for `cargo xtask bench overcommit`:
 //!
 //! * `nbody BODIES STEPS THREADS`: direct O(N^2) gravitational N-body in f64; the threads each
 //!   own a slice of the bodies and meet at a barrier twice per step (after the forces, after the
 //!   positions), as a data-parallel simulation does.
+//! * `nbody-for BODIES MS THREADS`: the same, stepping until MS milliseconds have passed (a
+//!   batch job beside another guest, for `bench latency`); reports steps per second.
 //! * `locks THREADS ENTRIES LOCKS`: THREADS threads make ENTRIES entries in total into LOCKS
 //!   short critical sections (a few hundred instructions each), the case lock-holder preemption
 //!   hurts most.
-//!
 //! * `spawn THREADS`: spawns THREADS empty threads, all live at once (a thread's stack is bound
 //!   only when it first runs), then joins them: the scale benchmark (`cargo xtask bench scale`).
 //!
@@ -30,12 +31,17 @@ fn main(args: &[&str]) -> i32 {
     let number =
         |i: usize, default: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
     match args.first().copied() {
-        Some("nbody") => nbody(number(1, 1024), number(2, 10), number(3, 4)),
+        Some("nbody") => nbody(number(1, 1024), Steps::Count(number(2, 10)), number(3, 4)),
+        Some("nbody-for") => nbody(
+            number(1, 1024),
+            Steps::ForMs(number(2, 1000) as u64),
+            number(3, 4),
+        ),
         Some("locks") => locks(number(1, 32), number(2, 200_000), number(3, 4)),
         Some("spawn") => spawn(number(1, 10_000)),
         _ => {
             println!(
-                "usage: nbody BODIES STEPS THREADS | locks THREADS ENTRIES LOCKS | spawn THREADS"
+                "usage: nbody BODIES STEPS THREADS | nbody-for BODIES MS THREADS | locks THREADS ENTRIES LOCKS | spawn THREADS"
             );
             2
         }
@@ -69,7 +75,17 @@ fn lcg(state: &mut u64) -> f64 {
     (*state >> 11) as f64 / (1u64 << 53) as f64
 }
 
-fn nbody(n: usize, steps: usize, threads: usize) -> i32 {
+/// How long `nbody` runs: a number of steps, or steps until a time has passed.
+#[derive(Clone, Copy)]
+enum Steps {
+    Count(usize),
+    ForMs(u64),
+}
+
+fn nbody(n: usize, steps: Steps, threads: usize) -> i32 {
+    use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    static STOP: AtomicBool = AtomicBool::new(false);
+    static DONE: AtomicUsize = AtomicUsize::new(0);
     let threads = threads.clamp(1, n);
     let mut seed = 42u64;
     let bodies: Vec<Body> = (0..n)
@@ -82,13 +98,21 @@ fn nbody(n: usize, steps: usize, threads: usize) -> i32 {
     let bodies = Arc::new(Bodies(UnsafeCell::new(bodies)));
     let barrier = Arc::new(Barrier::new(threads));
     let start = rdtsc();
+    let deadline = match steps {
+        Steps::Count(_) => u64::MAX,
+        Steps::ForMs(ms) => start + ms * tsc_khz(),
+    };
+    let max_steps = match steps {
+        Steps::Count(count) => count,
+        Steps::ForMs(_) => usize::MAX,
+    };
     let workers: Vec<_> = (0..threads)
         .map(|t| {
             let bodies = Arc::clone(&bodies);
             let barrier = Arc::clone(&barrier);
             thread::spawn(move || {
                 let (lo, hi) = (t * n / threads, (t + 1) * n / threads);
-                for _ in 0..steps {
+                for step in 0..max_steps {
                     // SAFETY: see `Bodies`: all reads in this phase, writes only to [lo, hi).
                     let all = unsafe { &mut *bodies.0.get() };
                     for i in lo..hi {
@@ -115,7 +139,15 @@ fn nbody(n: usize, steps: usize, threads: usize) -> i32 {
                             body.pos[k] += 1e-4 * body.vel[k];
                         }
                     }
+                    // Thread 0 decides between the barriers; everyone reads after the second.
+                    if t == 0 {
+                        DONE.store(step + 1, Ordering::Relaxed);
+                        STOP.store(rdtsc() >= deadline, Ordering::Relaxed);
+                    }
                     barrier.wait();
+                    if STOP.load(Ordering::Relaxed) {
+                        break;
+                    }
                 }
             })
         })
@@ -127,7 +159,11 @@ fn nbody(n: usize, steps: usize, threads: usize) -> i32 {
     // SAFETY: every worker has been joined.
     let all = unsafe { &*bodies.0.get() };
     let check: f64 = all.iter().map(|b| b.pos[0] + b.pos[1] + b.pos[2]).sum();
-    println!("RESULT nbody bodies={n} steps={steps} threads={threads} ms={ms:.3} check={check:.9}");
+    let steps = DONE.load(Ordering::Relaxed);
+    println!(
+        "RESULT nbody bodies={n} steps={steps} threads={threads} ms={ms:.3} steps_per_s={:.3} check={check:.9}",
+        steps as f64 * 1000.0 / ms
+    );
     0
 }
 

@@ -11,7 +11,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use activm_stub::protocol::arch::x86_64::{HYPERCALL_BASE, VECTOR_RESCHEDULE, VECTOR_TIMER};
+use activm_stub::protocol::arch::x86_64::{HYPERCALL_BASE, RESCHEDULE_IRQ, TIMER_IRQ};
 use activm_stub::protocol::hypercall::Hypercall;
 use activm_stub::{
     args, boot_info, current_cpl, exit, hypercall, lapic, nr_vcpus, pause, println, rdtsc, tsc_khz,
@@ -214,8 +214,8 @@ fn on_reschedule(_frame: &mut IrqFrame) {
 
 /// A self-IPI from CPL3 through the xAPIC ICR, handled at CPL3.
 fn irq() -> ! {
-    activm_stub::register_irq_handler(VECTOR_RESCHEDULE, on_reschedule);
-    lapic::send_self_ipi(VECTOR_RESCHEDULE);
+    activm_stub::register_irq_handler(RESCHEDULE_IRQ, on_reschedule);
+    lapic::send_self_ipi(RESCHEDULE_IRQ);
     let deadline = rdtsc() + tsc_khz() * 1000;
     while !IRQ_SEEN.load(Ordering::Acquire) {
         assert!(rdtsc() < deadline, "self-IPI not delivered within 1 s");
@@ -302,12 +302,12 @@ fn hold_registers(iterations: u64, st: &mut RegState) {
 }
 
 fn on_tick(frame: &mut IrqFrame) {
-    assert_eq!(frame.vector, u64::from(VECTOR_TIMER));
+    assert_eq!(frame.vector, u64::from(TIMER_IRQ));
     TICKS.fetch_add(1, Ordering::Relaxed);
 }
 
 fn on_ipi(frame: &mut IrqFrame) {
-    assert_eq!(frame.vector, u64::from(VECTOR_RESCHEDULE));
+    assert_eq!(frame.vector, u64::from(RESCHEDULE_IRQ));
     IPIS.fetch_add(1, Ordering::Release);
 }
 
@@ -327,7 +327,7 @@ fn irq_stress(vcpu: u32) -> ! {
             let target = boot_info().vcpus[0].irq_id;
             for _ in 0..SEND_IPIS {
                 let before = IPIS.load(Ordering::Acquire);
-                lapic::send_ipi(target, VECTOR_RESCHEDULE);
+                lapic::send_ipi(target, RESCHEDULE_IRQ);
                 let deadline = rdtsc() + second;
                 while IPIS.load(Ordering::Acquire) == before {
                     assert!(rdtsc() < deadline, "IPI to vCPU 0 not handled within 1 s");
@@ -339,10 +339,10 @@ fn irq_stress(vcpu: u32) -> ! {
         }
         _ => vcpu_stop(),
     }
-    activm_stub::register_irq_handler(VECTOR_TIMER, on_tick);
-    activm_stub::register_irq_handler(VECTOR_RESCHEDULE, on_ipi);
+    activm_stub::register_irq_handler(TIMER_IRQ, on_tick);
+    activm_stub::register_irq_handler(RESCHEDULE_IRQ, on_ipi);
     STRESS_READY.store(true, Ordering::Release);
-    lapic::start_periodic_timer(VECTOR_TIMER, 200_000);
+    lapic::start_periodic_timer(TIMER_IRQ, 200_000);
     let mut st = RegState {
         xmm_in: [[0; 2]; 16],
         xmm_out: [[0; 2]; 16],
@@ -416,7 +416,7 @@ fn ipi_latency(vcpu: u32) -> ! {
     match vcpu {
         0 => {}
         1 => {
-            activm_stub::register_irq_handler(VECTOR_RESCHEDULE, on_latency_ipi);
+            activm_stub::register_irq_handler(RESCHEDULE_IRQ, on_latency_ipi);
             IPI_READY.store(true, Ordering::Release);
             loop {
                 pause();
@@ -434,7 +434,7 @@ fn ipi_latency(vcpu: u32) -> ! {
     let mut samples = Vec::with_capacity(200);
     for i in 0..200u64 {
         let sent = rdtsc();
-        lapic::send_ipi(1, VECTOR_RESCHEDULE);
+        lapic::send_ipi(1, RESCHEDULE_IRQ);
         let deadline = sent + tsc_khz() * 1000;
         while IPI_COUNT.load(Ordering::Acquire) <= i {
             if rdtsc() > deadline {

@@ -12,7 +12,7 @@
 use alloc::vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use activm_stub::protocol::arch::x86_64::{UserContext, VECTOR_UPCALL};
+use activm_stub::protocol::arch::x86_64::{UserContext, UPCALL_IRQ};
 use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
 use activm_stub::protocol::shared::{
     SharedHeader, UpcallKind, UpcallRecord, VcpuArea, RECORD_HAS_CONTEXT, STACK_POOL_CAPACITY,
@@ -282,7 +282,7 @@ fn push_stack() {
 
 /// Register the upcall entry, fill the stack pool, enable upcalls.
 fn enable() {
-    activm_stub::register_irq_handler(VECTOR_UPCALL, on_upcall);
+    activm_stub::register_irq_handler(UPCALL_IRQ, on_upcall);
     for _ in 0..8 {
         push_stack();
     }

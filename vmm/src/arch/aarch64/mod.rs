@@ -18,7 +18,7 @@
 //!   `X1` = index, `X2` = its EL0 boot stack, `PSTATE` = EL1h with DAIF masked, `MPIDR`
 //!   readable as the index. Secondary vCPUs start runnable (PSCI `CPU_ON` is not used: every
 //!   vCPU enters at once, as on x86_64).
-//! - `send_upcall_interrupt`: `KVM_IRQ_LINE` of the SGI `INTID_UPCALL` aimed at the vCPU
+//! - `send_upcall_interrupt`: `KVM_IRQ_LINE` of the SGI `UPCALL_IRQ` aimed at the vCPU
 //!   (or a GICv3 `ICC_SGI1R_EL1` write on the sender's behalf): one VM ioctl, no exit.
 //! - `prepare_run`: nothing (arm64 has no `kvm_sync_regs`); every register read below is a
 //!   `KVM_GET_ONE_REG`, so the hand-off reads only the few it needs.

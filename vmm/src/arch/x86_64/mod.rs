@@ -54,7 +54,7 @@ pub fn send_upcall_interrupt(vm: &VmFd, vcpu: u32) -> Result<(), vmm_sys_util::e
     let msi = kvm_bindings::kvm_msi {
         address_lo: abi::LAPIC_BASE as u32 | (vcpu << 12),
         address_hi: 0,
-        data: abi::VECTOR_UPCALL as u32,
+        data: abi::UPCALL_IRQ as u32,
         ..Default::default()
     };
     vm.signal_msi(msi).map(|_| ())

@@ -1,0 +1,183 @@
+//! The entry of a new activation (x86_64): the first instructions a NEWPROC runs, which save
+//! the vCPU's previous runtime words on the new stack and claim the words for the new
+//! activation, and what an upcall handler needs to make sense of a context taken inside them.
+
+use core::mem::offset_of;
+
+use activm_stub::arch::x86_64::percpu::{HOLD_OFFSET, PENDING_OFFSET};
+use activm_stub::protocol::arch::x86_64::UserContext;
+
+use super::cpu::{offset, Word};
+
+/// Tag on a vCPU's activation word while an activation entry resets the words it claimed.
+/// An activation taken away inside that window did nothing: its record's handler files the
+/// state before it (from the entry's stack) and the next activation, finding the tag, files
+/// nothing (the words are half reset: filing them would give stacks away twice).
+pub const CLAIMING: u64 = 1 << 63;
+
+/// The words `__rt_activation_entry` saves before it claims the vCPU, on its new stack (layout
+/// used by the assembly below).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OldWords {
+    pub current: u64,
+    pub in_sched: u64,
+    pub sched_idle: u64,
+    pub sched_top: u64,
+    pub hold: u64,
+    pub activation: u64,
+    pub new_top: u64,
+}
+
+/// Where an interrupt taken at a new activation's first instruction leaves that instruction's
+/// address: the stub pushes `[vector, error code, rflags, rip]` under the entry's stack pointer,
+/// `top - 8`. The entry's own first stores overwrite it (with `top`), and a stack is cleared
+/// there when given back, so this word names the entry only while such an interrupt's handler
+/// (or one nested in it) runs before the entry did anything.
+pub const ENTRY_MARK_OFFSET: u64 = 16;
+
+// The Rust side, `upcall::entry`, is called by its symbol (`extern "C"`, arguments: vCPU,
+// activation, stack top, saved words).
+
+core::arch::global_asm!(
+    ".pushsection .text.activm_rt.entry, \"ax\"",
+    // A new activation (NEWPROC): rdi = vCPU, rsi = activation id, rsp = stack top - 8 (a
+    // zero return address there), interrupts on. Until the words are reset an interrupt must
+    // not trust them: [__rt_act_window_start, __rt_act_window_end) is an unsafe window.
+    ".globl __rt_activation_entry",
+    "__rt_activation_entry:",
+    ".globl __rt_act_window_start",
+    "__rt_act_window_start:",
+    "    sub $56, %rsp",
+    "    mov %gs:{current}, %rax",
+    "    mov %rax, 0(%rsp)",
+    "    mov %gs:{in_sched}, %rax",
+    "    mov %rax, 8(%rsp)",
+    "    mov %gs:{sched_idle}, %rax",
+    "    mov %rax, 16(%rsp)",
+    "    mov %gs:{sched_top}, %rax",
+    "    mov %rax, 24(%rsp)",
+    "    mov %gs:{hold}, %rax",
+    "    mov %rax, 32(%rsp)",
+    "    lea 64(%rsp), %rax",
+    "    mov %rax, 48(%rsp)",
+    "    mov %rsi, %rax",
+    "    bts ${claiming_bit}, %rax",
+    // The claim: this vCPU's words are now this activation's, still being reset (tagged
+    // CLAIMING); rax = the previous activation.
+    "    xchg %rax, %gs:{activation}",
+    ".globl __rt_act_claimed",
+    "__rt_act_claimed:",
+    "    mov %rax, 40(%rsp)",
+    "    movq $1, %gs:{in_sched}",
+    "    movq $0, %gs:{current}",
+    "    movq $0, %gs:{hold}",
+    "    movq $0, %gs:{pending}",
+    "    movq $0, %gs:{sched_idle}",
+    "    movq $0, %gs:{armed}",
+    "    lea 64(%rsp), %rax",
+    "    mov %rax, %gs:{sched_top}",
+    // The words are whole: drop the tag (the window's last instruction).
+    "    mov %rsi, %gs:{activation}",
+    ".globl __rt_act_window_end",
+    "__rt_act_window_end:",
+    "    mov %rsp, %rcx",
+    "    lea 64(%rsp), %rdx",
+    "    xor %ebp, %ebp",
+    "    call __rt_activation_start",
+    "    ud2",
+    ".popsection",
+    current = const offset(Word::Current),
+    in_sched = const offset(Word::InSched),
+    sched_idle = const offset(Word::SchedIdle),
+    sched_top = const offset(Word::SchedTop),
+    activation = const offset(Word::Activation),
+    armed = const offset(Word::Armed),
+    hold = const HOLD_OFFSET,
+    pending = const PENDING_OFFSET,
+    claiming_bit = const CLAIMING.trailing_zeros(),
+
+    options(att_syntax),
+);
+
+const _: () = {
+    assert!(offset_of!(OldWords, current) == 0);
+    assert!(offset_of!(OldWords, in_sched) == 8);
+    assert!(offset_of!(OldWords, sched_idle) == 16);
+    assert!(offset_of!(OldWords, sched_top) == 24);
+    assert!(offset_of!(OldWords, hold) == 32);
+    assert!(offset_of!(OldWords, activation) == 40);
+    assert!(offset_of!(OldWords, new_top) == 48);
+};
+
+extern "C" {
+    fn __rt_activation_entry();
+    static __rt_act_window_start: u8;
+    static __rt_act_claimed: u8;
+    static __rt_act_window_end: u8;
+}
+
+/// The address a new activation starts at (registered with `sa_register`).
+pub fn entry_address() -> u64 {
+    __rt_activation_entry as *const () as u64
+}
+
+/// The entry's unsafe window `(start, claimed, end)`: from `start` to `end` the vCPU's words are
+/// not to be trusted; from `claimed` on they are this activation's (tagged [`CLAIMING`]).
+pub fn window() -> (u64, u64, u64) {
+    (
+        core::ptr::addr_of!(__rt_act_window_start) as u64,
+        core::ptr::addr_of!(__rt_act_claimed) as u64,
+        core::ptr::addr_of!(__rt_act_window_end) as u64,
+    )
+}
+
+/// A context taken inside an activation entry (possibly in the stub's trampoline on top of it).
+#[derive(Clone, Copy, Debug)]
+pub struct InEntry {
+    /// Where the entry was.
+    pub pc: u64,
+    /// The top of the entry's activation stack.
+    pub stack_top: u64,
+    /// The words the entry had saved, if it had claimed the vCPU (with the previous activation
+    /// filled in when the claim was the last thing it did).
+    pub saved: Option<OldWords>,
+}
+
+/// Whether `ctx` was taken inside an activation entry, and what it had done.
+pub fn in_entry(ctx: &UserContext) -> Option<InEntry> {
+    let (start, claimed, end) = window();
+    // An interrupt pending when the activation started is delivered before (or between) its
+    // first instructions; taken in the stub's trampoline before that saved anything, the
+    // context is the trampoline's, and the entry's own rip and rsp are in the 4-word frame the
+    // CPL0 stub pushed at rsp: vector, error code, rflags, rip (then the interrupted rsp).
+    // A second interrupt can arrive at the trampoline's first instruction: follow the frames.
+    let (trap_start, trap_end) = activm_stub::trap_eoi_window();
+    let (mut rip, mut rsp) = (ctx.rip, ctx.gprs.rsp);
+    for _ in 0..8 {
+        if !(trap_start..=trap_end).contains(&rip) {
+            break;
+        }
+        // SAFETY: the trampoline pushes nothing before `trap_end`, so the stub's frame is at
+        // rsp, in this guest's memory (the interrupted stack).
+        let frame = unsafe { *(rsp as *const [u64; 4]) };
+        (rip, rsp) = (frame[3], rsp + 32);
+    }
+    if !(start..end).contains(&rip) {
+        return None;
+    }
+    let stack_top = if rip == start { rsp + 8 } else { rsp + 64 };
+    let saved = (rip >= claimed).then(|| {
+        // SAFETY: the entry saved the words at rsp (its `sub $56` ran before the claim).
+        let mut old = unsafe { *(rsp as *const OldWords) };
+        if rip == claimed {
+            old.activation = ctx.gprs.rax;
+        }
+        old
+    });
+    Some(InEntry {
+        pc: rip,
+        stack_top,
+        saved,
+    })
+}

@@ -1,0 +1,184 @@
+//! Idling: an idle vCPU spins a while looking for work, then halts (or, with activations, gives
+//! its processor back); new work wakes a halted vCPU with a reschedule IPI.
+
+use core::sync::atomic::{fence, AtomicU64, Ordering};
+
+use activm_stub::preempt;
+
+use super::queue::{global_len, watch_next, NEXT_POLL_NS};
+use super::Pending;
+use crate::arch::cpu::{self, Word};
+use crate::arch::{rseq, RESCHEDULE_IRQ};
+use crate::{config, percpu, timer, upcall};
+
+/// The idle vCPUs, on a line of their own (every spawn and wake-up reads it; idle vCPUs write
+/// it): `spinning` looking for work, `halted` (or about to halt), a bit per vCPU.
+struct IdleBits {
+    spinning: AtomicU64,
+    halted: AtomicU64,
+}
+static IDLE: percpu::Line<IdleBits> = percpu::Line(IdleBits {
+    spinning: AtomicU64::new(0),
+    halted: AtomicU64::new(0),
+});
+pub(super) static SPINNING: &AtomicU64 = &IDLE.0.spinning;
+pub(super) static HALTED: &AtomicU64 = &IDLE.0.halted;
+
+/// If vCPUs are halted and none is spinning, wakes one with a reschedule IPI (Go's `wakep`).
+pub fn wake_idle_vcpu() {
+    if percpu::nr_vcpus() == 1 {
+        return;
+    }
+    fence(Ordering::SeqCst);
+    wake_idle_vcpu_after_rmw();
+}
+
+/// [`wake_idle_vcpu`] after the work was published by a SeqCst read-modify-write (a full
+/// barrier already: no fence needed).
+pub(super) fn wake_idle_vcpu_after_rmw() {
+    if percpu::nr_vcpus() == 1 {
+        return;
+    }
+    if SPINNING.load(Ordering::SeqCst) != 0 {
+        return;
+    }
+    let me = 1u64 << activm_stub::vcpu_id();
+    let halted = HALTED.load(Ordering::SeqCst) & !me;
+    if halted == 0 {
+        // Nobody here to wake: if vCPUs gave their processors back idle, ask for them again.
+        upcall::want_processors();
+        return;
+    }
+    let v = halted.trailing_zeros();
+    let bit = 1u64 << v;
+    if HALTED.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+        let hold = preempt::Hold::new();
+        cpu::send_ipi(percpu::of(v).apic_id, RESCHEDULE_IRQ);
+        percpu::bump(&percpu::this().counters.ipis_sent);
+        drop(hold);
+    }
+}
+
+/// Whether anything could give this vCPU work (looks only; takes nothing).
+fn work_visible() -> bool {
+    cpu::pending() != 0 || work_queued()
+}
+
+/// [`work_visible`] but for deferred interrupt work.
+pub(crate) fn work_queued() -> bool {
+    if upcall::queue_nonempty() || timer::sleepers_due() {
+        return true;
+    }
+    let p = percpu::this();
+    if !p.is_empty() || !p.next.ptr.load(Ordering::SeqCst).is_null() || global_len() != 0 {
+        return true;
+    }
+    let me = activm_stub::vcpu_id();
+    (0..percpu::nr_vcpus()).any(|v| v != me && !percpu::of(v).is_empty())
+}
+
+/// Nothing to run: spin a while looking, then halt until an interrupt. Nothing is in flight
+/// here (`Word::SchedIdle` = 1): a context the VMM takes in this function is simply dropped.
+pub(super) fn idle() {
+    let me = activm_stub::vcpu_id();
+    let bit = 1u64 << me;
+    cpu::set(Word::SchedIdle, 1);
+    SPINNING.fetch_or(bit, Ordering::AcqRel);
+    let start = cpu::rdtsc();
+    let spin = config::idle_spin_ticks();
+    let mut spin_until = start + spin;
+    // While another vCPU hands threads off through its `next` slot, keep spinning (up to this
+    // long), ready to take one that stays there: halting would make its next spawn or wake-up
+    // pay for a reschedule IPI (~13 us here).
+    let spin_limit = start + 20 * spin;
+    // Other vCPUs' `next` slots are looked at every `NEXT_POLL_NS` only: each look pulls the
+    // line the owner writes at every hand-off.
+    let poll = timer::ns_to_ticks(NEXT_POLL_NS);
+    let mut next_poll = 0;
+    loop {
+        if work_visible() {
+            SPINNING.fetch_and(!bit, Ordering::AcqRel);
+            cpu::set(Word::SchedIdle, 0);
+            return;
+        }
+        let now = cpu::rdtsc();
+        if now >= next_poll {
+            next_poll = now + poll;
+            match watch_next(now) {
+                Some(true) => {
+                    SPINNING.fetch_and(!bit, Ordering::AcqRel);
+                    cpu::set(Word::SchedIdle, 0);
+                    return;
+                }
+                Some(false) => spin_until = spin_until.max((now + spin).min(spin_limit)),
+                None => {}
+            }
+        }
+        if now > spin_until {
+            break;
+        }
+        crate::watchdog::tick();
+        for _ in 0..16 {
+            core::hint::spin_loop();
+        }
+    }
+    HALTED.fetch_or(bit, Ordering::SeqCst);
+    SPINNING.fetch_and(!bit, Ordering::AcqRel);
+    upcall::set_idle(me, true);
+    if !work_visible() && watch_next(cpu::rdtsc()).is_none() {
+        timer::arm_for_sleepers();
+        // With activations, a vCPU idle for long enough gives its processor back (Anderson et al. 1992:
+        // "this processor is idle"); the guest asks again when work needs it (see
+        // `wake_idle_vcpu_after_rmw`). Not while threads sleep: a vCPU that halts arms the
+        // timer for them, and the busy ones may not have.
+        let yield_after = config::idle_yield_ticks();
+        let may_yield = yield_after != 0
+            && config::use_halt()
+            && upcall::activations_enabled()
+            && !timer::has_sleepers();
+        let halted_at = cpu::rdtsc();
+        if may_yield {
+            timer::arm_idle_deadline(halted_at + yield_after);
+        }
+        percpu::bump(&percpu::this().counters.halts);
+        if config::use_halt() {
+            rseq::idle_halt();
+        } else {
+            let until = cpu::rdtsc() + config::idle_spin_ticks();
+            while !work_visible() && cpu::rdtsc() < until {
+                core::hint::spin_loop();
+            }
+        }
+        // (The APIC timer may fire a little before the TSC says: 3/4 of the time is enough.)
+        // The idle deadline's own tick leaves PEND_TIMER behind: with no thread and no
+        // sleeper it has nothing to do (the next activation here finds it, harmlessly).
+        if may_yield
+            && cpu::rdtsc() >= halted_at + yield_after - yield_after / 4
+            && cpu::pending() & !Pending::Timer.bit() == 0
+            && !work_queued()
+            && watch_next(cpu::rdtsc()).is_none()
+            && !timer::has_sleepers()
+        {
+            upcall::set_idle(me, false);
+            HALTED.fetch_and(!bit, Ordering::AcqRel);
+            // `SchedIdle` stays set until the yield: if the VMM takes the processor first, the
+            // context it hands over must be dropped as an idle scheduler's, never adopted (an
+            // adopter would run the `sa_yield` and give its own activation away).
+            upcall::yield_idle_vcpu(me);
+            // Returns only if the VMM kept the processor here (or the queue has records).
+            cpu::set(Word::SchedIdle, 0);
+            return;
+        }
+    }
+    upcall::set_idle(me, false);
+    HALTED.fetch_and(!bit, Ordering::AcqRel);
+    cpu::set(Word::SchedIdle, 0);
+}
+
+/// Forgets vCPU `vcpu`'s idle bits (its activation is gone).
+pub fn clear_idle_bits(vcpu: u32) {
+    let bit = 1u64 << vcpu;
+    SPINNING.fetch_and(!bit, Ordering::AcqRel);
+    HALTED.fetch_and(!bit, Ordering::AcqRel);
+    upcall::set_idle(vcpu, false);
+}

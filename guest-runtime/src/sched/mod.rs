@@ -1,0 +1,372 @@
+//! The scheduler: per-vCPU run queues with work stealing (Go's `runtime/proc.go`: a fixed ring
+//! per P, the owner pushes and pops, thieves take half) plus a global overflow queue; idle vCPUs
+//! spin briefly, then mark themselves idle and `halt`; a reschedule IPI wakes one only when it
+//! is really halted.
+//!
+//! **Contexts.** A vCPU runs either a thread (`Word::InSched` = 0, `Word::Current` = its TCB) or
+//! the scheduler, on its activation's own stack (`Word::SchedTop`), entered by `switch_out`
+//! ([`sched_entry`]) or by a new activation. The scheduler is never preempted on its vCPU:
+//! interrupt handlers only record pending work (`preempt::defer`), which the loop checks.
+//!
+//! **Switch actions.** A thread leaves with an action the scheduler carries out once the thread
+//! is completely saved (so nobody can resume a half-saved thread): requeue it (yield,
+//! preemption), park it (CAS `WAITING` → `PARKED`, or requeue if a waker came first), or retire
+//! it (exit: free the stack, tell the joiner, drop its reference).
+
+//!
+//! **Files.** This one: switching (out, in, the loop); `queue`: the run queues and work
+//! stealing; `idle`: idling, halting and waking idle vCPUs; `irq`: the interrupt handlers'
+//! common prologue and the safepoint.
+
+use core::sync::atomic::Ordering;
+
+use activm_stub::preempt;
+
+use crate::arch::context;
+use crate::arch::cpu::{self, Word};
+use crate::tcb::{self, Tcb};
+use crate::{percpu, stack, timer, upcall};
+
+mod idle;
+mod irq;
+mod queue;
+
+pub use idle::clear_idle_bits;
+pub(crate) use idle::work_queued;
+pub use irq::{irq_prologue, on_resched, safepoint};
+use queue::{find_runnable, take_next};
+pub use queue::{make_next, make_runnable, rescue_ring_of, runnable_elsewhere, take_next_if};
+
+/// What a thread leaving the processor wants done with it, once it is completely saved
+/// (`switch_out`'s second argument, passed through the switch as a number).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Switch {
+    /// Back to the run queue (a yield).
+    Yield = 1,
+    /// Back to the run queue (a preemption).
+    Preempted = 2,
+    /// Parked until woken (or handed the processor to the switch's argument).
+    Park = 3,
+    /// Retired: the thread exited.
+    Exit = 4,
+}
+
+impl Switch {
+    fn from_raw(raw: usize) -> Switch {
+        match raw {
+            1 => Switch::Yield,
+            2 => Switch::Preempted,
+            3 => Switch::Park,
+            4 => Switch::Exit,
+            _ => unreachable!("unknown switch action {raw}"),
+        }
+    }
+}
+
+/// Work an interrupt handler deferred: bits of the stub's pending word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum Pending {
+    /// The time-slice (or sleepers') timer fired.
+    Timer = 1 << 0,
+    /// Upcall records wait in this vCPU's queue.
+    Upcall = 1 << 1,
+    /// A reschedule IPI came.
+    Resched = 1 << 2,
+    /// A lock holder continued by the upcall handler: switch back at the last release.
+    Cont = 1 << 3,
+}
+
+impl Pending {
+    /// Its bit in the pending word.
+    #[inline(always)]
+    pub const fn bit(self) -> u64 {
+        self as u64
+    }
+
+    /// Whether the pending word `word` holds it.
+    #[inline(always)]
+    pub const fn is_in(self, word: u64) -> bool {
+        word & self.bit() != 0
+    }
+
+    /// Records it in this vCPU's pending word, for the safepoint or the scheduler loop.
+    #[inline]
+    pub fn defer(self) {
+        preempt::defer(self.bit());
+    }
+}
+
+/// The thread running this code (null in scheduler context).
+#[inline(always)]
+pub fn current_raw() -> *const Tcb {
+    cpu::get(Word::Current) as *const Tcb
+}
+
+/// The thread running this code. Panics in scheduler context.
+#[inline(always)]
+pub fn current() -> &'static Tcb {
+    let raw = current_raw();
+    assert!(!raw.is_null(), "not called from a thread");
+    // SAFETY: `Word::Current` holds the running thread's TCB while a thread runs.
+    unsafe { tcb::from_raw(raw) }
+}
+
+/// `switch_out` wrapper: the current thread `me` leaves with `action`.
+#[inline(always)]
+fn switch_out(me: &Tcb, action: Switch) {
+    debug_assert_eq!(preempt::held(), 0);
+    // SAFETY: `me` is the running thread (callers pass `current()`), this vCPU runs a thread and
+    // nothing is held.
+    unsafe { context::switch_out(me as *const Tcb as *mut u8, action as usize, 0) }
+}
+
+/// Yields the processor to another runnable thread (if any; otherwise returns at once).
+pub fn yield_current() {
+    if !runnable_elsewhere() {
+        return;
+    }
+    switch_out(current(), Switch::Yield);
+}
+
+/// Puts the current thread at the back of the run queue (a preemption).
+pub fn preempt_current() {
+    let me = current();
+    percpu::bump(&percpu::this().counters.preemptions);
+    switch_out(me, Switch::Preempted);
+}
+
+/// Parks `me` (the current thread, after `prepare_wait`) until `wake`.
+pub fn park_current(me: &Tcb) {
+    switch_out(me, Switch::Park);
+}
+
+/// Parks `me` (after `prepare_wait`) and runs `t` (runnable, ours: taken off a queue) on this
+/// vCPU at once, in its time slice: a joiner handing the processor to the thread it waits for.
+/// Returns when `me` is woken and runs again. Nothing may wake `me` before `t` runs (its only
+/// waker is `t`'s exit): the scheduler parks it without the usual race check.
+pub fn park_and_run(me: &Tcb, t: &Tcb) {
+    debug_assert_eq!(preempt::held(), 0);
+    // SAFETY: as in `switch_out`; `t` is a runnable TCB nobody else may run (the caller took it
+    // off a queue), handed to the scheduler entry as the switch argument.
+    unsafe {
+        context::switch_out(
+            me as *const Tcb as *mut u8,
+            Switch::Park as usize,
+            t as *const Tcb as usize,
+        )
+    }
+}
+
+/// The current thread `me` is done: never returns.
+pub fn exit_current(me: &Tcb) -> ! {
+    switch_out(me, Switch::Exit);
+    percpu::print_trace_about(me as *const Tcb as u64);
+    panic!("an exited thread was resumed: events {}", tcb::history(me));
+}
+
+/// Where `switch_out` lands, on this activation's stack, with `prev` fully saved (called by
+/// `arch::context`'s assembly, by name).
+#[unsafe(no_mangle)]
+extern "C" fn __rt_sched_entry(prev: *const Tcb, action: usize, arg: usize) -> ! {
+    cpu::set(Word::Current, 0);
+    // SAFETY: `switch_out` passes the TCB of the thread that just left.
+    let prev = unsafe { tcb::from_raw(prev) };
+    let action = Switch::from_raw(action);
+    // A thread to hand the processor to (ours: runnable and in no queue), skipping the loop.
+    let mut hand_to: *const Tcb = core::ptr::null();
+    match action {
+        Switch::Yield | Switch::Preempted => make_runnable(prev, false),
+        Switch::Park if arg != 0 => {
+            // `park_and_run`: nothing can wake `prev` before `hand_to` runs, so no race with a
+            // waker here (a plain store, not a locked compare-and-swap).
+            hand_to = arg as *const Tcb;
+            tcb::event(prev, tcb::EV_PARKED);
+            debug_assert_eq!(prev.wake.load(Ordering::Relaxed), tcb::WAITING);
+            prev.wake.store(tcb::PARKED, Ordering::Release);
+        }
+        Switch::Park => {
+            tcb::event(prev, tcb::EV_PARKED);
+            if prev
+                .wake
+                .compare_exchange(
+                    tcb::WAITING,
+                    tcb::PARKED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_err()
+            {
+                // Woken before it was parked.
+                make_runnable(prev, false);
+            }
+        }
+        Switch::Exit => hand_to = retire(prev),
+    }
+    upcall::release_retired_stack();
+    if action == Switch::Park || action == Switch::Exit {
+        // A blocking switch: hand the processor over directly (the thread given, the joiner the
+        // exit woke, or this vCPU's `next`) unless the loop has work of its own first.
+        if loop_has_work() {
+            if !hand_to.is_null() {
+                // SAFETY: ours (see above); it runs first once the loop's work is done.
+                make_next(unsafe { tcb::from_raw(hand_to) });
+            }
+        } else {
+            if hand_to.is_null() {
+                hand_to = take_next();
+            }
+            if !hand_to.is_null() {
+                // SAFETY: ours (see above, or just taken off `next`).
+                run_now(unsafe { tcb::from_raw(hand_to) }, true);
+            }
+        }
+    }
+    sched_loop()
+}
+
+/// Whether the scheduler loop must run before any thread (deferred interrupt work, upcall
+/// records or continuations, due sleepers): a direct hand-off must not skip it.
+#[inline]
+fn loop_has_work() -> bool {
+    cpu::pending() != 0 || upcall::loop_work() || timer::sleepers_due()
+}
+
+/// The scheduler loop, on this activation's stack. Never returns: it switches to a thread.
+pub fn sched_loop() -> ! {
+    loop {
+        cpu::set(Word::SchedIdle, 0);
+        crate::watchdog::tick();
+        let pending = cpu::take_pending();
+        upcall::drain();
+        if Pending::Timer.is_in(pending) || timer::sleepers_due() {
+            timer::wake_due();
+        }
+        let (t, inherit) = find_runnable();
+        if !t.is_null() {
+            // SAFETY: a runnable TCB taken off a queue: ours now.
+            run_now(unsafe { tcb::from_raw(t) }, inherit);
+        }
+        idle::idle();
+    }
+}
+
+/// Scheduler context: switches to `t` (binding a stack first if it never ran).
+/// `inherit`: `t` came from `next` and runs in the current time slice.
+pub fn run_now(t: &Tcb, inherit: bool) -> ! {
+    if t.stack.get().is_none() {
+        let Some(s) = stack::alloc(t.stack_size.get()) else {
+            panic!(
+                "no memory for a {}-byte stack for thread {}",
+                t.stack_size.get(),
+                tcb::describe(t)
+            );
+        };
+        t.stack.set(Some(s));
+        // SAFETY: a fresh stack nobody uses; its top is 16-byte aligned.
+        let sp = unsafe { context::build_start_frame(s.hi & !15, t as *const Tcb as *const u8) };
+        // SAFETY: the thread does not run; its saved stack pointer is ours to set.
+        unsafe { *t.sp.get() = sp };
+    }
+    // SAFETY: the thread does not run; its saved stack pointer is ours to read.
+    let sp = unsafe { *t.sp.get() };
+    match t.stack.get() {
+        Some(s) if sp >= s.lo && sp < s.hi => {}
+        s => {
+            percpu::trace(percpu::T_BAD_SP, t as *const Tcb as u64);
+            percpu::trace(percpu::T_BAD_SP, sp as u64);
+            percpu::print_trace();
+            panic!(
+                "thread {} would resume with stack pointer {sp:#x} outside its stack {s:x?}; \
+                 events {}",
+                tcb::describe(t),
+                tcb::history(t)
+            );
+        }
+    }
+    let p = percpu::this();
+    let start = if inherit {
+        p.slice_start.load(Ordering::Relaxed)
+    } else {
+        let now = cpu::rdtsc();
+        p.slice_start.store(now, Ordering::Relaxed);
+        now
+    };
+    tcb::event(t, tcb::EV_RUNNING);
+    t.slice_start.store(start, Ordering::Relaxed);
+    percpu::bump(&p.counters.switches);
+    timer::on_switch_in(start);
+    percpu::trace(percpu::T_SWITCH_IN, t as *const Tcb as u64);
+    // SAFETY: scheduler context; `t` is ours (popped), fully saved, with a valid frame.
+    unsafe { context::switch_in(t as *const Tcb as *const u8) }
+}
+
+/// Scheduler side of a thread's exit: `t` is saved for good. Returns the joiner this woke, if
+/// it was parked: runnable and ours, for the scheduler to run next (null otherwise).
+fn retire(t: &Tcb) -> *const Tcb {
+    tcb::event(t, tcb::EV_EXITED);
+    if let Some(s) = t.stack.take() {
+        stack::free(s);
+    }
+    let joiner = t.join.swap(tcb::JOIN_FINISHED, Ordering::AcqRel);
+    let mut run = core::ptr::null();
+    if joiner != tcb::JOIN_RUNNING && joiner != tcb::JOIN_FINISHED {
+        // SAFETY: a joiner stored its own TCB there and waits for us.
+        let j = unsafe { tcb::from_raw(joiner as *const Tcb) };
+        if j.wake_owned() {
+            run = j as *const Tcb;
+        }
+    }
+    tcb::release(t);
+    run
+}
+
+/// Wakes `t` if it waits (see `tcb`'s documentation). The TCB must be live at the call (the
+/// caller holds the queue it waited in, or a reference). Woken by a running thread, it runs
+/// next on this vCPU ([`make_next`]); woken by the scheduler, it joins the run queue.
+#[inline]
+pub fn wake(t: &Tcb) {
+    if t.wake_owned() {
+        if cpu::get(Word::InSched) == 0 {
+            make_next(t);
+        } else {
+            make_runnable(t, true);
+        }
+    }
+}
+
+/// Sleeps until [`wake`] (after [`Tcb::prepare_wait`]); `me` is the current thread.
+pub fn wait(me: &Tcb) {
+    while !me.is_woken() {
+        park_current(me);
+    }
+}
+
+/// Prints the scheduler's global state and every live thread's last event (diagnostics).
+pub fn dump() {
+    {
+        tcb::for_each(|t| {
+            let raw = t as *const Tcb as usize;
+            if t.refs.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            let ev = t.last_event.load(Ordering::Relaxed);
+            activm_stub::println!(
+                "activm-rt: thread #{} {:?} at {raw:#x}: {} on vCPU {}, wake {} join {:#x}",
+                t.id.get(),
+                t.name(),
+                tcb::event_name(ev),
+                ev & 0xff,
+                t.wake.load(Ordering::Relaxed),
+                t.join.load(Ordering::Relaxed),
+            );
+        });
+    }
+    activm_stub::println!(
+        "activm-rt: global queue {} halted {:#x} spinning {:#x}",
+        queue::global_len(),
+        idle::HALTED.load(Ordering::Relaxed),
+        idle::SPINNING.load(Ordering::Relaxed)
+    );
+}

@@ -1,0 +1,42 @@
+//! New activations, the Rust side: the first instructions are `arch::entry`'s.
+
+use core::sync::atomic::Ordering;
+
+use super::state::file_old_state;
+use super::VECTOR_SIM;
+use crate::arch::entry::{self, OldWords};
+use crate::arch::{context, cpu, RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};
+use crate::{percpu, sched};
+
+/// Whether code at `pc` must not be switched away: the trampoline before its EOI, or an
+/// activation entry before it reset the words.
+pub fn in_unsafe_window(pc: u64) -> bool {
+    let (trap_start, trap_end) = activm_stub::trap_eoi_window();
+    let (entry_start, _, entry_end) = entry::window();
+    (trap_start..trap_end).contains(&pc) || (entry_start..entry_end).contains(&pc)
+}
+
+/// The vectors whose EOI a previous activation may have left owed on this vCPU.
+pub(super) const OUR_VECTORS: [u8; 4] = [TIMER_IRQ, RESCHEDULE_IRQ, UPCALL_IRQ, VECTOR_SIM];
+
+/// Rust side of a new activation, on its pool stack, with the vCPU's words already reset
+/// (called by `arch::entry`'s assembly, by name).
+#[unsafe(no_mangle)]
+extern "C" fn __rt_activation_start(
+    _vcpu: u64,
+    activation: u64,
+    _top: u64,
+    old: *const OldWords,
+) -> ! {
+    context::reset_fp_control();
+    let me = activm_stub::vcpu_id();
+    // SAFETY: the entry saved the previous words at `old`, on this stack.
+    let old = unsafe { *old };
+    cpu::end_owed_interrupts(&OUR_VECTORS);
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
+    file_old_state(me, &old);
+    sched::clear_idle_bits(me);
+    percpu::trace(percpu::T_ACTIVATION, activation);
+    percpu::bump(&percpu::this().counters.activations);
+    sched::sched_loop()
+}

@@ -1,0 +1,319 @@
+//! Context recovery (Williams 2002, section 6): resuming the contexts of PREEMPTED and UNBLOCKED
+//! records, contexts taken inside an activation entry, continuing preempted lock holders at
+//! once, and adopting the scheduler contexts of other activations.
+
+use core::sync::atomic::Ordering;
+
+use activm_stub::println;
+use activm_stub::protocol::shared::{UpcallKind, UpcallRecord};
+
+use super::bag::Bag;
+use super::drain::later;
+use super::stacks::{self, act_stack_top_of, release_act_stack};
+use super::state::{file_old_state, take_state, ActState, TABLE};
+use crate::arch::cpu::{self, Word};
+use crate::arch::entry::{self, CLAIMING, ENTRY_MARK_OFFSET};
+use crate::arch::{context, rseq, UserContext};
+use crate::percpu;
+use crate::sched::{self, Pending};
+use crate::tcb::{self, Tcb};
+
+/// Activations whose UNBLOCKED was handled before their BLOCKED (the VMM keeps both in one
+/// queue while it can, but a BLOCKED copied out by a scheduler that was then preempted is
+/// handled wherever that scheduler is adopted): their BLOCKED is dropped when it comes.
+static UNBLOCKED_EARLY: Bag<(), 64> = Bag::new();
+
+/// BLOCKED: the thread that ran on that activation is blocked in the VMM.
+pub(super) fn blocked(r: &UpcallRecord) {
+    sched::rescue_ring_of(r.vcpu);
+    let Some(st) = take_state(r.activation, r.vcpu) else {
+        if UNBLOCKED_EARLY.take_key(u64::from(r.activation)).is_none() {
+            later(r);
+        }
+        return;
+    };
+    if st.current != 0 && !st.in_sched {
+        // SAFETY: the thread that ran on that activation; it stays blocked (no one else has it).
+        let t = unsafe { tcb::from_raw(st.current as *const Tcb) };
+        t.flags
+            .fetch_or(tcb::FLAG_BLOCKED_IN_VMM, Ordering::Relaxed);
+        t.blocked_activation.store(r.activation, Ordering::Relaxed);
+    }
+    // Keep the state for the UNBLOCKED record.
+    TABLE.push(u64::from(st.activation), st);
+}
+
+/// Fixes a handed-over context's instruction pointer: a restartable sequence is rewound to
+/// its abort address, and the trampoline skips its EOI.
+fn fix_pc(ctx: &mut UserContext) {
+    if let Some(abort) = rseq::fixup(context::pc(ctx)) {
+        context::set_pc(ctx, abort);
+        percpu::bump(&percpu::this().counters.rseq_rewinds);
+    }
+    let (trap_start, trap_end) = activm_stub::trap_eoi_window();
+    if (trap_start..trap_end).contains(&context::pc(ctx)) {
+        // That EOI was owed to the other vCPU's APIC; its next activation clears it.
+        context::set_pc(ctx, trap_end);
+    }
+}
+
+/// A context taken inside `__rt_activation_entry` (before its words were reset): file what
+/// the entry had saved, drop the new activation's context and give back its stack.
+fn resolve_entry_context(r: &UpcallRecord) -> bool {
+    let Some(at) = entry::in_entry(&r.context) else {
+        return false;
+    };
+    let top = at.stack_top;
+    percpu::trace(percpu::T_ENTRY_CTX, at.pc);
+    if let Some(old) = at.saved {
+        file_old_state(r.vcpu, &old);
+        // Unless the vCPU's next activation claimed it already (it then files nothing).
+        let _ = cpu::word_of(r.vcpu, Word::Activation).compare_exchange(
+            u64::from(r.activation) | CLAIMING,
+            0,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+    sched::clear_idle_bits(r.vcpu);
+    release_act_stack(top);
+    percpu::bump(&percpu::this().counters.dropped_idle_contexts);
+    true
+}
+
+/// A context taken in an interrupt handler (or the trampoline around it) that runs on top of a
+/// new activation's first instruction: that activation did nothing (its handlers only defer,
+/// and the entry drops what they deferred), so the context is dropped and its stack given
+/// back. Its state can never be taken: the activation never claimed the vCPU's words.
+fn drop_entry_interrupt_context(r: &UpcallRecord) -> bool {
+    let Some(top) = act_stack_top_of(context::sp(&r.context)) else {
+        return false;
+    };
+    // SAFETY: `top` is an activation stack's top (registered when made), so the word under it
+    // is guest memory inside that stack; the stack's activation no longer runs.
+    let mark = unsafe { ((top - ENTRY_MARK_OFFSET) as *const u64).read_volatile() };
+    if mark != entry::window().0 {
+        return false;
+    }
+    percpu::trace(percpu::T_ENTRY_CTX, context::pc(&r.context));
+    sched::clear_idle_bits(r.vcpu);
+    release_act_stack(top);
+    percpu::bump(&percpu::this().counters.dropped_idle_contexts);
+    true
+}
+
+/// Resumes the context of a PREEMPTED or UNBLOCKED record on this vCPU. `nested`: on top of an
+/// interrupted scheduler, which must get control back: lock holders are continued with
+/// `cont_swap`, and scheduler contexts wait for the loop top to be adopted.
+pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
+    if r.kind == UpcallKind::Preempted as u32 {
+        sched::rescue_ring_of(r.vcpu);
+    }
+    if resolve_entry_context(r) {
+        return;
+    }
+    percpu::trace(
+        percpu::T_RECINFO,
+        (u64::from(r.activation) << 32) | (u64::from(r.vcpu) << 24) | (r.seq & 0xff_ffff),
+    );
+    let Some(st) = take_state(r.activation, r.vcpu) else {
+        if drop_entry_interrupt_context(r) {
+            return;
+        }
+        percpu::trace(percpu::T_LATER, r.seq);
+        later(r);
+        return;
+    };
+    percpu::trace(
+        percpu::T_TAKE,
+        (u64::from(st.in_sched) << 52)
+            | (u64::from(st.sched_idle) << 51)
+            | (st.hold.min(7) << 48)
+            | (st.current & 0xffff_ffff),
+    );
+    percpu::trace(percpu::T_TAKE, context::sp(&r.context));
+    let mut ctx = r.context;
+    fix_pc(&mut ctx);
+    if st.in_sched && nested && !st.sched_idle {
+        ADOPT.push(0, Adopt::Context(st, ctx));
+        return;
+    }
+    if st.in_sched {
+        if st.sched_idle {
+            // An idle scheduler: nothing in flight.
+            percpu::trace(percpu::T_DROP_IDLE, context::pc(&ctx));
+            sched::clear_idle_bits(st.vcpu);
+            release_act_stack(st.sched_top);
+            percpu::bump(&percpu::this().counters.dropped_idle_contexts);
+            return;
+        }
+        adopt(&ctx, st);
+    }
+    if st.current == 0 {
+        println!(
+            "activm-rt: dropping a context of activation {} with no thread",
+            r.activation
+        );
+        return;
+    }
+    // SAFETY: the thread that ran on that activation; nobody else resumes it (its state was
+    // taken exactly once).
+    let t = unsafe { tcb::from_raw(st.current as *const Tcb) };
+    let was_blocked = t
+        .flags
+        .fetch_and(!tcb::FLAG_BLOCKED_IN_VMM, Ordering::Relaxed)
+        & tcb::FLAG_BLOCKED_IN_VMM
+        != 0;
+    if r.kind == UpcallKind::Unblocked as u32 && !was_blocked {
+        UNBLOCKED_EARLY.push(u64::from(r.activation), ());
+    }
+    // SAFETY: the context is this guest's, taken at CPL3 on the thread's own stack; below its
+    // stack pointer is free (the thread is not running).
+    let sp = unsafe { context::build_resume_frame(&ctx) };
+    // SAFETY: the thread does not run; its saved stack pointer is ours to set.
+    unsafe { *t.sp.get() = sp };
+    percpu::trace(percpu::T_BUILD, t as *const Tcb as u64);
+    percpu::trace(percpu::T_BUILD, sp as u64);
+    percpu::bump(&percpu::this().counters.resumed_contexts);
+    tcb::event(t, tcb::EV_RESUMED);
+    percpu::trace(percpu::T_RESUME, context::pc(&ctx));
+    if st.hold > 0 {
+        tcb::event(t, tcb::EV_CONTINUED);
+        if !nested {
+            continue_holder(t, st.hold);
+        }
+        // On top of an interrupted scheduler (which may be spinning for this very holder's
+        // lock): queue the continuation, which every scheduler loop serves first, and get the
+        // interrupted scheduler out of the way; a scheduler adopts it back afterwards.
+        CONTINUE.push(0, (t as *const Tcb as u64, st.hold));
+        suspend_this_scheduler();
+        return;
+    }
+    if r.kind == UpcallKind::Unblocked as u32 {
+        // Its I/O just completed: it runs next here, ahead of threads that have been computing
+        // (the thread the upcall interrupted goes back to the queue), as a Unix scheduler
+        // favours a process woken from I/O.
+        sched::make_next(t);
+    } else {
+        sched::make_runnable(t, false);
+    }
+}
+
+/// Lock holders to continue before anything else: `(TCB, hold count)`.
+static CONTINUE: Bag<(u64, u64), 64> = Bag::new();
+
+/// Lock holders waiting for their continuation.
+pub(super) fn continuations_queued() -> u32 {
+    CONTINUE.len()
+}
+
+/// Scheduler contexts waiting to be adopted.
+pub(super) fn adoptions_queued() -> u32 {
+    ADOPT.len()
+}
+
+/// Loop top: continues a queued lock holder, if any (does not return then).
+pub(super) fn continue_queued_holder() {
+    if CONTINUE.len() != 0 {
+        if let Some((t, hold)) = CONTINUE.pop() {
+            // SAFETY: a saved lock holder queued by `resume_context`; ours now.
+            continue_holder(unsafe { tcb::from_raw(t as *const Tcb) }, hold);
+        }
+    }
+}
+
+/// Scheduler context at its loop top: runs the lock holder `t` (its resume frame built) now,
+/// with its holds moved here, until its last release (Williams 2002, section 6); the safepoint then
+/// switches it out (`PEND_CONT`) and this vCPU's scheduler starts afresh.
+fn continue_holder(t: &Tcb, hold: u64) -> ! {
+    // Leaving the scheduler (and whatever drain called this) for good.
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
+    percpu::trace(percpu::T_CONTINUE, t as *const Tcb as u64);
+    percpu::bump(&percpu::this().counters.continuations);
+    cpu::set_hold(hold);
+    Pending::Cont.defer();
+    sched::run_now(t, false)
+}
+
+/// From the upcall handler on top of a scheduler: leaves that scheduler suspended (adopted back
+/// by a scheduler loop later) and runs a fresh one on a spare activation stack. Without a
+/// spare stack the interrupted scheduler just goes on (the continuation waits for a loop top).
+fn suspend_this_scheduler() {
+    let Some(top) = stacks::take_spare_stack() else {
+        return;
+    };
+    percpu::trace(percpu::T_SUSPEND, top);
+    // SAFETY: scheduler context (InSched = 1); `top` is a free activation stack.
+    unsafe { context::suspend_scheduler(top, suspended) };
+    // Adopted back: this drain goes on, as the scheduler of whatever vCPU runs it now.
+}
+
+/// The fresh scheduler after `suspend_this_scheduler`, on the spare stack.
+extern "C" fn suspended(sp: u64, sched_top: u64) -> ! {
+    ADOPT.push(0, Adopt::Suspended { sp, sched_top });
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
+    sched::sched_loop()
+}
+
+/// A scheduler context to adopt at the loop top.
+// Stored inline in a fixed array on purpose: boxing the context would allocate on the upcall path.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy)]
+enum Adopt {
+    /// Taken by the VMM with this state.
+    Context(ActState, UserContext),
+    /// A scheduler that suspended itself for a lock holder's continuation.
+    Suspended { sp: u64, sched_top: u64 },
+}
+
+/// Sized for bursts: every entry is a scheduler context on its own activation stack.
+static ADOPT: Bag<Adopt, 64> = Bag::new();
+
+/// Loop top: adopts a pending scheduler context, if any (does not return then).
+pub(super) fn adopt_pending() {
+    if ADOPT.len() == 0 {
+        return;
+    }
+    match ADOPT.pop() {
+        Some(Adopt::Context(st, ctx)) => adopt(&ctx, st),
+        Some(Adopt::Suspended { sp, sched_top }) => {
+            percpu::trace(percpu::T_ADOPT_SUSPENDED, sp);
+            percpu::bump(&percpu::this().counters.adoptions);
+            let own = cpu::get(Word::SchedTop);
+            let old = percpu::this().retired_stack.swap(own, Ordering::AcqRel);
+            release_act_stack(old);
+            cpu::set(Word::SchedTop, sched_top);
+            cpu::set(Word::Current, 0);
+            cpu::set_hold(0);
+            // It was suspended inside a drain (from the upcall handler).
+            percpu::this().in_drain.store(1, Ordering::Relaxed);
+            // SAFETY: scheduler context; the frame was saved by `cont_swap` on a stack nobody
+            // else uses (its vCPU was taken away).
+            unsafe { context::resume_switch_frame(sp as usize) }
+        }
+        None => {}
+    }
+}
+
+/// Continues another activation's scheduler context as this vCPU's scheduler.
+fn adopt(ctx: &UserContext, st: ActState) -> ! {
+    // This scheduler (and its drain) is abandoned; the adopted one was not draining.
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
+    percpu::trace(percpu::T_ADOPT_CTX, context::pc(ctx));
+    percpu::bump(&percpu::this().counters.adoptions);
+    sched::clear_idle_bits(st.vcpu);
+    // This scheduler's own stack is given up; the adopted one's becomes this vCPU's. The own
+    // one is still in use until the jump: it is retired, and given back by the next fresh
+    // scheduler entry on this vCPU (`release_retired_stack`).
+    let own = cpu::get(Word::SchedTop);
+    // SAFETY: the context is a scheduler context of this guest taken at CPL3 on its own
+    // activation stack, which nobody else uses now.
+    let sp = unsafe { context::build_resume_frame(ctx) };
+    let old = percpu::this().retired_stack.swap(own, Ordering::AcqRel);
+    release_act_stack(old);
+    cpu::set(Word::SchedTop, st.sched_top);
+    cpu::set(Word::Current, st.current);
+    cpu::set_hold(st.hold);
+    // SAFETY: scheduler context (InSched = 1); the frame was built above.
+    unsafe { context::jump_to_frame(sp) }
+}

@@ -1,0 +1,190 @@
+//! The shared area (`protocol::shared`) and the `sa_*` calls: turning activations on, asking
+//! for processors and giving them back.
+
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
+use activm_stub::protocol::shared::{SharedHeader, VcpuArea, VcpuRunState};
+
+use super::stacks;
+use crate::arch::cpu::{self, Word};
+use crate::arch::entry;
+use crate::{percpu, sched};
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static SHARED: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the VMM delivers upcalls to this guest.
+pub fn activations_enabled() -> bool {
+    ENABLED.load(Ordering::Acquire)
+}
+
+/// Whether the shared area is known (diagnostics).
+pub(super) fn mapped() -> bool {
+    SHARED.load(Ordering::Relaxed) != 0
+}
+
+pub(super) fn header() -> &'static SharedHeader {
+    // SAFETY: the shared area's first page is the header, mapped for the guest's lifetime.
+    unsafe { &*(SHARED.load(Ordering::Relaxed) as *const SharedHeader) }
+}
+
+pub(super) fn area(vcpu: u32) -> &'static VcpuArea {
+    let at = SHARED.load(Ordering::Relaxed)
+        + activm_stub::protocol::shared::vcpu_area_offset(vcpu as usize) as u64;
+    // SAFETY: vCPU `vcpu`'s area of the shared area (checked against nr_vcpus by callers).
+    unsafe { &*(at as *const VcpuArea) }
+}
+
+/// Marks vCPU `vcpu` idle (or not) in the shared header, for the VMM.
+pub fn set_idle(vcpu: u32, idle: bool) {
+    if SHARED.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let bit = 1u64 << vcpu;
+    if idle {
+        header().idle_vcpus.fetch_or(bit, Ordering::AcqRel);
+    } else {
+        header().idle_vcpus.fetch_and(!bit, Ordering::AcqRel);
+    }
+}
+
+/// vCPU 0, at boot: where the shared area is.
+pub fn init() {
+    SHARED.store(activm_stub::boot_info().shared_area, Ordering::Release);
+}
+
+/// Every vCPU, at boot: its words for the upcall queue and its boot activation.
+pub fn init_vcpu(vcpu: u32) {
+    let a = area(vcpu);
+    cpu::set(Word::Area, a as *const VcpuArea as u64);
+    let activation = match a.activation.load(Ordering::Acquire) {
+        0 => vcpu + 1,
+        id => id,
+    };
+    cpu::set(Word::Activation, u64::from(activation));
+}
+
+/// Whether this vCPU's upcall queue holds records.
+#[inline]
+pub fn queue_nonempty() -> bool {
+    let at = cpu::get(Word::Area);
+    if at == 0 {
+        return false;
+    }
+    // SAFETY: `Word::Area` points at this vCPU's area.
+    let a = unsafe { &*(at as *const VcpuArea) };
+    a.queue_head.load(Ordering::Acquire) != a.queue_tail.load(Ordering::Relaxed)
+}
+
+pub(super) fn hypercall(nr: Hypercall, a0: u64) -> u64 {
+    // SAFETY: the sa_* calls take numbers or the address of a function of this image.
+    unsafe { activm_stub::hypercall::raw(nr as u64, a0, 0, 0, 0) }
+}
+
+/// vCPU 0, once every vCPU runs its scheduler: registers the activation entry, fills the stack
+/// pool and enables upcalls, unless the VMM does not offer them (`--no-activations`) or the
+/// guest said `--rt-sa=off`. Returns whether they are on.
+pub fn enable() -> bool {
+    if !crate::config::use_sa() {
+        return false;
+    }
+    let entry = entry::entry_address();
+    if hypercall(Hypercall::SaRegister, entry) == HC_UNSUPPORTED {
+        return false;
+    }
+    ENABLED.store(true, Ordering::Release);
+    stacks::refill_pool();
+    hypercall(Hypercall::SaSetConcurrency, u64::from(percpu::nr_vcpus()));
+    header()
+        .requested_concurrency
+        .store(percpu::nr_vcpus(), Ordering::Release);
+    if hypercall(Hypercall::SaEnable, 0) == HC_UNSUPPORTED {
+        ENABLED.store(false, Ordering::Release);
+        return false;
+    }
+    true
+}
+
+/// Asks the VMM to give this guest `n` processors (`sa_setconcurrency`); returns the previous
+/// value, or `None` without activations.
+pub fn set_concurrency(n: u32) -> Option<u32> {
+    if !activations_enabled() {
+        return None;
+    }
+    header().requested_concurrency.store(n, Ordering::Release);
+    Some(hypercall(Hypercall::SaSetConcurrency, u64::from(n)) as u32)
+}
+
+/// vCPUs that gave their processor back idle and have not started a new activation since.
+static YIELDED: AtomicU64 = AtomicU64::new(0);
+/// TSC of the last time this guest asked for its processors back.
+static LAST_ASK: AtomicU64 = AtomicU64::new(0);
+/// At most one ask per this many ns: an ask may come to nothing (its new activation canceled
+/// under a revoke, or a yield that lost to a preemption), so asking again must stay possible.
+const ASK_INTERVAL_NS: u64 = 1_000_000;
+
+/// Scheduler of an idle vCPU: gives its processor back to the VMM (`sa_yield`) unless it is
+/// the only vCPU running or records wait in its queue. The activation ends there; the next
+/// NEWPROC on this vCPU names it and its stack is recycled then (see `drain::new_proc`). Returns if it
+/// did not yield.
+pub fn yield_idle_vcpu(me: u32) {
+    if !activations_enabled() || granted_vcpus() < 2 || queue_nonempty() {
+        return;
+    }
+    let bit = 1u64 << me;
+    YIELDED.fetch_or(bit, Ordering::SeqCst);
+    // A waker that published work before seeing this bit found no idle vCPU and did not ask
+    // for processors (`want_processors`): look once more now that the bit is visible (both
+    // sides store, then load, with a full barrier between).
+    if sched::work_queued() {
+        YIELDED.fetch_and(!bit, Ordering::AcqRel);
+        return;
+    }
+    percpu::bump(&percpu::this().counters.idle_yields);
+    hypercall(Hypercall::SaYield, 0);
+    // Still here: upcalls are off after all.
+    YIELDED.fetch_and(!bit, Ordering::AcqRel);
+}
+
+/// Work is waiting and no vCPU idles here to take it: if some gave their processors back,
+/// ask the VMM for them again (`sa_setconcurrency`), at most once a millisecond.
+pub fn want_processors() {
+    if YIELDED.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    let now = cpu::rdtsc();
+    let last = LAST_ASK.load(Ordering::Relaxed);
+    if now.saturating_sub(last) < crate::timer::ns_to_ticks(ASK_INTERVAL_NS)
+        || LAST_ASK
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    let n = header().requested_concurrency.load(Ordering::Acquire);
+    let n = if n == 0 { percpu::nr_vcpus() } else { n };
+    hypercall(Hypercall::SaSetConcurrency, u64::from(n));
+}
+
+/// How many processors the VMM's allocator grants this guest now (0 without activations).
+/// `SharedHeader::granted_vcpus` is only written at boot by the VMM of this writing, so this
+/// counts the vCPUs whose state the VMM says is running.
+pub fn granted_vcpus() -> u32 {
+    if !activations_enabled() {
+        return 0;
+    }
+    (0..percpu::nr_vcpus())
+        .filter(|&v| area(v).state.load(Ordering::Acquire) == VcpuRunState::Running as u32)
+        .count() as u32
+}
+
+/// A new activation started on vCPU `vcpu`: it no longer counts as given back.
+pub(super) fn note_new_activation(vcpu: u32) {
+    YIELDED.fetch_and(!(1u64 << vcpu.min(63)), Ordering::AcqRel);
+}
+
+/// Delivers a USER upcall to vCPU `vcpu` (`sa_preempt`); false without activations.
+pub fn preempt_vcpu(vcpu: u32) -> bool {
+    activations_enabled() && hypercall(Hypercall::SaPreempt, u64::from(vcpu)) == 0
+}

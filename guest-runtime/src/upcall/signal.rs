@@ -1,0 +1,47 @@
+//! SIGNAL and USER records: host signals and `sa_preempt` from another vCPU.
+
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use activm_stub::println;
+
+/// Signals received (last number).
+pub static LAST_SIGNAL: AtomicU64 = AtomicU64::new(0);
+
+static SIGNAL_HANDLER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+static USER_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Installs the handler for host signals (SIGNAL upcalls): it runs in a new thread named
+/// "signal". Without one the guest prints the signal and exits with 128 + its number.
+pub fn set_signal_handler(handler: fn(u32)) {
+    SIGNAL_HANDLER.store(handler as *mut (), Ordering::Release);
+}
+
+/// Installs a hook the scheduler calls (with the requesting vCPU) for USER upcalls.
+pub fn set_user_hook(hook: fn(u32)) {
+    USER_HOOK.store(hook as *mut (), Ordering::Release);
+}
+
+pub(super) fn signal(signo: u64) {
+    LAST_SIGNAL.store(signo, Ordering::Release);
+    let handler = SIGNAL_HANDLER.load(Ordering::Acquire);
+    if handler.is_null() {
+        println!("activm-rt: signal {signo}, exiting");
+        crate::stats::dump();
+        activm_stub::exit(128 + signo as i32);
+    }
+    // SAFETY: only `set_signal_handler` stores non-null values, all `fn(u32)`.
+    let handler = unsafe { core::mem::transmute::<*mut (), fn(u32)>(handler) };
+    let _ = crate::thread::Builder::new()
+        .name("signal".into())
+        .spawn(move || handler(signo as u32));
+}
+
+/// A USER record: the hook, if one is set, runs here (in the scheduler).
+pub(super) fn user(from_vcpu: u32) {
+    let hook = USER_HOOK.load(Ordering::Acquire);
+    if !hook.is_null() {
+        // SAFETY: only `set_user_hook` stores non-null values, all `fn(u32)`.
+        let hook = unsafe { core::mem::transmute::<*mut (), fn(u32)>(hook) };
+        hook(from_vcpu);
+    }
+}

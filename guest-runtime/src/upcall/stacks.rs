@@ -1,0 +1,174 @@
+//! Activation stacks (NetBSD's `sa_stacks` pool): the shared pool the VMM takes a stack from
+//! for every new activation, the spares kept out of it, and the record of every stack made.
+
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use activm_stub::protocol::shared::STACK_POOL_CAPACITY;
+use activm_stub::sync::SpinLock;
+
+use super::sa;
+use crate::arch::entry::ENTRY_MARK_OFFSET;
+use crate::percpu;
+
+/// Size of an activation (scheduler) stack from the pool.
+const ACT_STACK_SIZE: usize = 64 * 1024;
+
+/// Activation stacks not in the shared pool (tops; 0: empty slot). Lock-free: stacks are given
+/// back and taken on upcall paths, which must not wait for a lock a preempted context may hold.
+static SPARES: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
+static NR_SPARE: AtomicU32 = AtomicU32::new(0);
+/// Serialises producing into the shared pool (only `refill_pool`, after records are handled).
+static PRODUCE: SpinLock<()> = SpinLock::new(());
+
+fn put_spare(top: u64) {
+    for s in &SPARES {
+        if s.compare_exchange(0, top, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            NR_SPARE.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
+    }
+    // Otherwise the stack is leaked (64 KiB); 256 spares is plenty.
+}
+
+fn take_spare() -> Option<u64> {
+    if NR_SPARE.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    for s in &SPARES {
+        let top = s.load(Ordering::Relaxed);
+        if top != 0
+            && s.compare_exchange(top, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            NR_SPARE.fetch_sub(1, Ordering::AcqRel);
+            return Some(top);
+        }
+    }
+    None
+}
+
+fn new_act_stack() -> u64 {
+    let stack = alloc::vec![0u8; ACT_STACK_SIZE].leak();
+    let top = (stack.as_ptr() as u64 + stack.len() as u64) & !15;
+    let i = NR_ACT_STACKS.fetch_add(1, Ordering::AcqRel);
+    if let Some(slot) = ACT_STACKS.get(i) {
+        slot.store(top, Ordering::Release);
+    }
+    top
+}
+
+/// The tops of every activation stack made (they are recycled, never freed), so a context's
+/// stack pointer can be told to lie on one ([`act_stack_top_of`]).
+static ACT_STACKS: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
+static NR_ACT_STACKS: AtomicUsize = AtomicUsize::new(0);
+
+/// The top of the activation stack `sp` lies on, if it lies on one.
+pub(super) fn act_stack_top_of(sp: u64) -> Option<u64> {
+    let n = NR_ACT_STACKS.load(Ordering::Acquire).min(ACT_STACKS.len());
+    ACT_STACKS[..n]
+        .iter()
+        .map(|slot| slot.load(Ordering::Acquire))
+        .find(|&top| top != 0 && sp < top && sp >= top - ACT_STACK_SIZE as u64 + 16)
+}
+
+/// Scheduler context, at a fresh entry (so not on a retired stack): gives back the stack this
+/// vCPU's scheduler left when it adopted another one.
+pub fn release_retired_stack() {
+    let p = percpu::this();
+    if p.retired_stack.load(Ordering::Relaxed) != 0 {
+        release_act_stack(p.retired_stack.swap(0, Ordering::AcqRel));
+    }
+}
+
+/// Gives back an activation stack nobody runs on any more (lock-free; the shared pool is
+/// refilled after the records are handled).
+pub fn release_act_stack(top: u64) {
+    if top != 0 {
+        // SAFETY: a stack nobody runs on (its owner is handing it back); `top` is a 16-byte
+        // aligned activation stack top, so the words under it are inside the stack.
+        unsafe { ((top - ENTRY_MARK_OFFSET) as *mut u64).write_volatile(0) };
+        put_spare(top);
+    }
+}
+
+/// Keeps the shared stack pool full (the VMM takes one per new activation). New stacks are
+/// allocated with no lock held. Not on the path that continues lock holders (it may wait for
+/// the pool lock and the heap lock).
+pub(super) fn refill_pool() {
+    if !sa::activations_enabled() {
+        return;
+    }
+    let h = sa::header();
+    loop {
+        let need_new = {
+            let _produce = PRODUCE.lock();
+            let prod = h.stack_prod.load(Ordering::Relaxed);
+            let cons = h.stack_cons.load(Ordering::Acquire);
+            let queued = prod.wrapping_sub(cons);
+            if queued as usize >= STACK_POOL_CAPACITY {
+                return;
+            }
+            let top = if NR_SPARE.load(Ordering::Acquire) as usize > SPARE_RESERVE {
+                take_spare().unwrap_or(0)
+            } else {
+                0
+            };
+            if top == 0 && queued >= pool_target() {
+                return;
+            }
+            if top != 0 {
+                let slot = prod as usize % STACK_POOL_CAPACITY;
+                let stacks = core::ptr::addr_of!(h.stacks) as *mut u64;
+                // SAFETY: the guest produces the pool: slot `prod % CAP` is free (prod - cons <
+                // CAP), and only this code (under the lock) writes it.
+                unsafe { stacks.add(slot).write_volatile(top) };
+                h.stack_prod.store(prod.wrapping_add(1), Ordering::Release);
+            }
+            top == 0
+        };
+        if need_new {
+            put_spare(new_act_stack());
+        }
+    }
+}
+
+/// How many stacks the shared pool keeps ready, allocating new ones if needed. Every new
+/// activation takes one, and the pool is refilled only by a scheduler that drains its queue: if
+/// a burst of grants and revocations (allocation chaos on a loaded host) empties it while no
+/// activation of the guest runs, the VMM has no stack to start one on, and nothing can refill
+/// it (seen in the soak under a loaded test suite: the guest stalled for a second and was
+/// stopped). So the pool is kept deep: eight stacks per vCPU and sixteen more, at most its
+/// capacity (64 KiB each; they are recycled, never freed).
+fn pool_target() -> u32 {
+    (8 * percpu::nr_vcpus() + 16).min(STACK_POOL_CAPACITY as u32)
+}
+
+/// Whether the shared stack pool holds less than half of [`pool_target`] (cheap: two loads).
+pub(super) fn pool_low() -> bool {
+    if !sa::activations_enabled() {
+        return false;
+    }
+    let h = sa::header();
+    let queued = h
+        .stack_prod
+        .load(Ordering::Relaxed)
+        .wrapping_sub(h.stack_cons.load(Ordering::Relaxed));
+    queued < pool_target() / 2
+}
+
+/// A free activation stack from the spares (never allocates nor locks: upcall paths).
+pub(super) fn take_spare_stack() -> Option<u64> {
+    take_spare()
+}
+
+/// Makes sure a few spare activation stacks exist (boot; `suspend_this_scheduler` uses them).
+pub fn reserve_spare_stacks() {
+    for _ in 0..SPARE_RESERVE {
+        put_spare(new_act_stack());
+    }
+}
+
+/// Spare activation stacks kept for suspensions (not handed to the VMM's pool).
+const SPARE_RESERVE: usize = 4;

@@ -1,0 +1,53 @@
+//! The watchdog (tests): if the guest still runs when it is due, the next timer interrupt (or
+//! scheduler loop, or lock wait) on any vCPU prints where that vCPU was and the runtime's state,
+//! then ends the guest with status 99. It works even when the scheduler no longer handles
+//! upcalls.
+
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use activm_stub::println;
+
+use crate::arch::cpu;
+use crate::percpu;
+
+/// TSC after which the watchdog fires (0: off).
+static DUE: AtomicU64 = AtomicU64::new(0);
+/// What prints the runtime's state when it fires (`stats::dump`, installed at start-up).
+static REPORT: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Arms (or with `None` disarms) the watchdog, `after` from now.
+pub fn set_watchdog(after: Option<core::time::Duration>) {
+    let at = after.map_or(0, |d| {
+        cpu::rdtsc() + percpu::ns_to_ticks(d.as_nanos() as u64)
+    });
+    DUE.store(at, Ordering::Release);
+}
+
+/// Installs what prints the runtime's state when the watchdog fires.
+pub(crate) fn set_report(report: fn()) {
+    REPORT.store(report as *mut (), Ordering::Release);
+}
+
+/// The check without an interrupted context (lock waits, scheduler loops).
+pub(crate) fn tick() {
+    check(0);
+}
+
+/// Timer interrupt at `pc` (or [`tick`]): fires the watchdog if it is due.
+pub(crate) fn check(pc: u64) {
+    let at = DUE.load(Ordering::Relaxed);
+    if at == 0 || cpu::rdtsc() < at || DUE.swap(0, Ordering::AcqRel) == 0 {
+        return;
+    }
+    println!(
+        "activm-rt: watchdog: vCPU {} interrupted at pc {pc:#x}",
+        activm_stub::vcpu_id()
+    );
+    let report = REPORT.load(Ordering::Acquire);
+    if !report.is_null() {
+        // SAFETY: only `set_report` stores non-null values, all `fn()`.
+        let report = unsafe { core::mem::transmute::<*mut (), fn()>(report) };
+        report();
+    }
+    activm_stub::exit(99);
+}
