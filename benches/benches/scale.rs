@@ -1,15 +1,18 @@
 //! Scale (issue 13, item 6): N threads spawned, all live at once, then joined (`nbody spawn N`),
 //! for N = 10^3 .. 10^6 on 2 vCPUs; then a fixed N on 1 .. 64 vCPUs per guest, with
-//! activations on 2 processors beside the same guest host-scheduled (`--no-activations`, every
+//! activations on 2 processors beside the same guest host-scheduled (`--host-sched`, every
 //! vCPU a host thread left to Linux). Reports the guest's own time (TSC) and the host CPU time
 //! the run took (user + system, every thread of the VMM), whose ratio to the wall time says how
 //! much of the machine the run really had: these machines are shared.
+//!
+//! The VMM's threads are pinned to 2 host CPUs (host-scheduled vCPUs included).
 //!
 //! `cargo xtask bench scale`; `ACTIVM_BENCH_QUICK=1` for a short smoke run.
 
 use std::time::Duration;
 
 use activm::{MonitorOptions, Outcome, VmConfig};
+use activm_benches::modes::{pin_and_report, Mode};
 use activm_benches::{field, guest_path, stats::summary, Captured};
 
 /// CPU time (user + system) of this process so far, in ms.
@@ -29,7 +32,7 @@ fn run(
     image: &std::path::Path,
     threads: usize,
     vcpus: u32,
-    activations: bool,
+    mode: Mode,
 ) -> Result<(f64, f64), String> {
     let config = VmConfig {
         vcpus,
@@ -39,10 +42,8 @@ fn run(
     };
     let console = Captured::default();
     let options = MonitorOptions {
-        pcpus: if activations { 2 } else { 64 },
-        activations,
         timeout: Some(Duration::from_secs(300)),
-        ..MonitorOptions::default()
+        ..mode.options(2)
     };
     let cpu_before = cpu_ms();
     let reports = activm::run_guests(&[config], vec![Box::new(console.clone())], &options)
@@ -67,15 +68,16 @@ fn medians(
     rounds: usize,
     threads: usize,
     vcpus: u32,
-    activations: bool,
+    mode: Mode,
 ) -> Result<(f64, f64, f64), String> {
     let (mut ms, mut cpu) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        let (m, c) = run(image, threads, vcpus, activations)?;
+        let (m, c) = run(image, threads, vcpus, mode)?;
         ms.push(m);
         cpu.push(c);
     }
     let median = summary(&mut ms).0;
+    // `summary` sorted the samples: the first is the best.
     Ok((median, ms[0], summary(&mut cpu).0))
 }
 
@@ -86,6 +88,7 @@ fn main() {
         println!("scale: n/a (guest `nbody` is not built: cargo xtask build-guests --release)");
         return;
     };
+    pin_and_report(2);
     println!("Scale: N threads spawned (all live at once), then joined; medians of {rounds} runs");
     println!(
         "host CPU = user + system time of the whole VMM for the run (boot included); guest ms is"
@@ -112,7 +115,7 @@ fn main() {
     };
     let (mut base, mut best_base) = (None, None);
     for &n in counts {
-        match medians(&image, rounds, n, 2, true) {
+        match medians(&image, rounds, n, 2, Mode::Activations) {
             Ok((ms, best, cpu)) => {
                 let per = ms * 1e6 / n as f64;
                 let best_per = best * 1e6 / n as f64;
@@ -142,8 +145,8 @@ fn main() {
     };
     for &v in vcpus {
         match (
-            medians(&image, rounds, n, v, true),
-            medians(&image, rounds, n, v, false),
+            medians(&image, rounds, n, v, Mode::Activations),
+            medians(&image, rounds, n, v, Mode::HostSched),
         ) {
             (Ok((am, _, ac)), Ok((hm, _, hc))) => println!(
                 "  {v:>5} {am:>15.1} {ac:>15.0} {hm:>15.1} {hc:>15.0} {:>7.2}x",
