@@ -89,7 +89,7 @@ pub fn release_act_stack(top: u64) {
         // SAFETY: a stack nobody runs on (its owner is handing it back); `top` is a 16-byte
         // aligned activation stack top, so the words under it are inside the stack.
         unsafe { ((top - ENTRY_MARK_OFFSET) as *mut u64).write_volatile(0) };
-        // SAFETY: as above; where an interrupt in the entry's window leaves the entry's `rip`.
+        // SAFETY: as above; where an interrupt in the entry's window leaves the entry's saved pc.
         unsafe { ((top - ENTRY_RIP_OFFSET) as *mut u64).write_volatile(0) };
         put_spare(top);
     }
