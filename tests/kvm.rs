@@ -5,6 +5,9 @@
 //! Without a usable `/dev/kvm` every test here is reported as *ignored*, with a banner on
 //! stderr: never as passed.
 
+#[path = "kvm/hostile.rs"]
+mod hostile;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -1202,6 +1205,7 @@ fn main() {
     let mut trials = kvm_tests();
     trials.extend(activation_tests());
     trials.extend(toml_tests());
+    trials.extend(hostile::hostile_tests());
     if let Err(why) = kvm_usable() {
         eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
         trials = trials
