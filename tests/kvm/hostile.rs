@@ -28,50 +28,166 @@ const TRIPLE_FAULT: &str = "triple-fault";
 
 const CASES: &[Case] = &[
     // Buffers outside RAM, past its end, wrapping around, too long, in the VMM's pages.
-    case("console-outside-ram", 125, "console_write: buffer 0x7fff00000000+16"),
+    case(
+        "console-outside-ram",
+        125,
+        "console_write: buffer 0x7fff00000000+16",
+    ),
     case("console-past-ram-end", 125, "lies outside guest RAM"),
     case("console-wraps", 125, "buffer 0xfffffffffffffff8+16"),
-    case("console-too-long", 125, "length 65537 exceeds the limit of 65536"),
-    case("console-vmm-pages", 125, "buffer 0x1000+64 lies in the VMM's pages"),
-    case("panic-bad-buffer", 101, "<unreadable panic message: malformed hypercall panic"),
-    case("blk-vmm-pages", 125, "blk_read: buffer 0x8000+512 is not in guest RAM at or above"),
-    case("blk-wraps", 125, "blk_read: buffer 0xffffffffffffff00+512 is not in guest RAM"),
-    case("blk-past-ram-end", 125, "blk_write: buffer 0x7ffff00+512 is not in guest RAM"),
+    case(
+        "console-too-long",
+        125,
+        "length 65537 exceeds the limit of 65536",
+    ),
+    case(
+        "console-vmm-pages",
+        125,
+        "buffer 0x1000+64 lies in the VMM's pages",
+    ),
+    case(
+        "panic-bad-buffer",
+        101,
+        "<unreadable panic message: malformed hypercall panic",
+    ),
+    case(
+        "blk-vmm-pages",
+        125,
+        "blk_read: buffer 0x8000+512 is not in guest RAM at or above",
+    ),
+    case(
+        "blk-wraps",
+        125,
+        "blk_read: buffer 0xffffffffffffff00+512 is not in guest RAM",
+    ),
+    case(
+        "blk-past-ram-end",
+        125,
+        "blk_write: buffer 0x7ffff00+512 is not in guest RAM",
+    ),
     case("blk-count-zero", 125, "count 0 is not in 1..=256 sectors"),
     case("blk-count-huge", 125, "count 257 is not in 1..=256 sectors"),
-    case("blk-sector-huge", 0, "ok (read 2, write 2, then a good read 0)"),
-    case("blk-info-unknown", 0, "ok (blk_info(99) = 0xffffffffffffffff)"),
+    case(
+        "blk-sector-huge",
+        0,
+        "ok (read 2, write 2, then a good read 0)",
+    ),
+    case(
+        "blk-info-unknown",
+        0,
+        "ok (blk_info(99) = 0xffffffffffffffff)",
+    ),
     // The hypercall page: unknown, misaligned, narrow calls, stores, past the page.
     case("unknown-hypercall", 125, "unknown hypercall 511 on vCPU 0"),
     case("hypercall-gap", 125, "unknown hypercall 7 on vCPU 0"),
-    case("misaligned-hypercall", 125, "offset 0x14 is not 8-byte aligned"),
-    case("narrow-hypercall", 125, "a 4-byte load (hypercalls are 8-byte loads)"),
-    case("store-hypercall", 125, "a 8-byte store to the hypercall page at 0xfeb00010"),
-    case("byte-store-hypercall", 125, "a 1-byte store to the hypercall page at 0xfeb00963"),
-    case("unbacked-load", 125, "read unbacked guest-physical address 0xfeb01000"),
+    case(
+        "misaligned-hypercall",
+        125,
+        "offset 0x14 is not 8-byte aligned",
+    ),
+    case(
+        "narrow-hypercall",
+        125,
+        "a 4-byte load (hypercalls are 8-byte loads)",
+    ),
+    case(
+        "store-hypercall",
+        125,
+        "a 8-byte store to the hypercall page at 0xfeb00010",
+    ),
+    case(
+        "byte-store-hypercall",
+        125,
+        "a 1-byte store to the hypercall page at 0xfeb00963",
+    ),
+    case(
+        "unbacked-load",
+        125,
+        "read unbacked guest-physical address 0xfeb01000",
+    ),
     case("port-io", 125, "#GP general protection (vector 13) at CPL3"),
-    case("all-vcpus-stop", 125, "every vCPU stopped without the guest calling exit"),
+    case(
+        "all-vcpus-stop",
+        125,
+        "every vCPU stopped without the guest calling exit",
+    ),
     // vCPU 0's CPL3 boot stack has no guard page yet: the overflow runs through the shared
     // area into the image and the guest dies of what it overwrote (a #PF, not a clean report).
     case("stack-overflow", 125, "#PF page fault"),
-    case("hypercall-flood", 0, "2 vCPUs x 10000 calls, 0 unexpected results"),
+    case(
+        "hypercall-flood",
+        0,
+        "2 vCPUs x 10000 calls, 0 unexpected results",
+    ),
     // Scheduler activations.
-    case("sa-register-outside-image", 125, "upcall entry 0x1000 lies outside the guest image"),
-    case("sa-enable-unregistered", 125, "sa_enable before sa_register"),
-    case("sa-before-enable", 0, "ok (sa_yield 0xffffffffffffffff, sa_preempt 0xffffffffffffffff)"),
-    case("concurrency-zero", 125, "sa_setconcurrency(0): the guest has 2 vCPUs"),
-    case("concurrency-max", 125, "sa_setconcurrency(4294967295): the guest has 2 vCPUs"),
+    case(
+        "sa-register-outside-image",
+        125,
+        "upcall entry 0x1000 lies outside the guest image",
+    ),
+    case(
+        "sa-enable-unregistered",
+        125,
+        "sa_enable before sa_register",
+    ),
+    case(
+        "sa-before-enable",
+        0,
+        "ok (sa_yield 0xffffffffffffffff, sa_preempt 0xffffffffffffffff)",
+    ),
+    case(
+        "concurrency-zero",
+        125,
+        "sa_setconcurrency(0): the guest has 2 vCPUs",
+    ),
+    case(
+        "concurrency-max",
+        125,
+        "sa_setconcurrency(4294967295): the guest has 2 vCPUs",
+    ),
     case("preempt-nonexistent", 0, "nr_vcpus: [1, 1, 1, 1, 1]"),
     case("queue-indices-huge", 125, "corrupted its queue indices"),
     case("never-consumes", 125, "does not consume its upcalls"),
-    case("entry-garbage", 125, "#PF page fault (vector 14) at CPL3: rip=0x200005"),
-    case("stack-unaligned", 125, "upcall stack pool entry 0 holds a bad stack top"),
-    case("stack-outside-ram", 125, "upcall stack pool entry 0 holds a bad stack top 0x8010000"),
-    case("stack-in-vmm-pages", 125, "upcall stack pool entry 0 holds a bad stack top 0x9000"),
-    case("stack-pool-exhausted", 125, "the guest's stack pool stays empty"),
-    case("stack-indices-corrupt", 125, "indices are corrupt (stack_prod 1000, stack_cons 0)"),
-    case("corrupt-records", 0, "ok (5 junk records taken back and delivered to vCPU 0)"),
-    case(TRIPLE_FAULT, 125, "guest triple fault (KVM shutdown) on vCPU 0"),
+    case(
+        "entry-garbage",
+        125,
+        "#PF page fault (vector 14) at CPL3: rip=0x200005",
+    ),
+    case(
+        "stack-unaligned",
+        125,
+        "upcall stack pool entry 0 holds a bad stack top",
+    ),
+    case(
+        "stack-outside-ram",
+        125,
+        "upcall stack pool entry 0 holds a bad stack top 0x8010000",
+    ),
+    case(
+        "stack-in-vmm-pages",
+        125,
+        "upcall stack pool entry 0 holds a bad stack top 0x9000",
+    ),
+    case(
+        "stack-pool-exhausted",
+        125,
+        "the guest's stack pool stays empty",
+    ),
+    case(
+        "stack-indices-corrupt",
+        125,
+        "indices are corrupt (stack_prod 1000, stack_cons 0)",
+    ),
+    case(
+        "corrupt-records",
+        0,
+        "ok (junk records taken back and delivered to vCPU 0)",
+    ),
+    case(
+        TRIPLE_FAULT,
+        125,
+        "guest triple fault (KVM shutdown) on vCPU ",
+    ),
 ];
 
 /// The neighbour's exact result line.
@@ -111,7 +227,14 @@ fn alone(case: &Case) -> Result<(), Failed> {
     let output = Command::new(ACTIVM)
         .arg("run")
         .arg(&image)
-        .args(["--timeout", GUEST_TIMEOUT_SECS, "--vcpus", "2", "--pcpus", "2"])
+        .args([
+            "--timeout",
+            GUEST_TIMEOUT_SECS,
+            "--vcpus",
+            "2",
+            "--pcpus",
+            "2",
+        ])
         .args(["--mem", HOSTILE_MEM, "--disk"])
         .arg(disk.path())
         .args(["--", case.mode])
@@ -203,7 +326,9 @@ fn cases_match_the_app() -> Result<(), Failed> {
         .filter(|&m| m != TRIPLE_FAULT)
         .collect();
     if listed != ours {
-        return Err(format!("the hostile app's modes {listed:?}\ndiffer from the cases {ours:?}").into());
+        return Err(
+            format!("the hostile app's modes {listed:?}\ndiffer from the cases {ours:?}").into(),
+        );
     }
     Ok(())
 }
@@ -214,6 +339,8 @@ pub fn hostile_tests() -> Vec<Trial> {
             cases_match_the_app()?;
             all_cases(alone)
         }),
-        Trial::test("hostile_guest_cases_beside_a_neighbour", || all_cases(beside)),
+        Trial::test("hostile_guest_cases_beside_a_neighbour", || {
+            all_cases(beside)
+        }),
     ]
 }

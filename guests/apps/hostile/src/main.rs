@@ -70,14 +70,19 @@ fn main(vcpu: u32) -> ! {
         "all-vcpus-stop" => vcpu_stop(),
         "hypercall-flood" => flood(vcpu),
         _ if vcpu != 0 => vcpu_stop(),
-        "console-outside-ram" => stopped(mode, raw(Hypercall::ConsoleWrite, 0x7fff_0000_0000, 16, 0)),
+        "console-outside-ram" => {
+            stopped(mode, raw(Hypercall::ConsoleWrite, 0x7fff_0000_0000, 16, 0))
+        }
         "console-past-ram-end" => {
             stopped(mode, raw(Hypercall::ConsoleWrite, mem_size() - 8, 16, 0))
         }
         "console-wraps" => stopped(mode, raw(Hypercall::ConsoleWrite, u64::MAX - 7, 16, 0)),
         "console-too-long" => {
             let heap = boot_info().heap_start;
-            stopped(mode, raw(Hypercall::ConsoleWrite, heap, MAX_WRITE_LEN + 1, 0))
+            stopped(
+                mode,
+                raw(Hypercall::ConsoleWrite, heap, MAX_WRITE_LEN + 1, 0),
+            )
         }
         // The GDT: RAM, but the VMM's and supervisor-only.
         "console-vmm-pages" => stopped(mode, raw(Hypercall::ConsoleWrite, 0x1000, 64, 0)),
@@ -100,7 +105,11 @@ fn main(vcpu: u32) -> ! {
         }
         "blk-info-unknown" => {
             let got = raw(Hypercall::BlkInfo, 99, 0, 0);
-            refused(mode, got == HC_UNSUPPORTED, format_args!("blk_info(99) = {got:#x}"))
+            refused(
+                mode,
+                got == HC_UNSUPPORTED,
+                format_args!("blk_info(99) = {got:#x}"),
+            )
         }
         "unknown-hypercall" => stopped(mode, raw_nr(511, 0, 0, 0)),
         "hypercall-gap" => stopped(mode, raw_nr(7, 0, 0, 0)),
@@ -180,7 +189,9 @@ fn blk(call: Hypercall, sector: u64, gpa: u64, count: u64) -> u64 {
 fn load(addr: u64) -> u64 {
     let value: u64;
     // SAFETY: a load from the hypercall page's mapping: the VMM handles or refuses it.
-    unsafe { core::arch::asm!("mov {v}, qword ptr [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack)) };
+    unsafe {
+        core::arch::asm!("mov {v}, qword ptr [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack))
+    };
     value
 }
 

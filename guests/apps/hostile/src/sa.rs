@@ -22,12 +22,9 @@ pub fn mode(mode: &str) -> Option<fn(u32) -> !> {
                 raw(Hypercall::SaRegister, 0x1000, 0, 0),
             )
         },
-        "sa-enable-unregistered" => |_| {
-            stopped(
-                "sa-enable-unregistered",
-                raw(Hypercall::SaEnable, 0, 0, 0),
-            )
-        },
+        "sa-enable-unregistered" => {
+            |_| stopped("sa-enable-unregistered", raw(Hypercall::SaEnable, 0, 0, 0))
+        }
         "sa-before-enable" => |vcpu| only_vcpu0(vcpu, before_enable),
         "concurrency-zero" => |_| {
             stopped(
@@ -91,22 +88,12 @@ fn good_stack() -> u64 {
     (stack.as_ptr() as u64 + stack.len() as u64) & !15
 }
 
-/// Upcalls consumed by `consume` (any record kind).
-static CONSUMED: AtomicU32 = AtomicU32::new(0);
-/// `corrupt-records`: vCPU 1 leaves its queue alone until this is set.
-static CONSUME_ON_1: AtomicBool = AtomicBool::new(false);
 static READY: AtomicBool = AtomicBool::new(false);
 
 /// Upcall handler: skip every record of this vCPU's queue (whatever it holds).
 fn consume(_frame: &mut IrqFrame) {
-    let vcpu = vcpu_id();
-    if vcpu == 1 && !CONSUME_ON_1.load(Ordering::Acquire) {
-        return;
-    }
-    let area = area(vcpu);
+    let area = area(vcpu_id());
     let head = area.queue_head.0.load(Ordering::Acquire);
-    let tail = area.queue_tail.0.load(Ordering::Relaxed);
-    CONSUMED.fetch_add(head.wrapping_sub(tail), Ordering::AcqRel);
     area.queue_tail.0.store(head, Ordering::Release);
 }
 
@@ -183,8 +170,14 @@ fn before_enable() -> ! {
 
 fn preempt_nonexistent() -> ! {
     enable(0, consume, 4);
-    let results = [64, 1000, u64::from(u32::MAX), u64::MAX, u64::from(nr_vcpus())]
-        .map(|v| raw(Hypercall::SaPreempt, v, 0, 0));
+    let results = [
+        64,
+        1000,
+        u64::from(u32::MAX),
+        u64::MAX,
+        u64::from(nr_vcpus()),
+    ]
+    .map(|v| raw(Hypercall::SaPreempt, v, 0, 0));
     refused(
         "preempt-nonexistent",
         results.iter().all(|&r| r == 1),
@@ -248,51 +241,97 @@ fn stack_indices_corrupt(vcpu: u32) -> ! {
     )
 }
 
-/// vCPU 1 lets five USER records sit in its queue, overwrites them with junk and gives its
-/// processor back: the VMM takes the junk back and must hand it on to vCPU 0 without tripping.
+/// What `corrupt-records` writes over every byte of a record; `arg` comes back as this.
+const JUNK: u64 = 0xa5a5_a5a5_a5a5_a5a5;
+/// Junk records vCPU 0 has received.
+static JUNK_SEEN: AtomicU32 = AtomicU32::new(0);
+
+/// `corrupt-records`' upcall handler: vCPU 1 leaves its queue alone; vCPU 0 consumes its queue
+/// and counts the junk records in it.
+fn count_junk(_frame: &mut IrqFrame) {
+    take_junk();
+}
+
+/// vCPU 0 consumes its queue, counting junk (not re-entered: the upcall interrupt may land
+/// while a new activation's entry does this itself).
+fn take_junk() {
+    static BUSY: AtomicBool = AtomicBool::new(false);
+    let vcpu = vcpu_id();
+    if vcpu != 0 || BUSY.swap(true, Ordering::Acquire) {
+        return;
+    }
+    let area = area(vcpu);
+    let head = area.queue_head.0.load(Ordering::Acquire);
+    let mut tail = area.queue_tail.0.load(Ordering::Relaxed);
+    while tail != head {
+        if area.records[tail as usize % UPCALL_QUEUE_CAPACITY].arg == JUNK {
+            JUNK_SEEN.fetch_add(1, Ordering::AcqRel);
+        }
+        tail = tail.wrapping_add(1);
+    }
+    area.queue_tail.0.store(head, Ordering::Release);
+    BUSY.store(false, Ordering::Release);
+}
+
+/// Every activation of `corrupt-records` (boot or new) plays its vCPU's part.
+extern "C" fn corrupt_entry(_vcpu: u64, _activation: u64) -> ! {
+    take_junk();
+    corrupt_part()
+}
+
+/// vCPU 1 lets USER records pile up unconsumed in its queue, overwrites every byte of them
+/// with junk and gives its processor back: the VMM takes the junk back and must hand it on to
+/// vCPU 0 without tripping over it. vCPU 0 sends the USER upcalls and counts what comes back.
 fn corrupt_records(vcpu: u32) -> ! {
     together(
         vcpu,
-        || enable(0, consume, 4),
-        || {
-            const SENT: u32 = 5;
-            let deadline = rdtsc() + 5000 * tsc_khz();
-            let area1 = area(1);
-            if vcpu_id() == 1 {
-                while area1.queue_head.0.load(Ordering::Acquire) < SENT {
-                    pause();
-                }
-                for record in area1.records.iter().take(UPCALL_QUEUE_CAPACITY) {
+        || enable(corrupt_entry as *const () as u64, count_junk, 16),
+        corrupt_part,
+    )
+}
+
+fn corrupt_part() -> ! {
+    const WANT: u32 = 5;
+    let ms = tsc_khz();
+    let deadline = rdtsc() + 10_000 * ms;
+    let area1 = area(1);
+    if vcpu_id() == 1 {
+        loop {
+            let head = area1.queue_head.0.load(Ordering::Acquire);
+            let tail = area1.queue_tail.0.load(Ordering::Relaxed);
+            if head.wrapping_sub(tail) >= 3 {
+                for record in area1.records.iter() {
                     let bytes = record as *const _ as *mut u8;
                     // SAFETY: the guest may write anything into its own queue; the VMM treats
                     // the records as untrusted when it reads them back.
                     unsafe { bytes.write_bytes(0xa5, core::mem::size_of_val(record)) };
                 }
                 raw(Hypercall::SaYield, 0, 0, 0);
-                println!("hostile corrupt-records: UNEXPECTED: sa_yield returned");
-                exit(1);
             }
-            for _ in 0..SENT {
-                raw(Hypercall::SaPreempt, 1, 0, 0);
-            }
-            while CONSUMED.load(Ordering::Acquire) < SENT {
-                if rdtsc() > deadline {
-                    println!(
-                        "hostile corrupt-records: UNEXPECTED: {} of {SENT} records came back",
-                        CONSUMED.load(Ordering::Acquire)
-                    );
-                    exit(1);
-                }
-                pause();
-            }
-            refused(
-                "corrupt-records",
-                true,
-                format_args!(
-                    "{} junk records taken back and delivered to vCPU 0",
-                    CONSUMED.load(Ordering::Acquire)
-                ),
-            )
-        },
+            pause();
+        }
+    }
+    while JUNK_SEEN.load(Ordering::Acquire) < WANT {
+        take_junk();
+        if rdtsc() > deadline {
+            println!(
+                "hostile corrupt-records: UNEXPECTED: {} junk records came back in 10 s",
+                JUNK_SEEN.load(Ordering::Acquire)
+            );
+            exit(1);
+        }
+        if raw(Hypercall::SaPreempt, 1, 0, 0) == 1 {
+            // vCPU 1 gave its processor back: ask for it again.
+            raw(Hypercall::SaSetConcurrency, 2, 0, 0);
+        }
+        let until = rdtsc() + ms;
+        while rdtsc() < until {
+            pause();
+        }
+    }
+    refused(
+        "corrupt-records",
+        true,
+        format_args!("junk records taken back and delivered to vCPU 0"),
     )
 }
