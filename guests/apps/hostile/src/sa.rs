@@ -4,12 +4,13 @@
 use alloc::vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use activm_stub::protocol::arch::x86_64::LAPIC_BASE;
 use activm_stub::protocol::arch::x86_64::{IMAGE_BASE, UPCALL_IRQ};
 use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
 use activm_stub::protocol::shared::{
     SharedHeader, VcpuArea, STACK_POOL_CAPACITY, UPCALL_QUEUE_CAPACITY,
 };
-use activm_stub::{boot_info, exit, nr_vcpus, pause, println, rdtsc, tsc_khz, vcpu_id, IrqFrame};
+use activm_stub::{boot_info, exit, nr_vcpus, pause, println, rdtsc, tsc_khz, IrqFrame};
 
 use crate::{raw, refused, stopped};
 
@@ -59,6 +60,15 @@ fn only_vcpu0(vcpu: u32, run: fn() -> !) -> ! {
     run()
 }
 
+/// This vCPU's index, from its local APIC id (the protocol makes them equal). Not the stub's
+/// `vcpu_id`: its per-vCPU block is filled by the boot code at CPL3, and a vCPU whose boot
+/// context was preempted before that (and dropped, as these modes drop contexts) never fills
+/// it, so its new activations would read vCPU 0's index there.
+fn this_vcpu() -> u32 {
+    // SAFETY: the local APIC's ID register (offset 0x20), mapped user-readable by the VMM.
+    unsafe { ((LAPIC_BASE + 0x20) as *const u32).read_volatile() >> 24 }
+}
+
 fn header() -> &'static SharedHeader {
     // SAFETY: the shared area's first page is the header; the guest owns its fields.
     unsafe { &*(boot_info().shared_area as *const SharedHeader) }
@@ -92,7 +102,7 @@ static READY: AtomicBool = AtomicBool::new(false);
 
 /// Upcall handler: skip every record of this vCPU's queue (whatever it holds).
 fn consume(_frame: &mut IrqFrame) {
-    let area = area(vcpu_id());
+    let area = area(this_vcpu());
     let head = area.queue_head.0.load(Ordering::Acquire);
     area.queue_tail.0.store(head, Ordering::Release);
 }
@@ -196,7 +206,7 @@ fn queue_indices_huge(vcpu: u32) -> ! {
             }
         },
         || {
-            if vcpu_id() == 0 {
+            if this_vcpu() == 0 {
                 for _ in 0..4 {
                     raw(Hypercall::SaPreempt, 1, 0, 0);
                 }
@@ -256,7 +266,7 @@ fn count_junk(_frame: &mut IrqFrame) {
 /// while a new activation's entry does this itself).
 fn take_junk() {
     static BUSY: AtomicBool = AtomicBool::new(false);
-    let vcpu = vcpu_id();
+    let vcpu = this_vcpu();
     if vcpu != 0 || BUSY.swap(true, Ordering::Acquire) {
         return;
     }
@@ -295,7 +305,7 @@ fn corrupt_part() -> ! {
     let ms = tsc_khz();
     let deadline = rdtsc() + 10_000 * ms;
     let area1 = area(1);
-    if vcpu_id() == 1 {
+    if this_vcpu() == 1 {
         loop {
             let head = area1.queue_head.0.load(Ordering::Acquire);
             let tail = area1.queue_tail.0.load(Ordering::Relaxed);
