@@ -192,7 +192,7 @@ const CASES: &[Case] = &[
 
 /// The neighbour's exact result line.
 const NEIGHBOUR_SAYS: &str =
-    "[neighbour] rt-demo: 4 threads x 3000 increments on 2 vCPUs: total 12000 (expected 12000)\n";
+    "[neighbour] rt-demo: 4 threads x 5000000 increments on 2 vCPUs: total 20000000 (expected 20000000)\n";
 
 /// Guest RAM of the hostile guest (the cases' addresses past RAM depend on it).
 const HOSTILE_MEM: &str = "128M";
@@ -258,7 +258,7 @@ fn beside(case: &Case) -> Result<(), Failed> {
         "pcpus = 3\ntimeout = {GUEST_TIMEOUT_SECS}\n\n\
          [[guest]]\nimage = '{}'\nname = \"hostile\"\nvcpus = 2\nmem = \"{HOSTILE_MEM}\"\n\
          args = [\"{}\"]\ndisk = \"disk.img\"\n\n\
-         [[guest]]\nimage = '{}'\nname = \"neighbour\"\nvcpus = 2\nargs = [\"4\", \"3000\"]\n",
+         [[guest]]\nimage = '{}'\nname = \"neighbour\"\nvcpus = 2\nargs = [\"4\", \"5000000\"]\n",
         image.display(),
         case.mode,
         guest("rt-demo")?.display()
