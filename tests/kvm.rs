@@ -3,7 +3,8 @@
 //!
 //! Guests come from `cargo xtask build-guests` (the README's test command builds them first).
 //! Without a usable `/dev/kvm` every test here is reported as *ignored*, with a banner on
-//! stderr: never as passed.
+//! stderr: never as passed; and where KVM must be there (`/dev/kvm` exists, or
+//! `ACTIVM_REQUIRE_KVM=1` as CI sets) every one of them fails instead.
 
 #[path = "kvm/exact.rs"]
 mod exact;
