@@ -5,9 +5,10 @@ use std::io::Read;
 use std::ops::Range;
 use std::path::Path;
 
-use linux_loader::loader::elf::Elf;
-use linux_loader::loader::KernelLoader;
+#[cfg(target_arch = "x86_64")]
+use linux_loader::loader::{elf::Elf, KernelLoader};
 use protocol::boot::{BootHeader, BOOT_HEADER_MAGIC};
+#[cfg(target_arch = "x86_64")]
 use vm_memory::GuestAddress;
 
 use crate::arch::current::{abi::IMAGE_BASE, ELF_MACHINE};
@@ -23,6 +24,8 @@ pub struct ImageInfo {
     pub entry: u64,
     /// `[lowest, highest)` loadable address.
     pub span: Range<u64>,
+    /// The PT_LOAD segments, checked: (file offset, guest-physical address, file size, memory size).
+    pub segments: Vec<(u64, u64, u64, u64)>,
 }
 
 fn machine_name(machine: u16) -> String {
@@ -111,6 +114,7 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
         return Err(bad("program headers lie outside the file".into()));
     }
     let (mut lowest, mut highest) = (u64::MAX, 0);
+    let mut segments = Vec::new();
     for i in 0..phnum {
         let at = (phoff + i * phentsize) as usize;
         let p_type = u32::from_le_bytes(header_field(&bytes, at));
@@ -141,6 +145,7 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
         }
         lowest = lowest.min(paddr);
         highest = highest.max(end);
+        segments.push((offset, paddr, filesz, memsz));
     }
     let span = lowest..highest;
     if span.start >= span.end {
@@ -151,11 +156,16 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
             "entry point {entry:#x} lies outside the loaded image"
         )));
     }
-    Ok(ImageInfo { entry, span })
+    Ok(ImageInfo {
+        entry,
+        span,
+        segments,
+    })
 }
 
-/// Load the image into RAM and return its boot header.
-pub fn load(path: &Path, info: &ImageInfo, ram: &GuestRam) -> Result<BootHeader, Error> {
+/// Copy the PT_LOAD segments into RAM (linux-loader's ELF loader).
+#[cfg(target_arch = "x86_64")]
+fn load_segments(path: &Path, _info: &ImageInfo, ram: &GuestRam) -> Result<(), Error> {
     let mut file = File::open(path).map_err(|source| Error::ImageRead {
         path: path.into(),
         source,
@@ -166,6 +176,32 @@ pub fn load(path: &Path, info: &ImageInfo, ram: &GuestRam) -> Result<BootHeader,
             reason: e.to_string(),
         }
     })?;
+    Ok(())
+}
+
+/// Copy the PT_LOAD segments `inspect` checked into RAM and zero their tails (linux-loader
+/// loads ELF only for x86_64).
+#[cfg(not(target_arch = "x86_64"))]
+fn load_segments(path: &Path, info: &ImageInfo, ram: &GuestRam) -> Result<(), Error> {
+    use std::io::{Seek, SeekFrom};
+    let read_err = |source| Error::ImageRead {
+        path: path.into(),
+        source,
+    };
+    let mut file = File::open(path).map_err(read_err)?;
+    for &(offset, paddr, filesz, memsz) in &info.segments {
+        let mut bytes = vec![0u8; memsz as usize];
+        file.seek(SeekFrom::Start(offset)).map_err(read_err)?;
+        file.read_exact(&mut bytes[..filesz as usize])
+            .map_err(read_err)?;
+        ram.write_bytes(paddr, &bytes)?;
+    }
+    Ok(())
+}
+
+/// Load the image into RAM and return its boot header.
+pub fn load(path: &Path, info: &ImageInfo, ram: &GuestRam) -> Result<BootHeader, Error> {
+    load_segments(path, info, ram)?;
     let header: BootHeaderRaw = ram.read_struct(info.span.start)?;
     if header.magic != BOOT_HEADER_MAGIC {
         return Err(Error::NoBootHeader {

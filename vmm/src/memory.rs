@@ -224,6 +224,13 @@ impl Plan {
         })
     }
 
+    /// Whether the 4 KiB page at `addr` (inside the thread-stack region) is mapped: every
+    /// slot's lowest page is its guard, and the region's tail past the last slot is unmapped.
+    pub fn stack_page_mapped(&self, addr: u64) -> bool {
+        let offset = addr - self.stack_region.start;
+        !offset.is_multiple_of(self.stacks.slot_size) && offset < self.stacks.bytes()
+    }
+
     /// Top of vCPU `index`'s CPL3 boot stack.
     pub fn user_stack_top(&self, index: u32) -> u64 {
         self.boot_stacks.start + (index as u64 + 1) * BOOT_STACK_SIZE

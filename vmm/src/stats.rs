@@ -75,18 +75,22 @@ pub fn render(guest: &Guest) -> String {
         out,
         "\nexits: hypercall={hypercalls} kick={kicks} other={other}"
     );
+    if let Some(line) = crate::arch::current::register_transfer_stats() {
+        let _ = write!(out, "\n{line}");
+    }
     if let Some(disk) = &guest.disk {
         let d = &disk.stats;
         let blocking = n(&d.blocking);
         let _ = write!(
             out,
-            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} blocked the vCPU={} (mean {:.0} us)",
+            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} asynchronous={} blocked the vCPU={} (mean {:.0} us)",
             disk.path().display(),
             n(&d.reads),
             n(&d.writes),
             n(&d.flushes),
             n(&d.bytes),
             n(&d.immediate),
+            n(&d.asynchronous),
             blocking,
             n(&d.blocked_us) as f64 / blocking.max(1) as f64
         );

@@ -51,9 +51,7 @@ fn write_stack_region_tables(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
         let mut entries = [0u8; 4096];
         for (page, entry) in entries.chunks_exact_mut(8).enumerate() {
             let addr = chunk + 4096 * page as u64;
-            let offset = addr - region.start;
-            let guard = offset.is_multiple_of(plan.stacks.slot_size);
-            if !guard && offset < plan.stacks.bytes() {
+            if plan.stack_page_mapped(addr) {
                 entry.copy_from_slice(&(addr | user).to_le_bytes());
             }
         }
