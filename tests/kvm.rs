@@ -18,6 +18,11 @@ use activm::testing::{raw_guest, tiny_elf, TempPath, TRIPLE_FAULT_CODE};
 use exact::{rt_suite_exact, Setup};
 use libtest_mimic::{Arguments, Failed, Trial};
 
+#[path = "kvm/security.rs"]
+mod security;
+#[path = "kvm/std_guests.rs"]
+mod std_guests;
+
 const ACTIVM: &str = env!("CARGO_BIN_EXE_activm");
 /// Upper bound on any one guest run, so a broken guest fails the test instead of hanging it.
 const GUEST_TIMEOUT_SECS: &str = "60";
@@ -1315,6 +1320,8 @@ fn main() {
     trials.extend(activation_tests());
     trials.extend(toml_tests());
     trials.extend(hostile::hostile_tests());
+    trials.extend(security::security_tests());
+    trials.extend(std_guests::tests());
     if let Err(why) = kvm_usable() {
         if let Some(required) = exact::kvm_required() {
             // A machine with KVM (or CI) must not pass by skipping: every KVM test fails.

@@ -1,6 +1,5 @@
 //! Loading a guest ELF: validation, PT_LOAD segments into RAM, the boot header.
 
-use std::fs::File;
 use std::io::Read;
 use std::ops::Range;
 use std::path::Path;
@@ -17,6 +16,9 @@ use crate::memory::GuestRam;
 
 const ELF64_PHDR_SIZE: u64 = 56;
 const PT_LOAD: u32 = 1;
+/// At most this many loadable segments (linkers emit a handful): loading copies each one, so
+/// an image of thousands of large overlapping segments would take minutes.
+pub const MAX_LOAD_SEGMENTS: u64 = 64;
 
 /// What the VMM learned from a guest image before loading it.
 #[derive(Clone, Debug)]
@@ -50,7 +52,7 @@ fn read_headers(path: &Path) -> Result<(Vec<u8>, u64), Error> {
         path: path.into(),
         source,
     };
-    let mut file = File::open(path).map_err(read_err)?;
+    let mut file = crate::hostfile::open_regular(path, false).map_err(read_err)?;
     let file_len = file.metadata().map_err(read_err)?.len();
     let mut bytes = Vec::new();
     (&mut file)
@@ -114,7 +116,7 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
         return Err(bad("program headers lie outside the file".into()));
     }
     let (mut lowest, mut highest) = (u64::MAX, 0);
-    let mut segments = Vec::new();
+    let (mut segments, mut loaded_bytes) = (Vec::new(), 0u64);
     for i in 0..phnum {
         let at = (phoff + i * phentsize) as usize;
         let p_type = u32::from_le_bytes(header_field(&bytes, at));
@@ -143,6 +145,17 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
                 given: mem_size,
             });
         }
+        loaded_bytes = loaded_bytes.saturating_add(memsz);
+        if segments.len() as u64 >= MAX_LOAD_SEGMENTS {
+            return Err(bad(format!(
+                "more than {MAX_LOAD_SEGMENTS} loadable segments"
+            )));
+        }
+        if loaded_bytes > mem_size {
+            return Err(bad(format!(
+                "its segments add up to more than the guest's memory ({mem_size:#x} bytes)"
+            )));
+        }
         lowest = lowest.min(paddr);
         highest = highest.max(end);
         segments.push((offset, paddr, filesz, memsz));
@@ -166,10 +179,11 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
 /// Copy the PT_LOAD segments into RAM (linux-loader's ELF loader).
 #[cfg(target_arch = "x86_64")]
 fn load_segments(path: &Path, _info: &ImageInfo, ram: &GuestRam) -> Result<(), Error> {
-    let mut file = File::open(path).map_err(|source| Error::ImageRead {
-        path: path.into(),
-        source,
-    })?;
+    let mut file =
+        crate::hostfile::open_regular(path, false).map_err(|source| Error::ImageRead {
+            path: path.into(),
+            source,
+        })?;
     Elf::load(ram.inner(), None, &mut file, Some(GuestAddress(IMAGE_BASE))).map_err(|e| {
         Error::BadElf {
             path: path.into(),
@@ -188,7 +202,7 @@ fn load_segments(path: &Path, info: &ImageInfo, ram: &GuestRam) -> Result<(), Er
         path: path.into(),
         source,
     };
-    let mut file = File::open(path).map_err(read_err)?;
+    let mut file = crate::hostfile::open_regular(path, false).map_err(read_err)?;
     for &(offset, paddr, filesz, memsz) in &info.segments {
         let mut bytes = vec![0u8; memsz as usize];
         file.seek(SeekFrom::Start(offset)).map_err(read_err)?;
@@ -306,6 +320,47 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("outside the file"));
+    }
+
+    /// `tiny_elf` with its one program header repeated `count` times.
+    fn many_segments(count: u16) -> Vec<u8> {
+        let one = tiny_elf(ELF_MACHINE, IMAGE_BASE, &[0; 16]);
+        let phnum_at = 56;
+        let phdr = one[64..64 + ELF64_PHDR_SIZE as usize].to_vec();
+        let body = one[64 + ELF64_PHDR_SIZE as usize..].to_vec();
+        let mut elf = one[..64].to_vec();
+        elf[phnum_at..phnum_at + 2].copy_from_slice(&count.to_le_bytes());
+        let shift = (count as u64 - 1) * ELF64_PHDR_SIZE;
+        for _ in 0..count {
+            let mut p = phdr.clone();
+            let offset = u64::from_le_bytes(header_field(&p, 8)) + shift;
+            p[8..16].copy_from_slice(&offset.to_le_bytes());
+            elf.extend(p);
+        }
+        elf.extend(body);
+        elf
+    }
+
+    #[test]
+    fn too_many_segments_are_refused() {
+        let path = temp_file("few", &many_segments(MAX_LOAD_SEGMENTS as u16));
+        inspect(&path, 64 << 20).unwrap();
+        let path = temp_file("many", &many_segments(65_535));
+        let err = inspect(&path, 64 << 20).unwrap_err();
+        assert!(
+            err.to_string().contains("more than 64 loadable segments"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_fifo_image_is_refused() {
+        let path = TempPath::new("loader-fifo");
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = inspect(&path, 64 << 20).unwrap_err();
+        assert!(err.to_string().contains("FIFO"), "{err}");
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! `guests/x86_64-activm.json`) and `ld.lld-16`; this tool installs them if missing and runs that
 //! cargo with a clean environment (none of the outer rustup cargo's variables).
 
+mod app;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
@@ -61,11 +63,15 @@ usage: cargo xtask COMMAND
                                  then aarch64-test
   bench [NAME]                   build the guests, then run the benchmarks (or only benches/NAME)
   build-guests [--release] [--arch x86_64|aarch64]
-                                 install the guest toolchain if missing, build guests/, print the ELF paths
+                                 install the guest toolchain if missing, build guests/ (x86_64: and
+                                 the std guests guests/apps/std-*), print the ELF paths
   aarch64-test [--keep]          end to end on arm64 KVM inside QEMU (installs QEMU and an arm64
                                  kernel when missing; exit status 77 = skipped)
   clippy-guests [--arch ARCH]    run clippy on the guest workspace for the guest target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
+  app PATH [--release] [--bin NAME] [--target-dir DIR]
+                                 build the ordinary `std` Rust program (cargo project) at PATH into an
+                                 activm guest (see docs/std-guests.md) and print the ELF's path
   install-toolchain              only install the Debian packages the guest build needs";
 
 fn main() -> ExitCode {
@@ -90,6 +96,7 @@ fn main() -> ExitCode {
         }
         Some("clippy-guests") => parse_arch(&args[1..]).and_then(clippy_guests),
         Some("guest-path") => guest_path(&args[1..]),
+        Some("app") => app::app(&args[1..]),
         Some("install-toolchain") => no_more(&args[1..]).and_then(|()| install_toolchain()),
         Some("help" | "-h" | "--help") => {
             println!("{USAGE}");
@@ -225,6 +232,13 @@ fn profile_dir(release: bool) -> &'static str {
 
 /// The ELF of x86_64 guest `app`.
 fn elf_path(app: &str, release: bool) -> PathBuf {
+    if app::STD_APPS.contains(&app) {
+        return guests_dir()
+            .join("target")
+            .join(app::STD_TARGET)
+            .join(profile_dir(release))
+            .join(app);
+    }
     elf_path_for(GuestArch::X86_64, app, release)
 }
 
@@ -437,6 +451,12 @@ fn build_guests_for(arch: GuestArch, release: bool) -> Result<(), String> {
         let path = elf_path_for(arch, &app, release);
         check_elf(arch, &path)?;
         println!("{}", path.display());
+    }
+    // The std guests' target is x86_64 only (guests/x86_64-activm-std.json).
+    if matches!(arch, GuestArch::X86_64) {
+        for path in app::build_std_apps(release)? {
+            println!("{}", path.display());
+        }
     }
     Ok(())
 }

@@ -8,7 +8,7 @@
 //! thread gives its processor back first and does the I/O while the guest gets BLOCKED /
 //! UNBLOCKED upcalls (`vcpu.rs`).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -92,10 +92,7 @@ impl Disk {
                 MAX_LATENCY.as_micros()
             )));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!config.read_only)
-            .open(&config.path)
+        let file = crate::hostfile::open_regular(&config.path, !config.read_only)
             .map_err(|e| fail(&e.to_string()))?;
         let meta = file.metadata().map_err(|e| fail(&e.to_string()))?;
         if !meta.is_file() {

@@ -7,6 +7,7 @@ pub mod context;
 pub mod exit;
 pub mod layout;
 pub mod regs;
+pub mod seccomp;
 pub mod vcpu;
 
 pub use protocol::arch::aarch64 as abi;

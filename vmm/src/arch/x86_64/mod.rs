@@ -4,6 +4,7 @@ pub mod boot;
 pub mod context;
 pub mod exit;
 pub mod layout;
+pub mod seccomp;
 pub mod vcpu;
 
 pub use protocol::arch::x86_64 as abi;
