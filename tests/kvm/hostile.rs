@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use activm::testing::{raw_guest, TempPath, TRIPLE_FAULT_CODE};
 use libtest_mimic::{Failed, Trial};
 
-use super::{guest, temp_disk, temp_image, Run, ACTIVM, GUEST_TIMEOUT_SECS};
+use super::{activm_run, guest, temp_disk, temp_image, Run, ACTIVM, GUEST_TIMEOUT_SECS};
 
 /// One mode: the guest argument, the status, and text stderr (for 0: stdout) must hold.
 struct Case {
@@ -240,23 +240,17 @@ fn image(case: &Case) -> Result<(Option<TempPath>, std::path::PathBuf), Failed> 
 fn alone(case: &Case) -> Result<(), Failed> {
     let (_keep, image) = image(case)?;
     let disk = temp_disk(&format!("hostile-{}", case.mode), 1)?;
-    let output = Command::new(ACTIVM)
-        .arg("run")
-        .arg(&image)
-        .args([
-            "--timeout",
-            GUEST_TIMEOUT_SECS,
-            "--vcpus",
-            "2",
-            "--pcpus",
-            "2",
-        ])
-        .args(["--mem", HOSTILE_MEM, "--disk"])
-        .arg(disk.path())
-        .args(["--", case.mode])
-        .output()
-        .map_err(|e| format!("cannot run {ACTIVM}: {e}"))?;
-    check(case, Run::from(output), "")?;
+    let options = [
+        "--vcpus",
+        "2",
+        "--pcpus",
+        "2",
+        "--mem",
+        HOSTILE_MEM,
+        "--disk",
+        disk.arg(),
+    ];
+    check(case, activm_run(&image, &options, &[case.mode])?, "")?;
     Ok(())
 }
 
