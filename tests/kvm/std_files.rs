@@ -102,25 +102,39 @@ impl Tree {
         Ok(names)
     }
 
-    /// What lies outside the mounts is as the test made it.
-    fn outside_unchanged(&self) -> Result<(), Failed> {
+    /// `rel` (a directory) holds exactly `names`.
+    fn lists(&self, rel: &str, names: &[&str]) -> Result<(), Failed> {
         check(
-            self.list("")? == ["mnt", "outside", "ro"],
-            "the tree's root changed",
-        )?;
-        check(self.list("outside")? == ["secret.txt"], "outside/ changed")?;
-        check(
-            std::fs::read_to_string(self.root.join("outside/secret.txt"))? == "secret\n",
-            "outside/secret.txt changed",
-        )?;
-        check(
-            self.list("ro")? == ["hello.txt"],
-            "the read-only mount changed",
-        )?;
-        check(
-            std::fs::read_to_string(self.root.join("ro/hello.txt"))? == "hi\n",
-            "ro/hello.txt changed",
+            self.list(rel)? == names,
+            &format!("{rel}/ does not hold {names:?}"),
         )
+    }
+
+    /// The file `rel` holds `text`.
+    fn holds(&self, rel: &str, text: &str) -> Result<(), Failed> {
+        let got = std::fs::read(self.root.join(rel))?;
+        check(
+            got == text.as_bytes(),
+            &format!("{rel} does not hold {text:?}"),
+        )
+    }
+
+    /// `--vcpus 2`, the mounts, then `extra`.
+    fn options<'a>(&'a self, mounts: &'a [String; 4], extra: &[&'a str]) -> Vec<&'a str> {
+        ["--vcpus", "2"]
+            .into_iter()
+            .chain(mounts.iter().map(String::as_str))
+            .chain(extra.iter().copied())
+            .collect()
+    }
+
+    /// What lies outside the writable mount is as the test made it.
+    fn outside_unchanged(&self) -> Result<(), Failed> {
+        self.lists("", &["mnt", "outside", "ro"])?;
+        self.lists("outside", &["secret.txt"])?;
+        self.holds("outside/secret.txt", "secret\n")?;
+        self.lists("ro", &["hello.txt"])?;
+        self.holds("ro/hello.txt", "hi\n")
     }
 }
 
@@ -135,25 +149,12 @@ fn check(ok: bool, what: &str) -> Result<(), Failed> {
 fn run_ops(extra: &[&str]) -> Result<(), Failed> {
     let tree = Tree::new("std-fs-ops")?;
     let mounts = tree.mounts();
-    let options: Vec<&str> = ["--vcpus", "2"]
-        .into_iter()
-        .chain(mounts.iter().map(String::as_str))
-        .chain(extra.iter().copied())
-        .collect();
+    let options = tree.options(&mounts, extra);
     let run = activm_run(&std_guest("std-fs")?, &options, &["ops"])?.expect_code(0)?;
     expect_stdout(&run.stdout, OPS_OUTPUT)?;
-    check(
-        tree.list("mnt")? == ["big.bin", "sub"],
-        "mnt/ holds other files",
-    )?;
-    check(
-        tree.list("mnt/sub")? == ["c.txt"],
-        "mnt/sub/ holds other files",
-    )?;
-    check(
-        std::fs::read_to_string(tree.root.join("mnt/sub/c.txt"))? == "hello world!",
-        "mnt/sub/c.txt differs",
-    )?;
+    tree.lists("mnt", &["big.bin", "sub"])?;
+    tree.lists("mnt/sub", &["c.txt"])?;
+    tree.holds("mnt/sub/c.txt", "hello world!")?;
     let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     check(
         std::fs::read(tree.root.join("mnt/big.bin"))? == big,
@@ -173,27 +174,21 @@ fn run_escape(extra: &[&str]) -> Result<(), Failed> {
     link(Path::new("../outside/secret.txt"), "link_file")?;
     link(Path::new("/proc/self/root"), "link_proc")?;
     let mounts = tree.mounts();
-    let options: Vec<&str> = ["--vcpus", "2"]
-        .into_iter()
-        .chain(mounts.iter().map(String::as_str))
-        .chain(extra.iter().copied())
-        .collect();
+    let options = tree.options(&mounts, extra);
     let outside = tree.path("outside");
     let run = activm_run(&std_guest("std-fs")?, &options, &["escape", &outside])?.expect_code(0)?;
     expect_stdout(&run.stdout, ESCAPE_OUTPUT)?;
-    check(
-        tree.list("mnt")?
-            == [
-                "inside.txt",
-                "link_abs",
-                "link_file",
-                "link_out",
-                "link_proc",
-                "r",
-                "sub",
-            ],
-        "mnt/ changed beyond the race's directory",
-    )?;
+    let mnt_names = [
+        "inside.txt",
+        "link_abs",
+        "link_file",
+        "link_out",
+        "link_proc",
+        "r",
+        "sub",
+    ];
+    tree.lists("mnt", &mnt_names)?;
+    tree.holds("mnt/inside.txt", "inside\n")?;
     tree.outside_unchanged()
 }
 
@@ -244,10 +239,7 @@ fn mounts_from_config() -> Result<(), Failed> {
     if run.stdout != want && run.stdout != OPS_OUTPUT {
         return Err(format!("stdout differs\n--- got\n{}", run.stdout).into());
     }
-    check(
-        std::fs::read_to_string(tree.root.join("mnt/sub/c.txt"))? == "hello world!",
-        "mnt/sub/c.txt differs",
-    )
+    tree.holds("mnt/sub/c.txt", "hello world!")
 }
 
 /// A mount that is no directory, a relative guest directory, `..` in it: clear errors.
