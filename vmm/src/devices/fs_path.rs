@@ -82,10 +82,18 @@ impl Mount {
         }
         // SAFETY: `fd` is a fresh descriptor nothing else owns.
         let dir = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Mount {
+        let mount = Mount {
             config: config.clone(),
             dir,
-        })
+        };
+        // Every access goes through openat2 (Linux 5.6): without it, refuse the mount now.
+        match mount.open_beneath(b".", libc::O_PATH | libc::O_DIRECTORY, 0) {
+            Err(libc::ENOSYS) => Err(fail(
+                "this kernel lacks openat2 (Linux 5.6 or newer is needed for --mount)".into(),
+            )),
+            Err(errno) => Err(fail(std::io::Error::from_raw_os_error(errno).to_string())),
+            Ok(_) => Ok(mount),
+        }
     }
 
     /// The relative part of `path` if this mount holds it (`.` for the mount's root).
