@@ -20,6 +20,8 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 #[path = "kvm/security.rs"]
 mod security;
+#[path = "kvm/std_files.rs"]
+mod std_files;
 #[path = "kvm/std_guests.rs"]
 mod std_guests;
 
@@ -1369,6 +1371,7 @@ fn main() {
     trials.extend(hostile::hostile_tests());
     trials.extend(security::security_tests());
     trials.extend(std_guests::tests());
+    trials.extend(std_files::tests());
     if let Err(why) = kvm_usable() {
         if let Some(required) = exact::kvm_required() {
             // A machine with KVM (or CI) must not pass by skipping: every KVM test fails.

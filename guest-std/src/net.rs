@@ -1,6 +1,6 @@
-//! Files and sockets: not available yet (they need VMM support), so every such `sys_*` call
+//! Sockets and descriptor controls: not available yet (they need VMM support), so every such `sys_*` call
 //! fails with `ENOSYS` and std reports an `io::Error` ("Function not implemented", raw OS
-//! error 38). `sys_close` of the standard streams and console I/O live in [`crate::sys`].
+//! error 38). Console I/O lives in [`crate::sys`], files in [`crate::fs`].
 
 use crate::errno::{fail, ENOSYS};
 
@@ -18,17 +18,7 @@ macro_rules! enosys {
 }
 
 enosys!(
-    // Files and directories.
-    sys_open,
-    sys_opendir,
-    sys_unlink,
-    sys_rmdir,
-    sys_mkdir,
-    sys_stat,
-    sys_lstat,
-    sys_fstat,
-    sys_lseek,
-    sys_getdents64,
+    // Descriptors (files are in `crate::fs`).
     sys_dup,
     sys_fcntl,
     sys_ioctl,

@@ -195,12 +195,16 @@ pub unsafe extern "C" fn sys_read_entropy(buf: *mut u8, len: usize, _flags: u32)
 }
 
 /// `isize sys_write(int fd, const u8 *buf, usize len)`: stdout and stderr go to the console
-/// (one stream); any other descriptor is `-EBADF`.
+/// (one stream); files to the VMM ([`crate::fs`]); stdin and negative descriptors are `-EBADF`.
 ///
 /// # Safety
 /// `buf` points to `len` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_write(fd: i32, buf: *const u8, len: usize) -> isize {
+    if fd > STDERR {
+        // SAFETY: forwarded.
+        return unsafe { crate::fs::write(fd, buf, len) };
+    }
     if fd != STDOUT && fd != STDERR {
         return fail(EBADF) as isize;
     }
@@ -231,10 +235,17 @@ pub unsafe extern "C" fn sys_writev(fd: i32, iov: *const Iovec, iovcnt: usize) -
     total
 }
 
-/// `isize sys_read(int fd, u8 *buf, usize len)`: stdin is empty (0, end of file); any other
-/// descriptor is `-EBADF`.
+/// `isize sys_read(int fd, u8 *buf, usize len)`: stdin is empty (0, end of file); files are
+/// read from the VMM ([`crate::fs`]); stdout and stderr are `-EBADF`.
+///
+/// # Safety
+/// `buf` points to `len` writable bytes.
 #[unsafe(no_mangle)]
-pub extern "C" fn sys_read(fd: i32, _buf: *mut u8, _len: usize) -> isize {
+pub unsafe extern "C" fn sys_read(fd: i32, buf: *mut u8, len: usize) -> isize {
+    if fd > STDERR {
+        // SAFETY: forwarded.
+        return unsafe { crate::fs::read(fd, buf, len) };
+    }
     if fd == STDIN {
         0
     } else {
@@ -243,15 +254,26 @@ pub extern "C" fn sys_read(fd: i32, _buf: *mut u8, _len: usize) -> isize {
 }
 
 /// `isize sys_readv(int fd, const iovec *iov, usize iovcnt)`: as `sys_read`.
+///
+/// # Safety
+/// `iov` points to `iovcnt` iovecs of writable memory.
 #[unsafe(no_mangle)]
-pub extern "C" fn sys_readv(fd: i32, _iov: *const Iovec, _iovcnt: usize) -> isize {
-    sys_read(fd, core::ptr::null_mut(), 0)
+pub unsafe extern "C" fn sys_readv(fd: i32, iov: *const Iovec, iovcnt: usize) -> isize {
+    if fd > STDERR {
+        // SAFETY: forwarded.
+        return unsafe { crate::fs::readv(fd, iov, iovcnt) };
+    }
+    // SAFETY: a zero-length read touches no memory.
+    unsafe { sys_read(fd, core::ptr::null_mut(), 0) }
 }
 
-/// `int sys_close(int fd)`: closing the standard streams succeeds; others are `-EBADF`.
+/// `int sys_close(int fd)`: closing the standard streams succeeds; files are closed in the
+/// VMM ([`crate::fs`]); negative descriptors are `-EBADF`.
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_close(fd: i32) -> i32 {
-    if (STDIN..=STDERR).contains(&fd) {
+    if fd > STDERR {
+        crate::fs::close(fd)
+    } else if fd >= STDIN {
         0
     } else {
         fail(EBADF)

@@ -98,6 +98,8 @@ pub struct Guest {
     pub trace: Option<Arc<Trace>>,
     /// The block device (`--disk`).
     pub disk: Option<Disk>,
+    /// The host directories mapped into the guest (`--mount`) and its open files.
+    pub files: crate::devices::fs::FileSystem,
     pub tsc_khz: u64,
     pub phases: Vec<(&'static str, u64)>,
     outcome: Mutex<Option<Outcome>>,
@@ -154,6 +156,7 @@ impl Guest {
         let mut phases = Vec::new();
         let image = loader::inspect(&config.image, config.mem_size)?;
         let disk = config.disk.as_ref().map(Disk::open).transpose()?;
+        let files = crate::devices::fs::FileSystem::open(&config.mounts)?;
         phases.push(("image read and checked", arch::timestamp()));
         let kvm = open_kvm()?;
         let vm = kvm.create_vm().map_err(Error::kvm("KVM_CREATE_VM"))?;
@@ -233,6 +236,7 @@ impl Guest {
             stats: GuestStats::default(),
             trace,
             disk,
+            files,
             tsc_khz,
             phases,
             outcome: Mutex::new(None),

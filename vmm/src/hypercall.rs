@@ -42,6 +42,8 @@ pub enum Call {
     /// Start an asynchronous block request: the raw `(sector, gpa, op << 32 | count, tag)`,
     /// checked by `devices/blk_async.rs`.
     BlkSubmit { args: [u64; 4] },
+    /// A file call (`fs_*`, `devices/fs.rs`) with its raw arguments.
+    Fs { args: [u64; 4] },
 }
 
 /// A load that is not a well-formed hypercall.
@@ -113,6 +115,18 @@ impl Call {
             Hypercall::BlkFlush => blk(Op::Flush),
             Hypercall::BlkRingSetup => Call::BlkRingSetup { ring: a[0] },
             Hypercall::BlkSubmit => Call::BlkSubmit { args: a },
+            Hypercall::FsOpen
+            | Hypercall::FsClose
+            | Hypercall::FsRead
+            | Hypercall::FsWrite
+            | Hypercall::FsSeek
+            | Hypercall::FsFstat
+            | Hypercall::FsStat
+            | Hypercall::FsGetdents
+            | Hypercall::FsMkdir
+            | Hypercall::FsUnlink
+            | Hypercall::FsRename
+            | Hypercall::FsFsync => Call::Fs { args: a },
         }
     }
 }

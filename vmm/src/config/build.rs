@@ -176,6 +176,7 @@ pub fn build(
                 read_only: guest.disk_read_only,
                 latency: Duration::from_micros(machine.io_latency_us),
             }),
+            mounts: guest.mounts.clone(),
             activations: guest.activations,
         };
         if let Err((key, what)) = config.check() {

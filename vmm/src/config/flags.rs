@@ -17,6 +17,7 @@ pub enum Key {
     Mem,
     Disk,
     DiskReadOnly,
+    Mount,
     ThreadStack,
 }
 
@@ -34,6 +35,7 @@ impl Key {
             Key::Mem => "--mem",
             Key::Disk => "--disk",
             Key::DiskReadOnly => "--disk-read-only",
+            Key::Mount => "--mount",
             Key::ThreadStack => "--thread-stack",
         }
     }
@@ -51,6 +53,7 @@ impl Key {
             Key::Mem => "mem",
             Key::Disk => "disk",
             Key::DiskReadOnly => "disk_read_only",
+            Key::Mount => "mounts",
             Key::ThreadStack => "thread_stack",
         }
     }
@@ -114,6 +117,8 @@ pub struct GuestSpec {
     pub activations: bool,
     pub disk: Option<PathBuf>,
     pub disk_read_only: bool,
+    /// Host directories mapped into the guest.
+    pub mounts: Vec<crate::devices::fs_path::MountConfig>,
     /// Usable bytes of each thread stack.
     pub thread_stack: u64,
     pub thread_stacks: Option<u32>,
@@ -131,6 +136,7 @@ impl GuestSpec {
             activations: true,
             disk: None,
             disk_read_only: false,
+            mounts: Vec::new(),
             thread_stack: DEFAULT_THREAD_STACK,
             thread_stacks: None,
         }

@@ -14,6 +14,7 @@ use crate::allocator::Slot;
 use crate::arch::current as arch;
 use crate::devices::blk::Request;
 use crate::devices::blk_async::AsyncQueue;
+use crate::devices::fs::GuestMem;
 use crate::hypercall::{Call, Malformed};
 use crate::vm::Outcome;
 
@@ -89,6 +90,7 @@ impl VcpuThread {
             Call::BlkSubmit { args } => {
                 self.blk_async(kind, |queue| queue.submit(&self.guest, args))
             }
+            Call::Fs { args } => self.fs(kind, args),
         }
     }
 
@@ -103,6 +105,18 @@ impl VcpuThread {
         };
         call(&disk.queue)
             .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())))
+    }
+
+    /// A file call (`devices/fs.rs`), done inside the exit; `Err` there is a violation.
+    fn fs(&self, kind: Hypercall, args: [u64; 4]) -> Handled {
+        let mem = GuestMem {
+            ram: &self.guest.ram,
+            plan: &self.guest.plan,
+        };
+        match self.guest.files.call(&mem, kind, args) {
+            Ok(result) => Ok(result as u64),
+            Err(why) => Err(self.violation(format!("malformed hypercall {}: {why}", kind.name()))),
+        }
     }
 
     fn console_write(&self, kind: Hypercall, buf: u64, len: u64) -> Handled {
