@@ -20,6 +20,7 @@ pub mod emutls;
 pub mod errno;
 pub mod futex;
 pub mod net;
+pub mod socket;
 pub mod sys;
 pub mod thread;
 

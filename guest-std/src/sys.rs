@@ -201,6 +201,10 @@ pub unsafe extern "C" fn sys_read_entropy(buf: *mut u8, len: usize, _flags: u32)
 /// `buf` points to `len` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_write(fd: i32, buf: *const u8, len: usize) -> isize {
+    if crate::socket::is_socket(fd) {
+        // SAFETY: the caller's contract.
+        return unsafe { crate::socket::sys_send(fd, buf, len, 0) };
+    }
     if fd != STDOUT && fd != STDERR {
         return fail(EBADF) as isize;
     }
@@ -224,9 +228,13 @@ pub unsafe extern "C" fn sys_writev(fd: i32, iov: *const Iovec, iovcnt: usize) -
         // SAFETY: each iovec describes readable memory.
         let n = unsafe { sys_write(fd, v.base, v.len) };
         if n < 0 {
-            return n;
+            return if total > 0 { total } else { n };
         }
         total += n;
+        if (n as usize) < v.len {
+            // A socket took part of it: the rest would go out of order.
+            break;
+        }
     }
     total
 }
@@ -234,7 +242,11 @@ pub unsafe extern "C" fn sys_writev(fd: i32, iov: *const Iovec, iovcnt: usize) -
 /// `isize sys_read(int fd, u8 *buf, usize len)`: stdin is empty (0, end of file); any other
 /// descriptor is `-EBADF`.
 #[unsafe(no_mangle)]
-pub extern "C" fn sys_read(fd: i32, _buf: *mut u8, _len: usize) -> isize {
+pub extern "C" fn sys_read(fd: i32, buf: *mut u8, len: usize) -> isize {
+    if crate::socket::is_socket(fd) {
+        // SAFETY: the caller passes `len` writable bytes.
+        return unsafe { crate::socket::sys_recv(fd, buf, len, 0) };
+    }
     if fd == STDIN {
         0
     } else {
@@ -244,13 +256,21 @@ pub extern "C" fn sys_read(fd: i32, _buf: *mut u8, _len: usize) -> isize {
 
 /// `isize sys_readv(int fd, const iovec *iov, usize iovcnt)`: as `sys_read`.
 #[unsafe(no_mangle)]
-pub extern "C" fn sys_readv(fd: i32, _iov: *const Iovec, _iovcnt: usize) -> isize {
+pub extern "C" fn sys_readv(fd: i32, iov: *const Iovec, iovcnt: usize) -> isize {
+    if crate::socket::is_socket(fd) && iovcnt > 0 {
+        // SAFETY: the caller passes `iovcnt` iovecs of writable memory; the first is read into.
+        let v = unsafe { &*iov };
+        return sys_read(fd, v.base, v.len);
+    }
     sys_read(fd, core::ptr::null_mut(), 0)
 }
 
 /// `int sys_close(int fd)`: closing the standard streams succeeds; others are `-EBADF`.
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_close(fd: i32) -> i32 {
+    if crate::socket::is_socket(fd) {
+        return crate::socket::close(fd);
+    }
     if (STDIN..=STDERR).contains(&fd) {
         0
     } else {

@@ -19,6 +19,7 @@ pub mod arch;
 pub mod blk;
 pub mod boot;
 pub mod hypercall;
+pub mod net;
 pub mod shared;
 
 use wire::wire_enum;

@@ -66,7 +66,11 @@ fn work_visible() -> bool {
 
 /// [`work_visible`] but for deferred interrupt work.
 pub(crate) fn work_queued() -> bool {
-    if upcall::queue_nonempty() || timer::sleepers_due() || crate::blk::completions_ready() {
+    if upcall::queue_nonempty()
+        || timer::sleepers_due()
+        || crate::blk::completions_ready()
+        || crate::net::completions_ready()
+    {
         return true;
     }
     let p = percpu::this();

@@ -124,6 +124,10 @@ struct FileGuest {
     disk_read_only: bool,
     thread_stack: Option<Size>,
     thread_stacks: Option<u32>,
+    #[serde(default)]
+    publish: Vec<String>,
+    #[serde(default)]
+    allow_connect: Vec<String>,
 }
 
 /// Read the configuration file at `path`.
@@ -190,6 +194,8 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
                 disk_read_only: g.disk_read_only,
                 thread_stack: g.thread_stack.map_or(defaults.thread_stack, |s| s.0),
                 thread_stacks: g.thread_stacks,
+                publish: g.publish,
+                allow_connect: g.allow_connect,
             }
         })
         .collect();

@@ -17,6 +17,8 @@ pub enum Key {
     Mem,
     Disk,
     DiskReadOnly,
+    Publish,
+    AllowConnect,
     ThreadStack,
 }
 
@@ -34,6 +36,8 @@ impl Key {
             Key::Mem => "--mem",
             Key::Disk => "--disk",
             Key::DiskReadOnly => "--disk-read-only",
+            Key::Publish => "--publish",
+            Key::AllowConnect => "--allow-connect",
             Key::ThreadStack => "--thread-stack",
         }
     }
@@ -51,6 +55,8 @@ impl Key {
             Key::Mem => "mem",
             Key::Disk => "disk",
             Key::DiskReadOnly => "disk_read_only",
+            Key::Publish => "publish",
+            Key::AllowConnect => "allow_connect",
             Key::ThreadStack => "thread_stack",
         }
     }
@@ -117,6 +123,10 @@ pub struct GuestSpec {
     /// Usable bytes of each thread stack.
     pub thread_stack: u64,
     pub thread_stacks: Option<u32>,
+    /// `HOSTPORT:GUESTPORT` entries (`--publish`).
+    pub publish: Vec<String>,
+    /// `HOST:PORT` entries (`--allow-connect`).
+    pub allow_connect: Vec<String>,
 }
 
 impl GuestSpec {
@@ -133,6 +143,8 @@ impl GuestSpec {
             disk_read_only: false,
             thread_stack: DEFAULT_THREAD_STACK,
             thread_stacks: None,
+            publish: Vec::new(),
+            allow_connect: Vec::new(),
         }
     }
 }

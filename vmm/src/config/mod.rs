@@ -127,6 +127,8 @@ pub struct VmConfig {
     pub thread_stacks: Option<u32>,
     /// The guest's block device, if any.
     pub disk: Option<crate::devices::blk::DiskConfig>,
+    /// What the guest's sockets may reach (nothing by default).
+    pub net: crate::devices::net::NetConfig,
     /// Whether this guest may use scheduler activations (`--no-activations`, or
     /// `no_activations` in a configuration file, clears it). Guests with and without share one
     /// budget of processors; `MonitorOptions::activations` turns them off for every guest.
@@ -148,6 +150,7 @@ impl VmConfig {
             thread_stack_size: DEFAULT_THREAD_STACK,
             thread_stacks: None,
             disk: None,
+            net: Default::default(),
             activations: true,
         }
     }

@@ -4,6 +4,8 @@
 //!   VMM (the source of BLOCKED / UNBLOCKED upcalls).
 //! * [`blk_async`]: the same device's asynchronous requests: a completion ring in guest
 //!   memory and I/O threads; the vCPU never blocks.
+//! * [`net`]: sockets through host sockets, readiness through a ring (a socket proxy).
 
 pub mod blk;
 pub mod blk_async;
+pub mod net;

@@ -26,6 +26,8 @@ pub enum ThreadKind {
     Io,
     /// The control socket: accepts clients, one thread per client (bounded).
     Control,
+    /// A guest's net thread: waits for socket readiness, posts it, MSIs.
+    Net,
 }
 
 impl ThreadKind {
@@ -36,6 +38,7 @@ impl ThreadKind {
             ThreadKind::Dispatcher => "dispatcher",
             ThreadKind::Io => "io",
             ThreadKind::Control => "control",
+            ThreadKind::Net => "net",
         }
     }
 }
