@@ -11,6 +11,8 @@ use std::process::{Command, Output};
 use activm::testing::{raw_guest, tiny_elf, TempPath, TRIPLE_FAULT_CODE};
 use libtest_mimic::{Arguments, Failed, Trial};
 
+#[path = "kvm/net.rs"]
+mod net;
 #[path = "kvm/security.rs"]
 mod security;
 #[path = "kvm/std_guests.rs"]
@@ -1308,6 +1310,7 @@ fn main() {
     trials.extend(toml_tests());
     trials.extend(security::security_tests());
     trials.extend(std_guests::tests());
+    trials.extend(net::tests());
     if let Err(why) = kvm_usable() {
         eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
         trials = trials

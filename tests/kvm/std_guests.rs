@@ -10,7 +10,7 @@ use libtest_mimic::{Failed, Trial};
 use super::{activm_run, guest_dir};
 
 /// Where `cargo xtask build-guests` puts the std guests.
-fn std_guest(name: &str) -> Result<PathBuf, Failed> {
+pub(crate) fn std_guest(name: &str) -> Result<PathBuf, Failed> {
     let path = guest_dir()
         .join("../../x86_64-activm-std/release")
         .join(name);

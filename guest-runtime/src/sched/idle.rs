@@ -140,7 +140,8 @@ pub(super) fn idle() {
             && config::use_halt()
             && upcall::activations_enabled()
             && !timer::has_sleepers()
-            && !crate::blk::requests_in_flight();
+            && !crate::blk::requests_in_flight()
+            && !crate::net::waits_armed();
         let halted_at = cpu::rdtsc();
         if may_yield {
             timer::arm_idle_deadline(halted_at + yield_after);
