@@ -91,7 +91,10 @@ fn ensure_tools() -> Result<(), String> {
     if have("redis-benchmark") && have("redis-server") {
         Ok(())
     } else {
-        Err("redis-benchmark / redis-server missing (apt-get install -y redis-tools redis-server)".into())
+        Err(
+            "redis-benchmark / redis-server missing (apt-get install -y redis-tools redis-server)"
+                .into(),
+        )
     }
 }
 
@@ -109,7 +112,9 @@ fn run() -> Result<(), String> {
     let activm = root.join("target/release/activm");
     let kv = root.join("guests/target/x86_64-activm-std/release/std-kv");
     if !kv.is_file() || !activm.is_file() {
-        return Err("build first: cargo build --release; cargo xtask build-guests --release".into());
+        return Err(
+            "build first: cargo build --release; cargo xtask build-guests --release".into(),
+        );
     }
     let vcpus = std::env::var("ACTIVM_KV_VCPUS").unwrap_or_else(|_| "2".into());
     let modes: [(&str, &[&str]); 3] = [

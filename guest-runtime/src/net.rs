@@ -139,7 +139,9 @@ pub unsafe fn call(mut op: impl FnMut(u64) -> u64) -> u64 {
 /// Whether threads wait for sockets (an idle vCPU then keeps its processor, as with block
 /// requests in flight: the VMM's report interrupts a halted vCPU that holds one).
 pub(crate) fn waits_armed() -> bool {
-    FREE_TAGS.iter().any(|w| w.load(Ordering::Relaxed) != u64::MAX)
+    FREE_TAGS
+        .iter()
+        .any(|w| w.load(Ordering::Relaxed) != u64::MAX)
 }
 
 /// Whether readiness reports wait in the ring (looks only).

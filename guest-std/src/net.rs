@@ -49,5 +49,6 @@ pub extern "C" fn sys_freeaddrinfo(_ai: *mut u8) {}
 /// `argp` is what `cmd` expects.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_ioctl(fd: i32, cmd: i32, argp: *mut u8) -> i32 {
-    crate::socket::ioctl(fd, cmd, argp).unwrap_or_else(|| fail(ENOSYS))
+    // SAFETY: the caller's contract.
+    unsafe { crate::socket::ioctl(fd, cmd, argp) }.unwrap_or_else(|| fail(ENOSYS))
 }

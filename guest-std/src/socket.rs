@@ -402,7 +402,10 @@ pub unsafe extern "C" fn sys_getsockopt(
 }
 
 /// `ioctl(FIONBIO)` on a socket; `None` for other descriptors.
-pub fn ioctl(fd: i32, cmd: i32, argp: *mut u8) -> Option<i32> {
+///
+/// # Safety
+/// `argp` is null or points to an `int` (`FIONBIO`).
+pub unsafe fn ioctl(fd: i32, cmd: i32, argp: *const u8) -> Option<i32> {
     let s = number(fd)?;
     if cmd != FIONBIO || argp.is_null() {
         return Some(fail(EINVAL));

@@ -241,8 +241,11 @@ pub unsafe extern "C" fn sys_writev(fd: i32, iov: *const Iovec, iovcnt: usize) -
 
 /// `isize sys_read(int fd, u8 *buf, usize len)`: stdin is empty (0, end of file); any other
 /// descriptor is `-EBADF`.
+///
+/// # Safety
+/// `buf` points to `len` writable bytes.
 #[unsafe(no_mangle)]
-pub extern "C" fn sys_read(fd: i32, buf: *mut u8, len: usize) -> isize {
+pub unsafe extern "C" fn sys_read(fd: i32, buf: *mut u8, len: usize) -> isize {
     if crate::socket::is_socket(fd) {
         // SAFETY: the caller passes `len` writable bytes.
         return unsafe { crate::socket::sys_recv(fd, buf, len, 0) };
@@ -255,14 +258,19 @@ pub extern "C" fn sys_read(fd: i32, buf: *mut u8, len: usize) -> isize {
 }
 
 /// `isize sys_readv(int fd, const iovec *iov, usize iovcnt)`: as `sys_read`.
+///
+/// # Safety
+/// `iov` points to `iovcnt` iovecs of writable memory.
 #[unsafe(no_mangle)]
-pub extern "C" fn sys_readv(fd: i32, iov: *const Iovec, iovcnt: usize) -> isize {
+pub unsafe extern "C" fn sys_readv(fd: i32, iov: *const Iovec, iovcnt: usize) -> isize {
     if crate::socket::is_socket(fd) && iovcnt > 0 {
         // SAFETY: the caller passes `iovcnt` iovecs of writable memory; the first is read into.
         let v = unsafe { &*iov };
-        return sys_read(fd, v.base, v.len);
+        // SAFETY: the first iovec is writable memory (the caller's contract).
+        return unsafe { sys_read(fd, v.base, v.len) };
     }
-    sys_read(fd, core::ptr::null_mut(), 0)
+    // SAFETY: nothing is read into a zero-length buffer.
+    unsafe { sys_read(fd, core::ptr::null_mut(), 0) }
 }
 
 /// `int sys_close(int fd)`: closing the standard streams succeeds; others are `-EBADF`.
