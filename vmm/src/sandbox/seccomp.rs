@@ -79,6 +79,16 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
         ThreadKind::Dispatcher => &[libc::SYS_rt_sigtimedwait],
         ThreadKind::Io => &[libc::SYS_writev],
         ThreadKind::Net => &[libc::SYS_epoll_pwait, libc::SYS_epoll_ctl],
+        ThreadKind::Disk => &[
+            libc::SYS_pread64,
+            libc::SYS_pwrite64,
+            libc::SYS_preadv,
+            libc::SYS_pwritev,
+            libc::SYS_preadv2,
+            libc::SYS_pwritev2,
+            libc::SYS_fdatasync,
+            libc::SYS_fsync,
+        ],
         ThreadKind::Control => &[
             libc::SYS_accept4,
             libc::SYS_accept,
@@ -283,6 +293,7 @@ mod tests {
             ThreadKind::Vcpu,
             ThreadKind::Dispatcher,
             ThreadKind::Io,
+            ThreadKind::Disk,
             ThreadKind::Control,
             ThreadKind::Net,
         ] {
