@@ -35,7 +35,7 @@ enum Command {
     /// 2 for usage errors (with --config: also a file that cannot be read, is not TOML, has an
     /// unknown key, a value of the wrong type, a guest without an image or no guest; values
     /// of the right type get the status they get as flags).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Talk to a running activm through its control socket (see `activm run --ctl`).
     Ctl(CtlArgs),
 }
@@ -167,7 +167,7 @@ fn main() -> ExitCode {
                 .subcommand_matches("run")
                 .map(given_on_command_line)
                 .unwrap_or_default();
-            run(args, &given, start_tsc)
+            run(*args, &given, start_tsc)
         }
         Command::Ctl(args) => ctl(args),
     }
@@ -537,7 +537,7 @@ mod tests {
         let Command::Run(run) = Cli::from_arg_matches(&matches).unwrap().command else {
             panic!("not run")
         };
-        (run, given)
+        (*run, given)
     }
 
     /// A configuration file in a fresh temporary directory, removed when dropped.
