@@ -1,6 +1,7 @@
 //! Sockets for std guests (`devices/net.rs`): guests/apps/std-kv, a RESP key-value server,
 //! driven by Debian's unmodified `redis-benchmark` and checked with `redis-cli`, with and
-//! without activations; and a guest that reaches nothing it was not given.
+//! without activations; an outbound connection allowed with `--allow-connect`; and a guest
+//! that reaches nothing it was not given.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -113,6 +114,39 @@ fn benchmark_then_round_trip(options: &'static [&'static str]) -> Result<(), Fai
     Ok(())
 }
 
+/// `std-kv ping` against a listener of the test's own that answers `+PONG`.
+fn connects_only_where_allowed() -> Result<(), Failed> {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?.to_string();
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut conn, _) = listener.accept()?;
+        let mut request = [0u8; 64];
+        let _ = conn.read(&mut request)?;
+        conn.write_all(b"+PONG\r\n")
+    });
+    activm_run(
+        &std_guest("std-kv")?,
+        &["--allow-connect", &addr],
+        &["ping", &addr],
+    )?
+    .expect_code(0)?
+    .stdout_has(&format!("std-kv: {addr} answered +PONG"))?;
+    server
+        .join()
+        .map_err(|_| "the listener thread panicked")??;
+    // Not allowed: refused by the VMM before any host socket exists.
+    let elsewhere = format!("127.0.0.1:{}", free_port()?);
+    activm_run(
+        &std_guest("std-kv")?,
+        &["--allow-connect", &elsewhere],
+        &["ping", &addr],
+    )?
+    .expect_code(1)?
+    .stdout_has("Permission denied")?;
+    Ok(())
+}
+
 pub fn tests() -> Vec<Trial> {
     vec![
         Trial::test("std_kv_serves_redis_benchmark", || {
@@ -133,6 +167,10 @@ pub fn tests() -> Vec<Trial> {
                 .stdout_has("cannot listen on port 6379: Permission denied")?;
             Ok(())
         }),
+        Trial::test(
+            "a_guest_connects_only_where_allowed",
+            connects_only_where_allowed,
+        ),
         Trial::test("publish_and_allow_connect_are_checked", || {
             let out = Command::new(ACTIVM)
                 .arg("run")

@@ -4,7 +4,8 @@
 //! (save / appendonly: redis-benchmark asks), COMMAND, QUIT. Pipelining works by itself:
 //! replies are buffered and flushed when no request is left in the input buffer.
 //!
-//! Usage: `std-kv [PORT]` (default 6379), listening on 0.0.0.0.
+//! Usage: `std-kv [PORT]` (default 6379), listening on 0.0.0.0; `std-kv ping HOST:PORT` is a
+//! client instead: it sends PING to a server there and prints the reply.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
@@ -18,6 +19,17 @@ const MAX_BULK: usize = 64 << 20;
 const MAX_ARGS: usize = 1 << 20;
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("ping") {
+        let to = std::env::args().nth(2).unwrap_or_default();
+        match ping(&to) {
+            Ok(reply) => println!("std-kv: {to} answered {reply}"),
+            Err(e) => {
+                println!("std-kv: cannot ping {to}: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let port: u16 = std::env::args()
         .nth(1)
         .and_then(|p| p.parse().ok())
@@ -42,6 +54,15 @@ fn main() {
             Err(e) => eprintln!("std-kv: accept: {e}"),
         }
     }
+}
+
+/// Sends PING to the server at `to`; its first reply line.
+fn ping(to: &str) -> io::Result<String> {
+    let mut stream = TcpStream::connect(to)?;
+    stream.write_all(b"*1\r\n$4\r\nPING\r\n")?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line)?;
+    Ok(line.trim_end().to_string())
 }
 
 fn serve(stream: TcpStream, store: &Store) -> io::Result<()> {
