@@ -18,6 +18,8 @@ use activm::testing::{raw_guest, tiny_elf, TempPath, TRIPLE_FAULT_CODE};
 use exact::{rt_suite_exact, Setup};
 use libtest_mimic::{Arguments, Failed, Trial};
 
+#[path = "kvm/net.rs"]
+mod net;
 #[path = "kvm/security.rs"]
 mod security;
 #[path = "kvm/std_files.rs"]
@@ -1372,6 +1374,7 @@ fn main() {
     trials.extend(security::security_tests());
     trials.extend(std_guests::tests());
     trials.extend(std_files::tests());
+    trials.extend(net::tests());
     if let Err(why) = kvm_usable() {
         if let Some(required) = exact::kvm_required() {
             // A machine with KVM (or CI) must not pass by skipping: every KVM test fails.

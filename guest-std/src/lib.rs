@@ -22,6 +22,7 @@ pub mod errno;
 pub mod fs;
 pub mod futex;
 pub mod net;
+pub mod socket;
 pub mod sys;
 pub mod thread;
 

@@ -64,6 +64,11 @@ wire_enum! {
         /// `blk_submit(sector, gpa, op << 32 | count, tag) -> result | BLK_IN_FLIGHT`: start a
         /// request without blocking; its completion goes to the ring under `tag`.
         BlkSubmit = 37 => "blk_submit",
+        /// `net(op << 32 | socket, a1, a2, a3) -> value | -errno | NET_WAITING`: a socket
+        /// operation through the VMM ([`crate::net`]).
+        Net = 48 => "net",
+        /// `net_ring_setup(gpa) -> 0 | -errno`: register the guest's [`crate::net::NetRing`].
+        NetRingSetup = 49 => "net_ring_setup",
         /// `fs_*`: files in the guest's mounts ([`crate::fs`]); results `>= 0` or `-errno`.
         /// `fs_open(path, fs_open_arg(flags, mode)) -> fd`.
         FsOpen = 64 => "fs_open",

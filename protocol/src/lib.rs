@@ -21,6 +21,7 @@ pub mod blk;
 pub mod boot;
 pub mod fs;
 pub mod hypercall;
+pub mod net;
 pub mod shared;
 
 use wire::wire_enum;

@@ -44,6 +44,10 @@ pub enum Call {
     BlkSubmit { args: [u64; 4] },
     /// A file call (`fs_*`, `devices/fs.rs`) with its raw arguments.
     Fs { args: [u64; 4] },
+    /// A socket operation (`protocol::net`), checked by `devices/net.rs`.
+    Net { args: [u64; 4] },
+    /// Register the readiness ring of sockets (`protocol::net::NetRing`).
+    NetRingSetup { ring: u64 },
 }
 
 /// A load that is not a well-formed hypercall.
@@ -127,6 +131,8 @@ impl Call {
             | Hypercall::FsUnlink
             | Hypercall::FsRename
             | Hypercall::FsFsync => Call::Fs { args: a },
+            Hypercall::Net => Call::Net { args: a },
+            Hypercall::NetRingSetup => Call::NetRingSetup { ring: a[0] },
         }
     }
 }

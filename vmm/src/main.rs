@@ -124,6 +124,13 @@ struct RunArgs {
     /// the vCPU in the VMM (BLOCKED / UNBLOCKED upcalls). At most 10 s.
     #[arg(long, default_value_t = 0, value_name = "MICROSECONDS")]
     io_latency: u64,
+    /// Publish a guest port: a guest listening on GUESTPORT is reached at 127.0.0.1:HOSTPORT
+    /// (repeatable; with several guests, the first guest's). Guests reach nothing otherwise.
+    #[arg(long, value_name = "HOSTPORT:GUESTPORT")]
+    publish: Vec<String>,
+    /// Let the guest connect to this loopback HOST:PORT (repeatable; the first guest's).
+    #[arg(long, value_name = "HOST:PORT")]
+    allow_connect: Vec<String>,
     /// Stop the guests after this many seconds (exit status 124).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
@@ -182,7 +189,7 @@ fn given_on_command_line(matches: &ArgMatches) -> Vec<String> {
 }
 
 /// Options that set something for each guest: refused together with a configuration file.
-const PER_GUEST_OPTIONS: [&str; 9] = [
+const PER_GUEST_OPTIONS: [&str; 11] = [
     "vcpus",
     "mem",
     "no_activations",
@@ -191,6 +198,8 @@ const PER_GUEST_OPTIONS: [&str; 9] = [
     "mount",
     "thread_stack",
     "thread_stacks",
+    "publish",
+    "allow_connect",
     "args",
 ];
 
@@ -349,6 +358,16 @@ fn guests_from_flags(args: &RunArgs) -> Result<Vec<GuestSpec>, config::Problem> 
             mounts: args.mount.clone(),
             thread_stack: args.thread_stack,
             thread_stacks: args.thread_stacks,
+            publish: if i == 0 {
+                args.publish.clone()
+            } else {
+                Vec::new()
+            },
+            allow_connect: if i == 0 {
+                args.allow_connect.clone()
+            } else {
+                Vec::new()
+            },
         })
         .collect())
 }

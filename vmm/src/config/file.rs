@@ -126,6 +126,10 @@ struct FileGuest {
     mounts: Vec<String>,
     thread_stack: Option<Size>,
     thread_stacks: Option<u32>,
+    #[serde(default)]
+    publish: Vec<String>,
+    #[serde(default)]
+    allow_connect: Vec<String>,
 }
 
 /// Read the configuration file at `path`.
@@ -203,6 +207,8 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
                 thread_stack: g.thread_stack.map_or(defaults.thread_stack, |s| s.0),
                 thread_stacks: g.thread_stacks,
                 mounts,
+                publish: g.publish,
+                allow_connect: g.allow_connect,
             })
         })
         .collect::<Result<_, Problem>>()?;

@@ -18,6 +18,8 @@ pub enum Key {
     Disk,
     DiskReadOnly,
     Mount,
+    Publish,
+    AllowConnect,
     ThreadStack,
 }
 
@@ -36,6 +38,8 @@ impl Key {
             Key::Disk => "--disk",
             Key::DiskReadOnly => "--disk-read-only",
             Key::Mount => "--mount",
+            Key::Publish => "--publish",
+            Key::AllowConnect => "--allow-connect",
             Key::ThreadStack => "--thread-stack",
         }
     }
@@ -54,6 +58,8 @@ impl Key {
             Key::Disk => "disk",
             Key::DiskReadOnly => "disk_read_only",
             Key::Mount => "mounts",
+            Key::Publish => "publish",
+            Key::AllowConnect => "allow_connect",
             Key::ThreadStack => "thread_stack",
         }
     }
@@ -122,6 +128,10 @@ pub struct GuestSpec {
     /// Usable bytes of each thread stack.
     pub thread_stack: u64,
     pub thread_stacks: Option<u32>,
+    /// `HOSTPORT:GUESTPORT` entries (`--publish`).
+    pub publish: Vec<String>,
+    /// `HOST:PORT` entries (`--allow-connect`).
+    pub allow_connect: Vec<String>,
 }
 
 impl GuestSpec {
@@ -139,6 +149,8 @@ impl GuestSpec {
             mounts: Vec::new(),
             thread_stack: DEFAULT_THREAD_STACK,
             thread_stacks: None,
+            publish: Vec::new(),
+            allow_connect: Vec::new(),
         }
     }
 }

@@ -130,6 +130,8 @@ pub struct VmConfig {
     pub disk: Option<crate::devices::blk::DiskConfig>,
     /// Host directories mapped into the guest (`--mount HOSTDIR:GUESTDIR[:ro]`).
     pub mounts: Vec<crate::devices::fs_path::MountConfig>,
+    /// What the guest's sockets may reach (nothing by default).
+    pub net: crate::devices::net::NetConfig,
     /// Whether this guest may use scheduler activations (`--no-activations`, or
     /// `no_activations` in a configuration file, clears it). Guests with and without share one
     /// budget of processors; `MonitorOptions::activations` turns them off for every guest.
@@ -152,6 +154,7 @@ impl VmConfig {
             thread_stacks: None,
             disk: None,
             mounts: Vec::new(),
+            net: Default::default(),
             activations: true,
         }
     }

@@ -109,6 +109,8 @@ fn a_full_file_parses() {
             ],
             thread_stack: 64 << 10,
             thread_stacks: Some(64),
+            publish: Vec::new(),
+            allow_connect: Vec::new(),
         }
     );
     assert_eq!(

@@ -91,6 +91,8 @@ impl VcpuThread {
                 self.blk_async(kind, |queue| queue.submit(&self.guest, args))
             }
             Call::Fs { args } => self.fs(kind, args),
+            Call::Net { args } => self.net(kind, |net| net.call(&self.guest, args)),
+            Call::NetRingSetup { ring } => self.net(kind, |net| net.setup(&self.guest, ring)),
         }
     }
 
@@ -117,6 +119,22 @@ impl VcpuThread {
             Ok(result) => Ok(result as u64),
             Err(why) => Err(self.violation(format!("malformed hypercall {}: {why}", kind.name()))),
         }
+    }
+
+    /// `net` and `net_ring_setup` (`devices/net.rs`; `Err` there is a violation). Without
+    /// `--publish` or `--allow-connect` every call is `-EACCES`.
+    fn net(
+        &self,
+        kind: Hypercall,
+        call: impl FnOnce(&crate::devices::net::Net) -> Result<u64, String>,
+    ) -> Handled {
+        let Some(net) = &self.guest.net else {
+            return Ok((-(libc::EACCES as i64)) as u64);
+        };
+        let result = call(net)
+            .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())));
+        crate::devices::net::after_call(&self.guest);
+        result
     }
 
     fn console_write(&self, kind: Hypercall, buf: u64, len: u64) -> Handled {
