@@ -21,6 +21,9 @@ pub mod ctl;
 pub mod delivery;
 pub mod devices;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod guest;
 pub mod hypercall;
 pub mod kick;

@@ -6,6 +6,8 @@
 //! `guests/x86_64-activm.json`) and `ld.lld-16`; this tool installs them if missing and runs that
 //! cargo with a clean environment (none of the outer rustup cargo's variables).
 
+mod fuzz;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
@@ -22,11 +24,13 @@ use protocol::arch::x86_64::IMAGE_BASE;
 const USAGE: &str = "\
 usage: cargo xtask COMMAND
   demo [--vcpus N]               build everything and boot the demo guest (default 4 vCPUs)
-  test                           build the guests, then run the whole test suite (cargo test --workspace)
+  test                           build the guests, run the whole test suite (cargo test --workspace),
+                                 then each fuzz target for a few seconds
   bench [NAME]                   build the guests, then run the benchmarks (or only benches/NAME)
   build-guests [--release]       install the guest toolchain if missing, build guests/, print the ELF paths
   clippy-guests                  run clippy on the guest workspace for the guest target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
+  fuzz [TARGET] [--seconds N]    build the fuzz targets (fuzz/) and run each (or TARGET) for N s (default 60)
   install-toolchain              only install the Debian packages the guest build needs";
 
 fn main() -> ExitCode {
@@ -38,6 +42,7 @@ fn main() -> ExitCode {
         Some("build-guests") => parse_release(&args[1..]).and_then(build_guests),
         Some("clippy-guests") => no_more(&args[1..]).and_then(|()| clippy_guests()),
         Some("guest-path") => guest_path(&args[1..]),
+        Some("fuzz") => fuzz::command(&repo_root(), &args[1..]),
         Some("install-toolchain") => no_more(&args[1..]).and_then(|()| install_toolchain()),
         Some("help" | "-h" | "--help") => {
             println!("{USAGE}");
@@ -84,7 +89,9 @@ fn demo(args: &[String]) -> Result<(), String> {
 
 fn test() -> Result<(), String> {
     build_guests(true)?;
-    run(host_cargo().args(["test", "--workspace"]))
+    run(host_cargo().args(["test", "--workspace"]))?;
+    // A smoke run of every fuzz target from its committed seeds.
+    fuzz::run_targets(&repo_root(), fuzz::TARGETS, fuzz::SMOKE_SECONDS)
 }
 
 fn bench(args: &[String]) -> Result<(), String> {

@@ -14,6 +14,7 @@ use crate::allocator::Slot;
 use crate::arch::current as arch;
 use crate::devices::blk::Request;
 use crate::hypercall::{Call, Malformed};
+use crate::memory::GuestRam;
 use crate::vm::Outcome;
 
 /// A handler's result: the load's value, or what the run loop does instead.
@@ -204,17 +205,23 @@ impl VcpuThread {
     }
 
     fn read_buffer(&self, kind: Hypercall, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
-        if len > MAX_WRITE_LEN {
-            return Err(format!(
-                "malformed hypercall {}: length {len} exceeds the limit of {MAX_WRITE_LEN}",
-                kind.name()
-            ));
-        }
-        self.guest.ram.read_bytes(gpa, len).map_err(|e| {
-            format!(
-                "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",
-                kind.name()
-            )
-        })
+        read_buffer(&self.guest.ram, kind, gpa, len)
     }
+}
+
+/// The `len`-byte buffer at guest-physical `gpa` that hypercall `kind` names (console text, a
+/// panic message): at most `MAX_WRITE_LEN` bytes, all inside guest RAM.
+pub fn read_buffer(ram: &GuestRam, kind: Hypercall, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
+    if len > MAX_WRITE_LEN {
+        return Err(format!(
+            "malformed hypercall {}: length {len} exceeds the limit of {MAX_WRITE_LEN}",
+            kind.name()
+        ));
+    }
+    ram.read_bytes(gpa, len).map_err(|e| {
+        format!(
+            "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",
+            kind.name()
+        )
+    })
 }
