@@ -5,6 +5,8 @@
 //! Without a usable `/dev/kvm` every test here is reported as *ignored*, with a banner on
 //! stderr: never as passed.
 
+mod durability;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -363,6 +365,7 @@ fn kvm_tests() -> Vec<Trial> {
     ]);
     // ---- end of activm-rt tests ----
     trials.extend(blk_tests());
+    trials.extend(durability::tests());
     trials
 }
 
