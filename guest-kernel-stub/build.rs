@@ -22,6 +22,12 @@ fn main() {
         arch_dir.join("link.ld").display()
     );
     println!("cargo:rerun-if-changed=build.rs");
+    if arch == "aarch64" {
+        check_image_base(
+            &arch_dir.join("link.ld"),
+            protocol::arch::aarch64::IMAGE_BASE,
+        );
+    }
     if arch == "x86_64" {
         check_image_base(
             &arch_dir.join("link.ld"),

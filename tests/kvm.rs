@@ -5,13 +5,18 @@
 //! Without a usable `/dev/kvm` every test here is reported as *ignored*, with a banner on
 //! stderr: never as passed.
 
-mod durability;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use activm::testing::{raw_guest, tiny_elf, TempPath, TRIPLE_FAULT_CODE};
 use libtest_mimic::{Arguments, Failed, Trial};
+
+#[path = "kvm/durability.rs"]
+mod durability;
+#[path = "kvm/security.rs"]
+mod security;
+#[path = "kvm/std_guests.rs"]
+mod std_guests;
 
 const ACTIVM: &str = env!("CARGO_BIN_EXE_activm");
 /// Upper bound on any one guest run, so a broken guest fails the test instead of hanging it.
@@ -369,9 +374,40 @@ fn kvm_tests() -> Vec<Trial> {
     trials
 }
 
+/// What `rt-tests blk` wrote is on the host file: sector s byte o = (31 s) ^ (7 o).
+fn check_blk_pattern(disk: &TempPath) -> Result<(), Failed> {
+    let bytes = std::fs::read(disk.path()).map_err(|e| e.to_string())?;
+    for (sector, offset) in [(0usize, 0usize), (5, 17), (511, 511)] {
+        let want = ((sector * 31) ^ (offset * 7)) as u8;
+        let got = bytes[sector * 512 + offset];
+        if got != want {
+            return Err(format!(
+                "host file sector {sector} byte {offset}: {got:#x}, want {want:#x}"
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// A zeroed disk image of `mib` MiB, removed when dropped.
 fn temp_disk(name: &str, mib: u64) -> Result<TempPath, Failed> {
     Ok(TempPath::zeroed(&format!("{name}.img"), mib << 20)?)
+}
+
+/// `rt-tests` with `options` and guest `args`, on a fresh 4 MiB disk named `name` slowed down to
+/// `latency_us`; the run, and the disk to check the host file.
+fn rt_tests_on_slow_disk(
+    name: &str,
+    latency_us: &str,
+    options: &[&str],
+    args: &[&str],
+) -> Result<(Run, TempPath), Failed> {
+    let disk = temp_disk(name, 4)?;
+    let mut all = options.to_vec();
+    all.extend(["--disk", disk.arg(), "--io-latency", latency_us]);
+    let run = activm_run(&guest("rt-tests")?, &all, args)?;
+    Ok((run, disk))
 }
 
 /// `NAME=count` from the `--stats` upcall line.
@@ -392,26 +428,17 @@ fn blk_tests() -> Vec<Trial> {
                 // A slow device (1 ms a request) on 4 vCPUs sharing 2 processors: each read blocks
                 // its vCPU, the processor runs a new activation, the thread comes back in an
                 // UNBLOCKED record with the read's result.
-                let disk = temp_disk("blk-sa", 4)?;
-                let run = activm_run(
-                    &guest("rt-tests")?,
-                    &[
-                        "--vcpus",
-                        "4",
-                        "--pcpus",
-                        "2",
-                        "--disk",
-                        disk.arg(),
-                        "--io-latency",
-                        "1000",
-                        "--stats",
-                    ],
-                    &["blk", "blk-overlap"],
-                )?
-                .expect_code(0)?
-                .stdout_has("test blk ... ok")?
-                .stdout_has("test blk-overlap ... ok")?
-                .stdout_has("2 passed, 0 failed\n")?;
+                let (run, disk) = rt_tests_on_slow_disk(
+                    "blk-sa",
+                    "1000",
+                    &["--vcpus", "4", "--pcpus", "2", "--stats"],
+                    &["--rt-blk-async=off", "blk", "blk-overlap"],
+                )?;
+                let run = run
+                    .expect_code(0)?
+                    .stdout_has("test blk ... ok")?
+                    .stdout_has("test blk-overlap ... ok")?
+                    .stdout_has("2 passed, 0 failed\n")?;
                 let blocked = upcall_count(&run.stderr, "BLOCKED").unwrap_or(0);
                 let unblocked = upcall_count(&run.stderr, "UNBLOCKED").unwrap_or(0);
                 if blocked < 40 || blocked != unblocked {
@@ -421,39 +448,17 @@ fn blk_tests() -> Vec<Trial> {
                     )
                     .into());
                 }
-                // What the guest wrote is on the host file: sector s byte o = (31 s) ^ (7 o).
-                let bytes = std::fs::read(disk.path()).map_err(|e| e.to_string())?;
-                for (sector, offset) in [(0usize, 0usize), (5, 17), (511, 511)] {
-                    let want = ((sector * 31) ^ (offset * 7)) as u8;
-                    let got = bytes[sector * 512 + offset];
-                    if got != want {
-                        return Err(format!(
-                            "host file sector {sector} byte {offset}: {got:#x}, want {want:#x}"
-                        )
-                        .into());
-                    }
-                }
-                Ok(())
+                check_blk_pattern(&disk)
             },
         ),
         Trial::test("blk_oblivious_vcpus_block_without_upcalls", || {
-            let disk = temp_disk("blk-obl", 4)?;
-            let run = activm_run(
-                &guest("rt-tests")?,
-                &[
-                    "--vcpus",
-                    "2",
-                    "--no-activations",
-                    "--disk",
-                    disk.arg(),
-                    "--io-latency",
-                    "500",
-                    "--stats",
-                ],
-                &["blk", "blk-overlap"],
-            )?
-            .expect_code(0)?
-            .stdout_has("2 passed, 0 failed\n")?;
+            let (run, _disk) = rt_tests_on_slow_disk(
+                "blk-obl",
+                "500",
+                &["--vcpus", "2", "--no-activations", "--stats"],
+                &["--rt-blk-async=off", "blk", "blk-overlap"],
+            )?;
+            let run = run.expect_code(0)?.stdout_has("2 passed, 0 failed\n")?;
             if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
                 return Err(format!("an oblivious guest got upcalls\n{}", run.stderr).into());
             }
@@ -477,7 +482,7 @@ fn blk_tests() -> Vec<Trial> {
                     "--io-latency",
                     "300",
                 ],
-                &["blk", "blk-overlap", "sa-chaos"],
+                &["--rt-blk-async=off", "blk", "blk-overlap", "sa-chaos"],
             )?
             .expect_code(0)?
             .stdout_has("test blk ... ok")?
@@ -508,7 +513,7 @@ fn blk_tests() -> Vec<Trial> {
                     "--io-latency",
                     "200",
                 ],
-                &["chaos-soak", &secs],
+                &["--rt-blk-async=off", "chaos-soak", &secs],
             )?
             .expect_code(0)?
             .stdout_has(&format!("chaos-soak: ok ({secs} s:"))?;
@@ -523,6 +528,104 @@ fn blk_tests() -> Vec<Trial> {
                     run.stderr
                 )
                 .into());
+            }
+            Ok(())
+        }),
+        Trial::test("blk_async_requests_exact_with_activations", || {
+            // Asynchronous requests (the default): the vCPU never blocks, no BLOCKED records,
+            // data exact in the guest and on the host file.
+            let (run, disk) = rt_tests_on_slow_disk(
+                "blk-async-sa",
+                "1000",
+                &["--vcpus", "4", "--pcpus", "2", "--stats"],
+                &["blk", "blk-overlap"],
+            )?;
+            let run = run
+                .expect_code(0)?
+                .stdout_has("test blk ... ok")?
+                .stdout_has("40 asynchronous reads")?
+                .stdout_has("2 passed, 0 failed\n")?;
+            if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
+                return Err(format!("asynchronous requests blocked\n{}", run.stderr).into());
+            }
+            check_blk_pattern(&disk)
+        }),
+        Trial::test("blk_async_requests_exact_oblivious", || {
+            let (run, disk) = rt_tests_on_slow_disk(
+                "blk-async-obl",
+                "300",
+                &["--vcpus", "2", "--no-activations"],
+                &["blk", "blk-overlap"],
+            )?;
+            run.expect_code(0)?
+                .stdout_has("40 asynchronous reads")?
+                .stdout_has("2 passed, 0 failed\n")?;
+            check_blk_pattern(&disk)
+        }),
+        Trial::test("blk_async_requests_survive_allocation_chaos", || {
+            let (run, disk) = rt_tests_on_slow_disk(
+                "blk-async-chaos",
+                "300",
+                &["--vcpus", "4", "--pcpus", "2", "--chaos", "12"],
+                &["blk", "blk-overlap", "sa-chaos"],
+            )?;
+            run.expect_code(0)?
+                .stdout_has("40 asynchronous reads")?
+                .stdout_has(" passed, 0 failed\n")?;
+            check_blk_pattern(&disk)
+        }),
+        Trial::test("blk_async_protocol_and_violations", || {
+            let disk = temp_disk("blk-async-hostile", 1)?;
+            let slow = ["--disk", disk.arg(), "--io-latency", "2000"];
+            selftest(&slow, &["blk-async", "ok"])?
+                .expect_code(0)?
+                .stdout_has("blk-async: tag 5 result 0")?;
+            for (case, message) in [
+                (
+                    "no-ring",
+                    "malformed hypercall blk_submit: no completion ring",
+                ),
+                (
+                    "bad-tag",
+                    "malformed hypercall blk_submit: tag 64 is not below 64",
+                ),
+                (
+                    "twice",
+                    "malformed hypercall blk_submit: tag 3 is in flight already",
+                ),
+                (
+                    "misaligned",
+                    "malformed hypercall blk_ring_setup: completion ring",
+                ),
+                (
+                    "corrupt-tail",
+                    "the completion ring's tail (1000) is not within 64",
+                ),
+            ] {
+                selftest(&slow, &["blk-async", case])?
+                    .expect_code(125)?
+                    .stderr_has(message)?;
+            }
+            Ok(())
+        }),
+        Trial::test("chaos_soak_with_asynchronous_blk", || {
+            // The soak with its disk I/O through the completion ring (a quarter of the time).
+            let secs: u64 = std::env::var("ACTIVM_SOAK_SECS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(20);
+            let secs = (secs / 4).max(2).to_string();
+            let (run, _disk) = rt_tests_on_slow_disk(
+                "soak-async",
+                "200",
+                &["--vcpus", "4", "--pcpus", "2", "--chaos", "6", "--stats"],
+                &["chaos-soak", &secs],
+            )?;
+            let run = run
+                .expect_code(0)?
+                .stdout_has(&format!("chaos-soak: ok ({secs} s:"))?;
+            if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
+                return Err(format!("asynchronous requests blocked\n{}", run.stderr).into());
             }
             Ok(())
         }),
@@ -1021,7 +1124,8 @@ fn toml_tests() -> Vec<Trial> {
         }),
         Trial::test("toml_mixes_oblivious_and_activation_guests", || {
             // Two copies of rt-tests share 2 processors, each with its own disk (a slow one):
-            // the one with activations gets BLOCKED / UNBLOCKED upcalls and skips the simulated
+            // the one with activations (blocking requests) gets BLOCKED / UNBLOCKED upcalls and
+            // skips the simulated
             // VMM's test; the oblivious one gets no upcall at all and runs that test.
             let dir = TempDir::new("toml-mixed")?;
             dir.link_guest("rt-tests")?;
@@ -1032,7 +1136,7 @@ fn toml_tests() -> Vec<Trial> {
                 &format!(
                     "pcpus = 2\ntimeout = {GUEST_TIMEOUT_SECS}\nstats = true\nio_latency = 500\n\n\
                      [[guest]]\nimage = \"rt-tests\"\nname = \"aware\"\nvcpus = 3\n\
-                     args = [\"upcall-preempted\", \"blk\", \"blk-overlap\"]\ndisk = \"aware.img\"\n\n\
+                     args = [\"--rt-blk-async=off\", \"upcall-preempted\", \"blk\", \"blk-overlap\"]\ndisk = \"aware.img\"\n\n\
                      [[guest]]\nimage = \"rt-tests\"\nname = \"oblivious\"\nvcpus = 2\nno_activations = true\n\
                      args = [\"upcall-preempted\", \"blk\", \"blk-overlap\"]\ndisk = \"oblivious.img\"\n"
                 ),
@@ -1205,6 +1309,8 @@ fn main() {
     let mut trials = kvm_tests();
     trials.extend(activation_tests());
     trials.extend(toml_tests());
+    trials.extend(security::security_tests());
+    trials.extend(std_guests::tests());
     if let Err(why) = kvm_usable() {
         eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
         trials = trials

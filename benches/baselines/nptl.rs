@@ -177,7 +177,13 @@ fn signal_wait(iters: u64) -> f64 {
     ns / (2 * iters) as f64
 }
 
+/// Built as an activm std guest (`guests/apps/std-threadbench`): nothing to pin, the benchmark
+/// boots it on one vCPU.
+#[cfg(not(target_os = "linux"))]
+fn pin_to_cpu0() {}
+
 /// Restrict this thread (and the threads it creates later) to CPU 0.
+#[cfg(target_os = "linux")]
 fn pin_to_cpu0() {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write inside it; sched_setaffinity
     // reads `size_of::<cpu_set_t>()` bytes from it.

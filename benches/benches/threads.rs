@@ -206,7 +206,51 @@ fn main() {
         cells.push(line);
     }
     print_table(&rows, &cells, quick, started.elapsed());
+    print_std_table(&root, &rows, &cells);
     print_tsc_check(host_tsc_khz);
+}
+
+/// The std column: the NPTL baseline's own code (`baselines/nptl.rs`) built as an activm std
+/// guest (`guests/apps/std-threadbench`, activm-std) on 1 vCPU, beside the activm-rt guest on
+/// 1 vCPU measured above: what `std::thread`/`std::sync` cost over activm-rt's own API.
+fn print_std_table(root: &Path, rows: &[Row], cells: &[Vec<Cell>]) {
+    let elf = root.join("guests/target/x86_64-activm-std/release/std-threadbench");
+    println!();
+    if !elf.is_file() {
+        println!(
+            "std on activm: n/a ({} missing: cargo xtask build-guests --release)",
+            elf.display()
+        );
+        return;
+    }
+    println!("std on activm (std::thread/std::sync through activm-std), 1 vCPU; std/rt < 1 means std is faster");
+    println!(
+        "{:<38} {:>4} {:>10} {:>10} {:>8}",
+        "op", "unit", "std 1v", "activm 1v", "std/rt"
+    );
+    for (row, c) in rows
+        .iter()
+        .zip(cells)
+        .filter(|(row, _)| row.unit == Unit::Ns)
+    {
+        let std = measure(row, "std 1 vCPU", || {
+            run_guest(&elf, 1, &row.args(), row.limit)
+        });
+        let (std, rt) = (std.ok().map(|s| s.0), c[2].as_ref().ok().map(|s| s.0));
+        let ratio = match (std, rt) {
+            (Some(a), Some(b)) if b > 0.0 => fmt_ratio(a / b),
+            _ => "n/a".to_string(),
+        };
+        let value = |v: Option<f64>| v.map_or("n/a".to_string(), fmt_value);
+        println!(
+            "{:<38} {:>4} {:>10} {:>10} {:>8}",
+            row.label,
+            unit_name(row.unit),
+            value(std),
+            value(rt),
+            ratio
+        );
+    }
 }
 
 /// Run one implementation on `row` and summarize its per-trial values.

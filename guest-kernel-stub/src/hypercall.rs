@@ -58,10 +58,10 @@ pub fn vcpu_stop() -> ! {
     no_return(Hypercall::VcpuStop, 0, 0)
 }
 
-/// Sleeps until an interrupt is pending for this vCPU (it is delivered right after).
+/// Sleeps until an interrupt is pending for this vCPU (it is delivered right after): the `halt`
+/// call on x86_64, `wfi` at EL0 on aarch64 (no VMM exit).
 pub fn halt() {
-    // SAFETY: halt takes no arguments.
-    unsafe { raw(Hypercall::Halt as u64, 0, 0, 0, 0) };
+    crate::arch::current::hypercall::halt();
 }
 
 /// `blk_info(what)`: the block device's capacity in sectors (`BLK_INFO_SECTORS`; 0 without a
@@ -97,4 +97,35 @@ pub unsafe fn blk_write(sector: u64, buf: *const u8, count: u64) -> u64 {
 pub fn blk_flush() -> u64 {
     // SAFETY: blk_flush takes no arguments.
     unsafe { raw(Hypercall::BlkFlush as u64, 0, 0, 0, 0) }
+}
+
+/// Registers the completion ring of asynchronous block requests (`protocol::blk::BlkRing`);
+/// returns `BLK_OK` or `BLK_ERR_NO_DEVICE`.
+///
+/// # Safety
+/// `ring` is 64-byte aligned, identity-mapped guest memory at or above the image base that
+/// stays the ring for the guest's lifetime (the VMM writes it from its I/O threads).
+pub unsafe fn blk_ring_setup(ring: *const protocol::blk::BlkRing) -> u64 {
+    // SAFETY: the caller upholds the ring contract above.
+    unsafe { raw(Hypercall::BlkRingSetup as u64, ring as u64, 0, 0, 0) }
+}
+
+/// Starts a block request without blocking: `op` is a `BLK_OP_*`, `tag` below
+/// `BLK_RING_CAPACITY` and not in flight. Returns the result if the request completed at once,
+/// else `BLK_IN_FLIGHT` (the completion comes in the ring under `tag`).
+///
+/// # Safety
+/// As [`blk_read`] / [`blk_write`], except that the buffer must stay untouched until the
+/// completion is in the ring, not just until the call returns.
+pub unsafe fn blk_submit(sector: u64, buf: u64, op: u64, count: u64, tag: u64) -> u64 {
+    // SAFETY: the caller upholds the buffer and tag contracts above.
+    unsafe {
+        raw(
+            Hypercall::BlkSubmit as u64,
+            sector,
+            buf,
+            protocol::blk::blk_submit_arg(op, count),
+            tag,
+        )
+    }
 }

@@ -12,6 +12,7 @@
 
 pub mod arch;
 pub mod console;
+pub mod cpu_local;
 pub mod heap;
 pub mod hypercall;
 pub mod irq;
@@ -29,7 +30,7 @@ pub use arch::current::{
     arm_exception_stack, set_exception_handler, trap_eoi_window, ExceptionFrame, ExceptionHandler,
     ExceptionInfo,
 };
-pub use arch::current::{current_cpl, rdtsc};
+pub use arch::current::{current_cpl, current_level_name, rdtsc};
 pub use hypercall::{exit, halt, vcpu_stop};
 pub use irq::{register_irq_handler, unregister_irq_handler, IrqFrame, IrqHandler};
 pub use panic::set_panic_context;

@@ -19,7 +19,9 @@ pub fn set_panic_context(context: PanicContext) {
     CONTEXT.store(context as *mut (), Ordering::Release);
 }
 
-#[panic_handler]
+// A `std` guest (target_os = "hermit", see activm-std) has std's panic handler instead.
+#[cfg_attr(not(target_os = "hermit"), panic_handler)]
+#[cfg_attr(target_os = "hermit", allow(dead_code))]
 fn panic(info: &PanicInfo<'_>) -> ! {
     if percpu::this_cpu().enter_panic() {
         crate::hypercall::panic(b"panicked while panicking");

@@ -1,16 +1,26 @@
 //! The block device (`protocol::blk`, `activm run --disk IMAGE`), for threads.
 //!
-//! A call blocks the calling thread only. With scheduler activations its vCPU blocks in the
-//! VMM, the VMM tells the runtime (BLOCKED), the processor goes on running the guest's other
-//! threads (as a new activation), and the thread becomes runnable again on whatever vCPU gets
-//! its UNBLOCKED record, the call's result in its registers. Without activations the whole
-//! vCPU waits. Requests the host can serve at once (data in its page cache) do not block at all.
+//! A call blocks the calling thread only. When the VMM takes asynchronous requests
+//! (`BLK_FLAG_ASYNC`; `--rt-blk-async=off` turns it off) the request is submitted with
+//! `blk_submit` and the thread parks in this runtime until its completion shows up in the ring
+//! (`blk_async.rs`): the vCPU goes on with other threads, with or without activations.
+//! Otherwise the synchronous calls: with scheduler activations the vCPU blocks in the VMM, the
+//! VMM tells the runtime (BLOCKED), the processor goes on running the guest's other threads (as
+//! a new activation), and the thread becomes runnable again on whatever vCPU gets its
+//! UNBLOCKED record, the call's result in its registers; without activations the whole vCPU
+//! waits. Requests the host can serve at once (data in its page cache) do not block at all.
 
 use activm_stub::hypercall;
 use activm_stub::protocol::blk::{
     BLK_ERR_IO, BLK_ERR_NO_DEVICE, BLK_ERR_RANGE, BLK_ERR_READ_ONLY, BLK_FLAG_READ_ONLY,
-    BLK_INFO_FLAGS, BLK_INFO_SECTORS, BLK_MAX_SECTORS, BLK_OK,
+    BLK_INFO_FLAGS, BLK_INFO_SECTORS, BLK_MAX_SECTORS, BLK_OK, BLK_OP_FLUSH, BLK_OP_READ,
+    BLK_OP_WRITE,
 };
+
+/// Whether requests go asynchronously through the VMM's completion ring (known after the
+/// first request).
+pub use crate::blk_async::in_use as asynchronous;
+pub(crate) use crate::blk_async::{completions_ready, poll_completions, requests_in_flight};
 
 pub use activm_stub::protocol::blk::SECTOR_SIZE;
 
@@ -85,10 +95,15 @@ pub fn read(sector: u64, buf: &mut [u8]) -> Result<(), Error> {
     while done < total {
         let count = (total - done).min(BLK_MAX_SECTORS);
         let at = (done * SECTOR_SIZE) as usize;
+        let ptr = buf[at..].as_mut_ptr();
         // SAFETY: `buf[at..]` is live, writable, identity-mapped guest memory (all of the
         // runtime's memory is at or above the image base) of at least `count` sectors, and
-        // borrowed mutably for the call.
-        let code = unsafe { hypercall::blk_read(sector + done, buf[at..].as_mut_ptr(), count) };
+        // borrowed mutably until the request completes (`request` returns only then).
+        let code = unsafe {
+            crate::blk_async::request(BLK_OP_READ, sector + done, ptr as u64, count, || {
+                hypercall::blk_read(sector + done, ptr, count)
+            })
+        };
         result(code)?;
         done += count;
     }
@@ -103,8 +118,13 @@ pub fn write(sector: u64, buf: &[u8]) -> Result<(), Error> {
     while done < total {
         let count = (total - done).min(BLK_MAX_SECTORS);
         let at = (done * SECTOR_SIZE) as usize;
+        let ptr = buf[at..].as_ptr();
         // SAFETY: as in `read`; the VMM only reads the buffer.
-        let code = unsafe { hypercall::blk_write(sector + done, buf[at..].as_ptr(), count) };
+        let code = unsafe {
+            crate::blk_async::request(BLK_OP_WRITE, sector + done, ptr as u64, count, || {
+                hypercall::blk_write(sector + done, ptr, count)
+            })
+        };
         result(code)?;
         done += count;
     }
@@ -114,5 +134,6 @@ pub fn write(sector: u64, buf: &[u8]) -> Result<(), Error> {
 /// Makes every completed write durable.
 pub fn flush() -> Result<(), Error> {
     check_no_hold("flush");
-    result(hypercall::blk_flush())
+    // SAFETY: a flush has no buffer.
+    result(unsafe { crate::blk_async::request(BLK_OP_FLUSH, 0, 0, 0, hypercall::blk_flush) })
 }

@@ -8,6 +8,8 @@
 //! | `--rt-sa=on\|off` | use scheduler activations when the VMM offers them | on |
 //! | `--rt-halt=on\|off` | halt idle vCPUs (off: keep spinning) | on |
 //! | `--rt-idle-yield-us=N` | with activations: how long a vCPU halts idle before it gives its processor back to the VMM (`sa_yield`; 0: never) | 1000 |
+//! | `--rt-blk-async=on\|off` | block requests through the VMM's completion ring when it offers one (the vCPU never blocks) | on |
+//! | `--rt-blk-nudge-us=N` | with asynchronous block requests: ask the VMM to interrupt a busy vCPU when a completion waits this long (0: only idle vCPUs are interrupted) | 500 |
 //! | `--rt-stats=on` | print the runtime's counters when `main` returns | off |
 //!
 //! or from code, with the setters below.
@@ -21,6 +23,8 @@ static SLICE_NS: AtomicU64 = AtomicU64::new(10_000_000);
 static IDLE_SPIN_NS: AtomicU64 = AtomicU64::new(50_000);
 static USE_SA: AtomicBool = AtomicBool::new(true);
 static USE_HALT: AtomicBool = AtomicBool::new(true);
+static USE_BLK_ASYNC: AtomicBool = AtomicBool::new(true);
+static BLK_NUDGE_US: AtomicU64 = AtomicU64::new(500);
 static IDLE_YIELD_NS: AtomicU64 = AtomicU64::new(1_000_000);
 static PRINT_STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
 /// Random preemption (tests): min and max period in ns, 0 = off.
@@ -51,6 +55,26 @@ pub(crate) fn idle_spin_ticks() -> u64 {
 
 pub(crate) fn use_sa() -> bool {
     USE_SA.load(Ordering::Relaxed)
+}
+
+/// Whether block requests use the VMM's asynchronous ring when offered (default on; takes
+/// effect before the first request).
+pub fn set_blk_async(on: bool) {
+    USE_BLK_ASYNC.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn use_blk_async() -> bool {
+    USE_BLK_ASYNC.load(Ordering::Relaxed)
+}
+
+/// How long a block completion may wait before a busy vCPU is interrupted for it (`None`:
+/// never; default 500 us; takes effect before the first request).
+pub fn set_blk_nudge(after: Option<Duration>) {
+    BLK_NUDGE_US.store(after.map_or(0, |d| d.as_micros() as u64), Ordering::Relaxed);
+}
+
+pub(crate) fn blk_nudge_us() -> u32 {
+    BLK_NUDGE_US.load(Ordering::Relaxed).min(1_000_000) as u32
 }
 
 pub(crate) fn use_halt() -> bool {
@@ -117,6 +141,8 @@ pub(crate) fn apply_arg(arg: &str) -> bool {
         ("idle-spin-us", Some(us), _) => set_idle_spin(Duration::from_micros(us)),
         ("sa", _, Some(on)) => USE_SA.store(on, Ordering::Relaxed),
         ("halt", _, Some(on)) => USE_HALT.store(on, Ordering::Relaxed),
+        ("blk-async", _, Some(on)) => set_blk_async(on),
+        ("blk-nudge-us", Some(us), _) => set_blk_nudge((us > 0).then(|| Duration::from_micros(us))),
         ("idle-yield-us", Some(us), _) => {
             set_idle_yield((us > 0).then(|| Duration::from_micros(us)))
         }

@@ -22,6 +22,7 @@ extern crate alloc;
 
 pub mod arch;
 pub mod blk;
+mod blk_async;
 pub mod config;
 #[doc(hidden)]
 pub mod fault;

@@ -58,6 +58,12 @@ wire_enum! {
         BlkWrite = 34 => "blk_write",
         /// `blk_flush() -> BLK_OK | BLK_ERR_*`: make every completed write durable. Blocks.
         BlkFlush = 35 => "blk_flush",
+        /// `blk_ring_setup(gpa) -> BLK_OK | BLK_ERR_NO_DEVICE`: register the guest's
+        /// [`crate::blk::BlkRing`] for asynchronous requests (once).
+        BlkRingSetup = 36 => "blk_ring_setup",
+        /// `blk_submit(sector, gpa, op << 32 | count, tag) -> result | BLK_IN_FLIGHT`: start a
+        /// request without blocking; its completion goes to the ring under `tag`.
+        BlkSubmit = 37 => "blk_submit",
     }
 }
 
@@ -109,6 +115,8 @@ mod tests {
         assert_eq!(Hypercall::BlkRead as u64, 33);
         assert_eq!(Hypercall::BlkWrite as u64, 34);
         assert_eq!(Hypercall::BlkFlush as u64, 35);
+        assert_eq!(Hypercall::BlkRingSetup as u64, 36);
+        assert_eq!(Hypercall::BlkSubmit as u64, 37);
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub fn write(ram: &GuestRam, plan: &Plan, args: &[String], host: HostFacts) -> R
         vmm_start_tsc: host.vmm_start_tsc,
         mem_size: plan.mem_size,
         hypercall_base: abi::HYPERCALL_BASE,
-        irq_controller_base: abi::LAPIC_BASE,
+        irq_controller_base: crate::arch::current::IRQ_CONTROLLER_BASE,
         shared_area: plan.shared_area.start,
         shared_area_size: plan.shared_area.end - plan.shared_area.start,
         heap_start: plan.heap.start,

@@ -79,8 +79,8 @@ pub struct GuestStats {
     pub stack_waits: AtomicU64,
     /// New activations canceled because they lost their processor before running.
     pub canceled: AtomicU64,
-    /// Kick-to-context-captured delays of preemptions, in TSC ticks.
-    pub preempt_delays: Mutex<Vec<u64>>,
+    /// Kick-to-context-captured delays of preemptions, in TSC ticks (a bounded sample).
+    pub preempt_delays: Mutex<crate::stats::Reservoir>,
 }
 
 /// One guest.

@@ -37,6 +37,11 @@ pub enum Call {
     BlkInfo { what: u64 },
     /// Read, write or flush the block device.
     Blk(Request),
+    /// Register the completion ring of asynchronous block requests (`protocol::blk::BlkRing`).
+    BlkRingSetup { ring: u64 },
+    /// Start an asynchronous block request: the raw `(sector, gpa, op << 32 | count, tag)`,
+    /// checked by `devices/blk_async.rs`.
+    BlkSubmit { args: [u64; 4] },
 }
 
 /// A load that is not a well-formed hypercall.
@@ -106,6 +111,8 @@ impl Call {
             Hypercall::BlkRead => blk(Op::Read),
             Hypercall::BlkWrite => blk(Op::Write),
             Hypercall::BlkFlush => blk(Op::Flush),
+            Hypercall::BlkRingSetup => Call::BlkRingSetup { ring: a[0] },
+            Hypercall::BlkSubmit => Call::BlkSubmit { args: a },
         }
     }
 }

@@ -7,7 +7,9 @@
 //! the activation state and writes upcall records through one view of the shared area, and
 //! [`delivery`] decides where they go; [`loader`] checks and loads guest ELFs; [`memory`] is
 //! guest RAM and the plan of what goes where; [`bootinfo`] writes the boot information;
-//! [`signals`], [`ctl`], [`trace`] and [`stats`] are the host-facing services; [`config`] is
+//! [`signals`], [`ctl`], [`trace`], [`stats`] and [`console`] are the host-facing services;
+//! [`hostfile`] opens what a user names (regular files only, never blocking); [`sandbox`] is
+//! the seccomp filters and Landlock rules each thread enters after setup; [`config`] is
 //! what `activm run` is asked to run (flags or a TOML file), checked, as plain data; [`vm`] is
 //! how a guest ended and [`report`] the report of a run; [`arch`] holds what differs per
 //! architecture, reached only through `arch::current`.
@@ -17,6 +19,7 @@ pub mod allocator;
 pub mod arch;
 pub mod bootinfo;
 pub mod config;
+pub mod console;
 pub mod ctl;
 pub mod delivery;
 pub mod devices;
@@ -25,12 +28,14 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod guest;
+pub mod hostfile;
 pub mod hypercall;
 pub mod kick;
 pub mod loader;
 pub mod memory;
 pub mod monitor;
 pub mod report;
+pub mod sandbox;
 pub mod signals;
 pub mod stats;
 #[doc(hidden)]

@@ -1,13 +1,13 @@
 //! Loading a guest ELF: validation, PT_LOAD segments into RAM, the boot header.
 
-use std::fs::File;
 use std::io::Read;
 use std::ops::Range;
 use std::path::Path;
 
-use linux_loader::loader::elf::Elf;
-use linux_loader::loader::KernelLoader;
+#[cfg(target_arch = "x86_64")]
+use linux_loader::loader::{elf::Elf, KernelLoader};
 use protocol::boot::{BootHeader, BOOT_HEADER_MAGIC};
+#[cfg(target_arch = "x86_64")]
 use vm_memory::GuestAddress;
 
 use crate::arch::current::{abi::IMAGE_BASE, ELF_MACHINE};
@@ -16,6 +16,9 @@ use crate::memory::GuestRam;
 
 const ELF64_PHDR_SIZE: u64 = 56;
 const PT_LOAD: u32 = 1;
+/// At most this many loadable segments (linkers emit a handful): loading copies each one, so
+/// an image of thousands of large overlapping segments would take minutes.
+pub const MAX_LOAD_SEGMENTS: u64 = 64;
 
 /// What the VMM learned from a guest image before loading it.
 #[derive(Clone, Debug)]
@@ -23,6 +26,8 @@ pub struct ImageInfo {
     pub entry: u64,
     /// `[lowest, highest)` loadable address.
     pub span: Range<u64>,
+    /// The PT_LOAD segments, checked: (file offset, guest-physical address, file size, memory size).
+    pub segments: Vec<(u64, u64, u64, u64)>,
 }
 
 fn machine_name(machine: u16) -> String {
@@ -47,7 +52,7 @@ fn read_headers(path: &Path) -> Result<(Vec<u8>, u64), Error> {
         path: path.into(),
         source,
     };
-    let mut file = File::open(path).map_err(read_err)?;
+    let mut file = crate::hostfile::open_regular(path, false).map_err(read_err)?;
     let file_len = file.metadata().map_err(read_err)?.len();
     let mut bytes = Vec::new();
     (&mut file)
@@ -111,6 +116,7 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
         return Err(bad("program headers lie outside the file".into()));
     }
     let (mut lowest, mut highest) = (u64::MAX, 0);
+    let (mut segments, mut loaded_bytes) = (Vec::new(), 0u64);
     for i in 0..phnum {
         let at = (phoff + i * phentsize) as usize;
         let p_type = u32::from_le_bytes(header_field(&bytes, at));
@@ -139,8 +145,20 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
                 given: mem_size,
             });
         }
+        loaded_bytes = loaded_bytes.saturating_add(memsz);
+        if segments.len() as u64 >= MAX_LOAD_SEGMENTS {
+            return Err(bad(format!(
+                "more than {MAX_LOAD_SEGMENTS} loadable segments"
+            )));
+        }
+        if loaded_bytes > mem_size {
+            return Err(bad(format!(
+                "its segments add up to more than the guest's memory ({mem_size:#x} bytes)"
+            )));
+        }
         lowest = lowest.min(paddr);
         highest = highest.max(end);
+        segments.push((offset, paddr, filesz, memsz));
     }
     let span = lowest..highest;
     if span.start >= span.end {
@@ -151,21 +169,53 @@ pub fn inspect(path: &Path, mem_size: u64) -> Result<ImageInfo, Error> {
             "entry point {entry:#x} lies outside the loaded image"
         )));
     }
-    Ok(ImageInfo { entry, span })
+    Ok(ImageInfo {
+        entry,
+        span,
+        segments,
+    })
 }
 
-/// Load the image into RAM and return its boot header.
-pub fn load(path: &Path, info: &ImageInfo, ram: &GuestRam) -> Result<BootHeader, Error> {
-    let mut file = File::open(path).map_err(|source| Error::ImageRead {
-        path: path.into(),
-        source,
-    })?;
+/// Copy the PT_LOAD segments into RAM (linux-loader's ELF loader).
+#[cfg(target_arch = "x86_64")]
+fn load_segments(path: &Path, _info: &ImageInfo, ram: &GuestRam) -> Result<(), Error> {
+    let mut file =
+        crate::hostfile::open_regular(path, false).map_err(|source| Error::ImageRead {
+            path: path.into(),
+            source,
+        })?;
     Elf::load(ram.inner(), None, &mut file, Some(GuestAddress(IMAGE_BASE))).map_err(|e| {
         Error::BadElf {
             path: path.into(),
             reason: e.to_string(),
         }
     })?;
+    Ok(())
+}
+
+/// Copy the PT_LOAD segments `inspect` checked into RAM and zero their tails (linux-loader
+/// loads ELF only for x86_64).
+#[cfg(not(target_arch = "x86_64"))]
+fn load_segments(path: &Path, info: &ImageInfo, ram: &GuestRam) -> Result<(), Error> {
+    use std::io::{Seek, SeekFrom};
+    let read_err = |source| Error::ImageRead {
+        path: path.into(),
+        source,
+    };
+    let mut file = crate::hostfile::open_regular(path, false).map_err(read_err)?;
+    for &(offset, paddr, filesz, memsz) in &info.segments {
+        let mut bytes = vec![0u8; memsz as usize];
+        file.seek(SeekFrom::Start(offset)).map_err(read_err)?;
+        file.read_exact(&mut bytes[..filesz as usize])
+            .map_err(read_err)?;
+        ram.write_bytes(paddr, &bytes)?;
+    }
+    Ok(())
+}
+
+/// Load the image into RAM and return its boot header.
+pub fn load(path: &Path, info: &ImageInfo, ram: &GuestRam) -> Result<BootHeader, Error> {
+    load_segments(path, info, ram)?;
     let header: BootHeaderRaw = ram.read_struct(info.span.start)?;
     if header.magic != BOOT_HEADER_MAGIC {
         return Err(Error::NoBootHeader {
@@ -270,6 +320,47 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("outside the file"));
+    }
+
+    /// `tiny_elf` with its one program header repeated `count` times.
+    fn many_segments(count: u16) -> Vec<u8> {
+        let one = tiny_elf(ELF_MACHINE, IMAGE_BASE, &[0; 16]);
+        let phnum_at = 56;
+        let phdr = one[64..64 + ELF64_PHDR_SIZE as usize].to_vec();
+        let body = one[64 + ELF64_PHDR_SIZE as usize..].to_vec();
+        let mut elf = one[..64].to_vec();
+        elf[phnum_at..phnum_at + 2].copy_from_slice(&count.to_le_bytes());
+        let shift = (count as u64 - 1) * ELF64_PHDR_SIZE;
+        for _ in 0..count {
+            let mut p = phdr.clone();
+            let offset = u64::from_le_bytes(header_field(&p, 8)) + shift;
+            p[8..16].copy_from_slice(&offset.to_le_bytes());
+            elf.extend(p);
+        }
+        elf.extend(body);
+        elf
+    }
+
+    #[test]
+    fn too_many_segments_are_refused() {
+        let path = temp_file("few", &many_segments(MAX_LOAD_SEGMENTS as u16));
+        inspect(&path, 64 << 20).unwrap();
+        let path = temp_file("many", &many_segments(65_535));
+        let err = inspect(&path, 64 << 20).unwrap_err();
+        assert!(
+            err.to_string().contains("more than 64 loadable segments"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_fifo_image_is_refused() {
+        let path = TempPath::new("loader-fifo");
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = inspect(&path, 64 << 20).unwrap_err();
+        assert!(err.to_string().contains("FIFO"), "{err}");
     }
 
     #[test]

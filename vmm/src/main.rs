@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::time::Duration;
+
 use activm::config::{self, GuestSpec, Key, Machine, Source};
+use activm::console::{self, ConsoleBuffer};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::json;
@@ -26,7 +29,9 @@ enum Command {
     /// Exit status: the guest's exit code (with several guests: 0 if all exited 0, else the
     /// first failing guest's status); 101 if a guest panicked; 125 if it faulted or broke the
     /// hypercall protocol (the report and registers go to stderr); 124 on --timeout; 128+N when
-    /// stopped by signal N; 1 if activm could not start it (bad image, no KVM, bad options);
+    /// stopped by signal N; 159 if a VMM thread made a system call its seccomp filter forbids
+    /// (docs/security.md); 1 if activm could not start it (bad image, no KVM, bad options, a
+    /// --ctl path holding anything but a stale socket);
     /// 2 for usage errors (with --config: also a file that cannot be read, is not TOML, has an
     /// unknown key, a value of the wrong type, a guest without an image or no guest; values
     /// of the right type get the status they get as flags).
@@ -116,6 +121,9 @@ struct RunArgs {
     /// Stop the guests after this many seconds (exit status 124).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
+    /// Debugging: run without the seccomp filters and the Landlock rules (docs/security.md).
+    #[arg(long)]
+    no_sandbox: bool,
     /// Arguments passed to the guests.
     #[arg(last = true, value_name = "GUEST_ARGS")]
     args: Vec<String>,
@@ -138,6 +146,9 @@ enum CtlAction {
     /// Cap how many vCPUs guest GUEST (an id from `list`) may run at once.
     SetVcpus { guest: u64, vcpus: u64 },
 }
+
+/// How long the end of a run waits for console output that makes no progress.
+const CONSOLE_PATIENCE: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
     let start_tsc = activm::rdtsc();
@@ -335,18 +346,37 @@ fn guests_from_flags(args: &RunArgs) -> Result<Vec<GuestSpec>, config::Problem> 
 }
 
 fn run(args: RunArgs, given: &[String], start_tsc: u64) -> ExitCode {
-    let plan = match settings(&args, given)
-        .and_then(|(machine, guests, source)| config::build(&machine, &guests, &source, start_tsc))
-    {
-        Ok(plan) => plan,
+    let (plan, source) = match settings(&args, given).and_then(|(machine, guests, source)| {
+        config::build(&machine, &guests, &source, start_tsc).map(|plan| (plan, source))
+    }) {
+        Ok(planned) => planned,
         Err(e) => return problem(e),
+    };
+    activm::sandbox::configure(!args.no_sandbox);
+    allow_paths(&plan, &source);
+    let console = match ConsoleBuffer::spawn(Box::new(std::io::stdout()), console::CAPACITY) {
+        Ok(console) => console,
+        Err(e) => {
+            eprintln!("activm: error: cannot start the console thread: {e}");
+            return ExitCode::FAILURE;
+        }
     };
     let consoles: Vec<Box<dyn std::io::Write + Send>> = plan
         .guests
         .iter()
-        .map(|_| Box::new(std::io::stdout()) as Box<dyn std::io::Write + Send>)
+        .map(|_| Box::new(console.writer()) as Box<dyn std::io::Write + Send>)
         .collect();
-    let reports = match activm::run_guests(&plan.guests, consoles, &plan.options) {
+    let result = activm::run_guests(&plan.guests, consoles, &plan.options);
+    if !console.drain(CONSOLE_PATIENCE) {
+        eprintln!("activm: the console output is not being read; what was left is dropped");
+    }
+    if console.dropped() > 0 {
+        eprintln!(
+            "activm: {} bytes of console output were dropped (the output was not read)",
+            console.dropped()
+        );
+    }
+    let reports = match result {
         Ok(reports) => reports,
         Err(e) => {
             eprintln!("activm: error: {e}");
@@ -386,6 +416,35 @@ fn run(args: RunArgs, given: &[String], start_tsc: u64) -> ExitCode {
         eprintln!("activm: trace written to {}", path.display());
     }
     ExitCode::from(status as u8)
+}
+
+/// What the sandboxed VMM may still open: what it was given.
+fn allow_paths(plan: &config::RunPlan, source: &Source) {
+    use activm::sandbox::{allow_path, Access};
+    if let Source::File(file) = source {
+        allow_path(file.clone(), Access::Read);
+    }
+    for guest in &plan.guests {
+        allow_path(guest.image.clone(), Access::Read);
+        if let Some(disk) = &guest.disk {
+            let access = if disk.read_only {
+                Access::Read
+            } else {
+                Access::ReadWrite
+            };
+            allow_path(disk.path.clone(), access);
+        }
+    }
+    if let Some(trace) = &plan.options.trace {
+        allow_path(trace.clone(), Access::Write);
+    }
+    if let Some(socket) = &plan.options.ctl_socket {
+        let dir = match socket.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        allow_path(dir, Access::SocketDir);
+    }
 }
 
 fn ctl(args: CtlArgs) -> ExitCode {

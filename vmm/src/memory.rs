@@ -129,6 +129,8 @@ pub struct Plan {
     pub boot_stacks: Range<u64>,
     /// Page tables for the thread-stack region (one 4 KiB table per 2 MiB), in VMM memory.
     pub stack_tables: Range<u64>,
+    /// Page tables for the 2 MiB pages that hold the boot stacks, in VMM memory after those.
+    pub boot_stack_tables: Range<u64>,
     /// Thread stacks with guard pages: `stacks.slots` slots of `stacks.slot_size` bytes.
     pub stack_region: Range<u64>,
     pub stacks: StackSlots,
@@ -168,6 +170,12 @@ impl StackSlots {
     }
 }
 
+/// An unmapped page under every CPL3 boot stack: an overflow faults instead of running into
+/// the shared area (vCPU 0) or the next vCPU's stack.
+pub const BOOT_STACK_GUARD: u64 = 4096;
+/// A boot stack with its guard page below it.
+pub const BOOT_STACK_SLOT: u64 = BOOT_STACK_GUARD + BOOT_STACK_SIZE;
+
 const fn align_up(value: u64, align: u64) -> u64 {
     (value + align - 1) & !(align - 1)
 }
@@ -186,7 +194,7 @@ impl Plan {
         let shared_end =
             shared_start + protocol::shared::shared_area_size(nr_vcpus as usize) as u64;
         let stacks_start = align_up(shared_end, 4096);
-        let stacks_end = stacks_start + nr_vcpus as u64 * BOOT_STACK_SIZE;
+        let stacks_end = stacks_start + nr_vcpus as u64 * BOOT_STACK_SLOT;
         let region_len = align_up(stacks.bytes(), STACK_REGION_ALIGN);
         let tables = region_len / STACK_REGION_ALIGN;
         if tables > MAX_STACK_TABLES {
@@ -196,8 +204,20 @@ impl Plan {
                 (MAX_STACK_TABLES * STACK_REGION_ALIGN) >> 20
             )));
         }
+        // The 2 MiB pages holding the boot stacks are split too, for their guard pages.
+        let boot_tables = (align_up(stacks_end, STACK_REGION_ALIGN)
+            - (stacks_start & !(STACK_REGION_ALIGN - 1)))
+            / STACK_REGION_ALIGN;
+        if tables + boot_tables > MAX_STACK_TABLES {
+            return Err(Error::Config(format!(
+                "thread stacks take {} MiB; at most {} MiB are possible (fewer --thread-stacks)",
+                region_len >> 20,
+                ((MAX_STACK_TABLES - boot_tables) * STACK_REGION_ALIGN) >> 20
+            )));
+        }
         let tables_start = STACK_TABLES_ADDR;
         let tables_end = tables_start + tables * 4096;
+        let boot_tables_end = tables_end + boot_tables * 4096;
         let region_start = align_up(stacks_end, STACK_REGION_ALIGN);
         let region_end = region_start + region_len;
         let heap_start = align_up(region_end, 4096);
@@ -218,15 +238,29 @@ impl Plan {
             shared_area: shared_start..shared_end,
             boot_stacks: stacks_start..stacks_end,
             stack_tables: tables_start..tables_end,
+            boot_stack_tables: tables_end..boot_tables_end,
             stack_region: region_start..region_end,
             stacks,
             heap: heap_start..mem_size,
         })
     }
 
+    /// Whether the 4 KiB page at `addr` (inside the thread-stack region) is mapped: every
+    /// slot's lowest page is its guard, and the region's tail past the last slot is unmapped.
+    pub fn stack_page_mapped(&self, addr: u64) -> bool {
+        let offset = addr - self.stack_region.start;
+        !offset.is_multiple_of(self.stacks.slot_size) && offset < self.stacks.bytes()
+    }
+
     /// Top of vCPU `index`'s CPL3 boot stack.
     pub fn user_stack_top(&self, index: u32) -> u64 {
-        self.boot_stacks.start + (index as u64 + 1) * BOOT_STACK_SIZE
+        self.boot_stacks.start + (index as u64 + 1) * BOOT_STACK_SLOT
+    }
+
+    /// Whether the page at `addr` is the unmapped guard page under a boot stack.
+    pub fn is_boot_stack_guard(&self, addr: u64) -> bool {
+        self.boot_stacks.contains(&addr)
+            && ((addr - self.boot_stacks.start) % BOOT_STACK_SLOT) < BOOT_STACK_GUARD
     }
 
     /// Guest-physical address of vCPU `index`'s area in the shared area.

@@ -5,8 +5,7 @@
 //! SIGTERM into SIGNAL upcalls (a second signal stops every guest), and collects the outcomes.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::allocator::Allocator;
@@ -77,6 +76,12 @@ pub fn run_guests(
     } else {
         options
     };
+    // --timeout counts from here: loading the guests is part of the run.
+    let deadline = options.timeout.map(|t| Instant::now() + t);
+    let ctl_socket = match &options.ctl_socket {
+        Some(path) => Some((path, crate::ctl::bind(path)?)),
+        None => None,
+    };
     vcpu::install_kick_handler()?;
     let signals = if options.handle_signals {
         Some(crate::signals::block()?)
@@ -87,10 +92,14 @@ pub fn run_guests(
         options.pcpus,
         options.quantum,
     )));
-    let trace = options
-        .trace
-        .as_ref()
-        .map(|_| Arc::new(Trace::new(crate::tsc_khz_estimate())));
+    let trace = match &options.trace {
+        Some(path) => Some(Arc::new(
+            Trace::create(path, crate::tsc_khz_estimate()).map_err(|e| {
+                Error::Host(format!("cannot create the trace {}: {e}", path.display()))
+            })?,
+        )),
+        None => None,
+    };
     let names = guest_names(configs);
     let mut guests = Vec::new();
     let mut threads = Vec::new();
@@ -120,7 +129,7 @@ pub fn run_guests(
     }
     let started = crate::arch::current::timestamp();
 
-    let stop_dispatcher = Arc::new(AtomicBool::new(false));
+    let stop_dispatcher = Arc::new(StopSignal::default());
     let dispatcher = {
         let procs = Arc::clone(&procs);
         let stop = Arc::clone(&stop_dispatcher);
@@ -135,30 +144,35 @@ pub fn run_guests(
         let host_sched = options.host_sched;
         std::thread::Builder::new()
             .name("dispatcher".into())
-            .spawn(move || match chaos {
-                None if host_sched => {}
-                None => {
-                    while !stop.load(Ordering::Acquire) {
-                        procs.revoke(procs.alloc.rebalance());
-                        guests.iter().for_each(|g| g.retry_pending());
-                        std::thread::sleep(procs.alloc.quantum().max(Duration::from_micros(100)));
+            .spawn(move || {
+                crate::sandbox::enter(crate::sandbox::ThreadKind::Dispatcher);
+                match chaos {
+                    None if host_sched => {}
+                    None => {
+                        let pause = procs.alloc.quantum().max(Duration::from_micros(100));
+                        while !stop.wait(pause) {
+                            procs.revoke(procs.alloc.rebalance());
+                            guests.iter().for_each(|g| g.retry_pending());
+                        }
                     }
-                }
-                Some(seed) => {
-                    let mut rng = seed | 1;
-                    let mut next = || {
-                        // xorshift64
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        rng
-                    };
-                    while !stop.load(Ordering::Acquire) {
-                        let pcpus = 1 + (next() as usize % max_budget.min(budget.max(1)));
-                        procs.revoke(procs.alloc.set_budget(pcpus));
-                        procs.revoke(procs.alloc.rebalance());
-                        guests.iter().for_each(|g| g.retry_pending());
-                        std::thread::sleep(Duration::from_micros(100 + next() % 1900));
+                    Some(seed) => {
+                        let mut rng = seed | 1;
+                        let mut next = || {
+                            // xorshift64
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            rng
+                        };
+                        loop {
+                            let pcpus = 1 + (next() as usize % max_budget.min(budget.max(1)));
+                            procs.revoke(procs.alloc.set_budget(pcpus));
+                            procs.revoke(procs.alloc.rebalance());
+                            guests.iter().for_each(|g| g.retry_pending());
+                            if stop.wait(Duration::from_micros(100 + next() % 1900)) {
+                                break;
+                            }
+                        }
                     }
                 }
             })
@@ -167,13 +181,20 @@ pub fn run_guests(
     // The first grants, without waiting a quantum.
     procs.revoke(procs.alloc.rebalance());
     let signal_thread = signals.map(|set| crate::signals::spawn_forwarder(set, guests.clone()));
-    let ctl = match &options.ctl_socket {
-        Some(path) => Some(crate::ctl::serve(path, guests.clone(), Arc::clone(&procs))?),
+    let ctl = match ctl_socket {
+        Some((path, bound)) => Some(crate::ctl::serve(
+            path,
+            bound,
+            guests.clone(),
+            Arc::clone(&procs),
+        )?),
         None => None,
     };
+    // Every thread is started: the main thread's own filter now (threads inherit it).
+    crate::sandbox::enter(crate::sandbox::ThreadKind::Main);
 
-    wait_all(&procs, &guests, options.timeout);
-    stop_dispatcher.store(true, Ordering::Release);
+    wait_all(&procs, &guests, deadline, options.timeout);
+    stop_dispatcher.stop();
     for thread in threads {
         if thread.join().is_err() {
             return Err(Error::Host("a vCPU thread panicked".into()));
@@ -184,7 +205,7 @@ pub fn run_guests(
     drop(ctl);
     if let (Some(trace), Some(path)) = (&trace, &options.trace) {
         trace
-            .write_to(path)
+            .finish()
             .map_err(|e| Error::Host(format!("cannot write the trace {}: {e}", path.display())))?;
     }
     Ok(guests
@@ -200,8 +221,36 @@ pub fn run_guests(
         .collect())
 }
 
-fn wait_all(procs: &Processors, guests: &[Arc<Guest>], timeout: Option<Duration>) {
-    let deadline = timeout.map(|t| Instant::now() + t);
+/// Tells the dispatcher to stop, waking it at once however long its pause.
+#[derive(Debug, Default)]
+struct StopSignal {
+    stopped: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl StopSignal {
+    fn stop(&self) {
+        *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.changed.notify_all();
+    }
+
+    /// Pause up to `pause`; true if stopped (then at once).
+    fn wait(&self, pause: Duration) -> bool {
+        let stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        *self
+            .changed
+            .wait_timeout_while(stopped, pause, |stopped| !*stopped)
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+    }
+}
+
+fn wait_all(
+    procs: &Processors,
+    guests: &[Arc<Guest>],
+    deadline: Option<Instant>,
+    timeout: Option<Duration>,
+) {
     let (count, cv) = &procs.finished;
     let mut done = count.lock().unwrap_or_else(|e| e.into_inner());
     while *done < guests.len() {
@@ -239,6 +288,23 @@ pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunRepor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stop_wakes_a_long_pause_at_once() {
+        let stop = Arc::new(StopSignal::default());
+        let waiter = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                assert!(stop.wait(Duration::from_secs(600)));
+                started.elapsed()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        stop.stop();
+        assert!(waiter.join().unwrap() < Duration::from_secs(10));
+        assert!(stop.wait(Duration::from_secs(600)));
+    }
 
     #[test]
     fn guest_names_keep_given_names_and_number_repeated_images() {

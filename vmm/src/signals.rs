@@ -35,6 +35,7 @@ pub fn spawn_forwarder(set: libc::sigset_t, guests: Vec<Arc<Guest>>) -> Option<J
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
+            crate::sandbox::enter(crate::sandbox::ThreadKind::Dispatcher);
             let mut count = 0;
             loop {
                 let mut signal: libc::c_int = 0;

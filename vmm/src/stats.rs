@@ -9,6 +9,46 @@ use protocol::shared::UpcallKind;
 use crate::activation::upcall_name;
 use crate::guest::Guest;
 
+/// A uniform sample of at most [`Reservoir::CAPACITY`] values out of all pushed (Vitter's
+/// algorithm R), so a long run's latency statistics take bounded memory.
+#[derive(Clone, Debug, Default)]
+pub struct Reservoir {
+    samples: Vec<u64>,
+    seen: u64,
+    rng: u64,
+}
+
+impl Reservoir {
+    pub const CAPACITY: usize = 4096;
+
+    pub fn push(&mut self, value: u64) {
+        self.seen += 1;
+        if self.samples.len() < Self::CAPACITY {
+            self.samples.push(value);
+            return;
+        }
+        // xorshift64, seeded by the count: statistics, not security.
+        let mut x = (self.rng ^ self.seen.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        let slot = x % self.seen;
+        if (slot as usize) < Self::CAPACITY {
+            self.samples[slot as usize] = value;
+        }
+    }
+
+    pub fn samples(&self) -> &[u64] {
+        &self.samples
+    }
+
+    /// How many values were pushed in all.
+    pub fn seen(&self) -> u64 {
+        self.seen
+    }
+}
+
 /// Median and 99th percentile of `samples` (sorted in place).
 pub fn median_p99(samples: &mut [u64]) -> Option<(u64, u64)> {
     if samples.is_empty() {
@@ -50,19 +90,22 @@ pub fn render(guest: &Guest) -> String {
         n(&s.stack_waits),
         n(&s.canceled)
     );
-    let mut delays = s
-        .preempt_delays
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let (mut delays, seen) = {
+        let reservoir = s.preempt_delays.lock().unwrap_or_else(|e| e.into_inner());
+        (reservoir.samples().to_vec(), reservoir.seen())
+    };
     if let Some((median, p99)) = median_p99(&mut delays) {
         let us = |t: u64| t as f64 * 1000.0 / guest.tsc_khz.max(1) as f64;
         let _ = write!(
             out,
-            "\npreemption latency (kick to context in hand): median {:.1} us, p99 {:.1} us, n={}",
+            "\npreemption latency (kick to context in hand): median {:.1} us, p99 {:.1} us, n={seen}{}",
             us(median),
             us(p99),
-            delays.len()
+            if seen > delays.len() as u64 {
+                format!(" (from a uniform sample of {})", delays.len())
+            } else {
+                String::new()
+            }
         );
     }
     let (mut hypercalls, mut kicks, mut other) = (0, 0, 0);
@@ -75,18 +118,22 @@ pub fn render(guest: &Guest) -> String {
         out,
         "\nexits: hypercall={hypercalls} kick={kicks} other={other}"
     );
+    if let Some(line) = crate::arch::current::register_transfer_stats() {
+        let _ = write!(out, "\n{line}");
+    }
     if let Some(disk) = &guest.disk {
         let d = &disk.stats;
         let blocking = n(&d.blocking);
         let _ = write!(
             out,
-            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} blocked the vCPU={} (mean {:.0} us)",
+            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} asynchronous={} blocked the vCPU={} (mean {:.0} us)",
             disk.path().display(),
             n(&d.reads),
             n(&d.writes),
             n(&d.flushes),
             n(&d.bytes),
             n(&d.immediate),
+            n(&d.asynchronous),
             blocking,
             n(&d.blocked_us) as f64 / blocking.max(1) as f64
         );
@@ -101,5 +148,18 @@ mod tests {
         let mut v: Vec<u64> = (1..=100).collect();
         assert_eq!(super::median_p99(&mut v), Some((51, 99)));
         assert_eq!(super::median_p99(&mut []), None);
+    }
+
+    #[test]
+    fn the_reservoir_stays_bounded_and_representative() {
+        let mut r = super::Reservoir::default();
+        for v in 0..1_000_000u64 {
+            r.push(v);
+        }
+        assert_eq!(r.seen(), 1_000_000);
+        assert_eq!(r.samples().len(), super::Reservoir::CAPACITY);
+        let mut s = r.samples().to_vec();
+        let (median, _) = super::median_p99(&mut s).unwrap();
+        assert!((400_000..600_000).contains(&median), "{median}");
     }
 }

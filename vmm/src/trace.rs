@@ -1,19 +1,20 @@
 //! `--trace FILE`: vCPU state changes, upcalls and hypercalls as Chrome trace-event JSON
 //! (open it in Perfetto or chrome://tracing). One process per guest, one thread per vCPU.
+//!
+//! Events are streamed to the file as they happen (through a 64 KiB buffer), so a long run
+//! costs disk, not memory. The file is opened when the run starts and completed at its end.
 
-use std::io::Write;
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::Mutex;
 
 #[derive(Debug)]
-struct TraceEvent {
-    name: &'static str,
-    /// 'B' begin, 'E' end, 'i' instant.
-    phase: char,
-    tsc: u64,
-    guest: usize,
-    vcpu: u32,
-    arg: u64,
+struct Output {
+    out: BufWriter<File>,
+    events: usize,
+    /// The first write error; the trace stops there.
+    failed: Option<std::io::Error>,
 }
 
 /// A trace being recorded.
@@ -21,41 +22,58 @@ struct TraceEvent {
 pub struct Trace {
     start_tsc: u64,
     tsc_khz: u64,
-    events: Mutex<Vec<TraceEvent>>,
-    guest_names: Mutex<Vec<String>>,
+    output: Mutex<Output>,
 }
 
 impl Trace {
-    pub fn new(tsc_khz: u64) -> Trace {
-        Trace {
+    /// Create (or truncate) `path` and start the trace there.
+    pub fn create(path: &Path, tsc_khz: u64) -> std::io::Result<Trace> {
+        let mut out = BufWriter::with_capacity(64 * 1024, crate::hostfile::create_regular(path)?);
+        writeln!(out, "{{\"displayTimeUnit\":\"ns\",\"traceEvents\":[")?;
+        Ok(Trace {
             start_tsc: crate::rdtsc(),
             tsc_khz: tsc_khz.max(1),
-            events: Mutex::new(Vec::new()),
-            guest_names: Mutex::new(Vec::new()),
+            output: Mutex::new(Output {
+                out,
+                events: 0,
+                failed: None,
+            }),
+        })
+    }
+
+    /// Write one event object (with its separator).
+    fn emit(&self, line: std::fmt::Arguments) {
+        let mut output = self.output.lock().unwrap_or_else(|e| e.into_inner());
+        if output.failed.is_some() {
+            return;
+        }
+        // Metadata and events alike follow the header line; the first object has no comma.
+        let sep = if output.events == 0 { "" } else { "," };
+        let result = writeln!(output.out, "{sep}{line}");
+        match result {
+            Ok(()) => output.events += 1,
+            Err(e) => output.failed = Some(e),
         }
     }
 
     pub fn name_guest(&self, guest: usize, name: &str) {
-        let mut names = self.guest_names.lock().unwrap_or_else(|e| e.into_inner());
-        if names.len() <= guest {
-            names.resize(guest + 1, String::new());
-        }
-        names[guest] = name.to_string();
+        self.emit(
+            format_args!(
+                "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{guest},\"args\":{{\"name\":\"{}\"}}}}",
+                name.replace(['"', '\\'], "_")
+            ),
+        );
     }
 
     fn push(&self, name: &'static str, phase: char, guest: usize, vcpu: u32, arg: u64) {
-        let event = TraceEvent {
-            name,
-            phase,
-            tsc: crate::rdtsc(),
-            guest,
-            vcpu,
-            arg,
-        };
-        self.events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(event);
+        let tsc = crate::rdtsc();
+        let ts = tsc.saturating_sub(self.start_tsc) as f64 * 1000.0 / self.tsc_khz as f64;
+        let scope = if phase == 'i' { ",\"s\":\"t\"" } else { "" };
+        self.emit(
+            format_args!(
+                "{{\"name\":\"{name}\",\"ph\":\"{phase}\",\"ts\":{ts:.3},\"pid\":{guest},\"tid\":{vcpu}{scope},\"args\":{{\"arg\":{arg}}}}}"
+            ),
+        );
     }
 
     /// The vCPU enters state `name` (a duration until [`Trace::end`]).
@@ -72,35 +90,16 @@ impl Trace {
         self.push(name, 'i', guest, vcpu, arg);
     }
 
-    pub fn write_to(&self, path: &Path) -> std::io::Result<usize> {
-        let events = self.events.lock().unwrap_or_else(|e| e.into_inner());
-        let names = self.guest_names.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-        writeln!(out, "{{\"displayTimeUnit\":\"ns\",\"traceEvents\":[")?;
-        let mut first = true;
-        for (guest, name) in names.iter().enumerate() {
-            let sep = if first { "" } else { "," };
-            first = false;
-            writeln!(
-                out,
-                "{sep}{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{guest},\"args\":{{\"name\":\"{}\"}}}}",
-                name.replace(['"', '\\'], "_")
-            )?;
+    /// Close the JSON and flush; returns how many objects (events and guest names) were
+    /// written.
+    pub fn finish(&self) -> std::io::Result<usize> {
+        let mut output = self.output.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = output.failed.take() {
+            return Err(e);
         }
-        for e in events.iter() {
-            let ts = e.tsc.saturating_sub(self.start_tsc) as f64 * 1000.0 / self.tsc_khz as f64;
-            let sep = if first { "" } else { "," };
-            first = false;
-            let scope = if e.phase == 'i' { ",\"s\":\"t\"" } else { "" };
-            writeln!(
-                out,
-                "{sep}{{\"name\":\"{}\",\"ph\":\"{}\",\"ts\":{ts:.3},\"pid\":{},\"tid\":{}{scope},\"args\":{{\"arg\":{}}}}}",
-                e.name, e.phase, e.guest, e.vcpu, e.arg
-            )?;
-        }
-        writeln!(out, "]}}")?;
-        out.flush()?;
-        Ok(events.len())
+        writeln!(output.out, "]}}")?;
+        output.out.flush()?;
+        Ok(output.events)
     }
 }
 
@@ -110,18 +109,33 @@ mod tests {
 
     #[test]
     fn writes_valid_looking_json() {
-        let trace = Trace::new(2_000_000);
+        let path = crate::testing::TempPath::new("trace.json");
+        let trace = Trace::create(&path, 2_000_000).unwrap();
         trace.name_guest(0, "demo");
         trace.begin(0, 1, "running");
         trace.instant(0, 1, "upcall PREEMPTED", 7);
         trace.end(0, 1, "running");
-        let path = crate::testing::TempPath::new("trace.json");
-        assert_eq!(trace.write_to(&path).unwrap(), 3);
+        assert_eq!(trace.finish().unwrap(), 4);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("{\"displayTimeUnit\""));
         assert!(text.contains("\"ph\":\"B\""));
         assert!(text.contains("\"name\":\"upcall PREEMPTED\""));
         assert!(text.trim_end().ends_with("]}"));
         assert_eq!(text.matches('{').count(), text.matches('}').count());
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["traceEvents"].as_array().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn events_go_to_the_file_not_to_memory() {
+        let path = crate::testing::TempPath::new("trace-stream.json");
+        let trace = Trace::create(&path, 2_000_000).unwrap();
+        for i in 0..100_000 {
+            trace.instant(0, 0, "hypercall", i);
+        }
+        // All but the last buffer's worth is on disk already.
+        let on_disk = std::fs::metadata(&path).unwrap().len();
+        assert!(on_disk > 5_000_000, "{on_disk}");
+        assert_eq!(trace.finish().unwrap(), 100_000);
     }
 }

@@ -66,7 +66,7 @@ fn work_visible() -> bool {
 
 /// [`work_visible`] but for deferred interrupt work.
 pub(crate) fn work_queued() -> bool {
-    if upcall::queue_nonempty() || timer::sleepers_due() {
+    if upcall::queue_nonempty() || timer::sleepers_due() || crate::blk::completions_ready() {
         return true;
     }
     let p = percpu::this();
@@ -135,7 +135,8 @@ pub(super) fn idle() {
         let may_yield = yield_after != 0
             && config::use_halt()
             && upcall::activations_enabled()
-            && !timer::has_sleepers();
+            && !timer::has_sleepers()
+            && !crate::blk::requests_in_flight();
         let halted_at = cpu::rdtsc();
         if may_yield {
             timer::arm_idle_deadline(halted_at + yield_after);

@@ -59,6 +59,12 @@ fn on_current_thread_stack(at: usize) -> bool {
 /// The reschedule IPI: it only has to wake a halted vCPU (whose scheduler then looks for work).
 pub fn on_resched(frame: &mut IrqFrame) {
     if irq_prologue(frame) {
+        if crate::blk::completions_ready() {
+            // The VMM's nudge for block completions a busy vCPU left waiting: the scheduler
+            // loop takes them.
+            super::preempt_current();
+            return;
+        }
         // A clean context: also act on anything a nested interrupt had to defer.
         safepoint();
     } else {

@@ -240,6 +240,7 @@ pub fn sched_loop() -> ! {
         crate::watchdog::tick();
         let pending = cpu::take_pending();
         upcall::drain();
+        crate::blk::poll_completions();
         if Pending::Timer.is_in(pending) || timer::sleepers_due() {
             timer::wake_due();
         }

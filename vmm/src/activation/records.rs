@@ -42,6 +42,18 @@ pub(super) fn drain_into(
     Ok(written)
 }
 
+/// Where BLOCKED records went, at most: a vCPU blocks one activation at a time, so more
+/// entries than vCPUs are records whose UNBLOCKED never came (a guest's doing); the oldest go.
+const MAX_BLOCKED_RECORDS: usize = 2 * protocol::MAX_VCPUS;
+
+/// Note where activation `entry.0`'s BLOCKED record went, keeping the list bounded.
+fn remember_blocked(records: &mut Vec<(u32, u32, u32)>, entry: (u32, u32, u32)) {
+    records.retain(|&(a, _, _)| a != entry.0);
+    if records.len() >= MAX_BLOCKED_RECORDS {
+        records.remove(0);
+    }
+    records.push(entry);
+}
 /// Write `event` into `vcpu`'s queue, giving it a sequence number if it has none.
 pub(super) fn write_record(
     state: &mut State,
@@ -80,10 +92,7 @@ pub(super) fn write_record(
     };
     if event.kind == UpcallKind::Blocked {
         let there = state.current[vcpu as usize];
-        state
-            .blocked_records
-            .retain(|&(a, _, _)| a != event.activation);
-        state.blocked_records.push((event.activation, vcpu, there));
+        remember_blocked(&mut state.blocked_records, (event.activation, vcpu, there));
     }
     let slot = head as usize % UPCALL_QUEUE_CAPACITY;
     area.write_record(vcpu, slot, &record)
@@ -187,5 +196,23 @@ impl RecordRaw {
             seq: self.seq,
             tsc: self.tsc,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocked_records_are_bounded() {
+        let mut records = Vec::new();
+        for activation in 0..10_000 {
+            remember_blocked(&mut records, (activation, activation % 4, 7));
+        }
+        assert_eq!(records.len(), MAX_BLOCKED_RECORDS);
+        assert_eq!(records.last(), Some(&(9_999, 3, 7)));
+        remember_blocked(&mut records, (9_999, 0, 8));
+        assert_eq!(records.len(), MAX_BLOCKED_RECORDS);
+        assert_eq!(records.iter().filter(|r| r.0 == 9_999).count(), 1);
     }
 }

@@ -8,10 +8,12 @@ use super::x86_64 as this;
 
 // The ABI constants (`protocol::arch::*`) and where the VMM puts its boot structures.
 pub use super::layout;
-pub use this::{abi, boot, ELF_MACHINE};
+pub use this::{abi, boot, ELF_MACHINE, IRQ_CONTROLLER_BASE};
 // The VM and its vCPUs: the KVM capabilities needed, the interrupt controller, initial vCPU
 // state, the upcall interrupt.
-pub use this::{configure_vcpu, send_upcall_interrupt, setup_vm, ArchVm, REQUIRED_CAPS};
+pub use this::{
+    configure_vcpu, send_upcall_interrupt, send_wakeup_interrupt, setup_vm, ArchVm, REQUIRED_CAPS,
+};
 // Exits: syncing registers out, hypercall arguments and result, halting and waking.
 pub use this::exit::{
     describe_pc, halt, hypercall_args, make_runnable, prepare_run, set_hypercall_result, timestamp,
@@ -21,4 +23,6 @@ pub use this::exit::{
 pub use this::context::{at_activation_entry, at_user_level, enter_activation, take_user_context};
 // Reports, and a guest that crashes at once for the tests.
 pub use this::vcpu::{dump, fatal_trap_report};
-pub use this::{INTERNAL_ERROR_HINT, TRIPLE_FAULT_CODE};
+pub use this::{register_transfer_stats, INTERNAL_ERROR_HINT, TRIPLE_FAULT_CODE};
+// The sandbox: the seccomp target and the KVM ioctl requests each thread kind makes.
+pub use this::seccomp;

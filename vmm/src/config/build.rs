@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{
     host_cpus, GuestSpec, Key, Machine, MonitorOptions, Problem, RunPlan, Source, VmConfig,
-    EXIT_INVALID, EXIT_USAGE,
+    EXIT_INVALID, EXIT_USAGE, MAX_QUANTUM_MS, MAX_TIMEOUT_SECS,
 };
 use crate::devices::blk::DiskConfig;
 
@@ -74,7 +74,15 @@ pub fn build(
                 "must be a positive number of seconds",
             ))
         }
-        other => other.map(Duration::from_secs_f64),
+        Some(secs) if secs > MAX_TIMEOUT_SECS => {
+            return Err(fail(
+                EXIT_USAGE,
+                Key::Timeout,
+                None,
+                &format!("is at most {MAX_TIMEOUT_SECS} seconds"),
+            ))
+        }
+        other => other.and_then(|secs| Duration::try_from_secs_f64(secs).ok()),
     };
     if !(machine.quantum_ms > 0.0 && machine.quantum_ms.is_finite()) {
         return Err(fail(
@@ -82,6 +90,14 @@ pub fn build(
             Key::Quantum,
             None,
             "must be a positive number of milliseconds",
+        ));
+    }
+    if machine.quantum_ms > MAX_QUANTUM_MS {
+        return Err(fail(
+            EXIT_USAGE,
+            Key::Quantum,
+            None,
+            &format!("is at most {MAX_QUANTUM_MS} milliseconds"),
         ));
     }
     if machine.pcpus == Some(0) {
@@ -173,7 +189,8 @@ pub fn build(
         guests: configs,
         options: MonitorOptions {
             pcpus: machine.pcpus.unwrap_or_else(host_cpus),
-            quantum: Duration::from_secs_f64(machine.quantum_ms / 1000.0),
+            quantum: Duration::try_from_secs_f64(machine.quantum_ms / 1000.0)
+                .unwrap_or(Duration::from_millis(10)),
             activations: true,
             timeout,
             trace: machine.trace.clone(),

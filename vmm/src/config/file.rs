@@ -128,12 +128,14 @@ struct FileGuest {
 
 /// Read the configuration file at `path`.
 pub fn load(path: &Path) -> Result<(Machine, Vec<GuestSpec>), Problem> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Problem::usage(format!(
-            "cannot read the configuration {}: {e}",
-            path.display()
-        ))
-    })?;
+    let text = crate::hostfile::read_text_capped(path, crate::hostfile::MAX_CONFIG_BYTES).map_err(
+        |e| {
+            Problem::usage(format!(
+                "cannot read the configuration {}: {e}",
+                path.display()
+            ))
+        },
+    )?;
     parse(&text, path)
 }
 

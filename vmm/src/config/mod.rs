@@ -58,6 +58,10 @@ use crate::arch::current as arch;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status of a setting activm cannot use (and of every failure to start a guest).
 pub const EXIT_INVALID: u8 = 1;
+/// The longest `--timeout`: a year, far beyond any run, far below what a Duration holds.
+pub const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
+/// The longest `--quantum`: a minute.
+pub const MAX_QUANTUM_MS: f64 = 60_000.0;
 
 /// Guest RAM unless `--mem` or `mem` says otherwise.
 pub const DEFAULT_MEM: u64 = 256 << 20;

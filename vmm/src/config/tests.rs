@@ -257,6 +257,18 @@ fn values_are_checked_with_the_flags_statuses() {
     );
     let p = build_err("quantum = -1\n[[guest]]\nimage = \"demo\"\n");
     assert_eq!(p.status, EXIT_USAGE);
+    // Huge values are usage errors, never a panic building a Duration.
+    for (text, message) in [
+        ("timeout = 1e30", "timeout is at most 31536000 seconds"),
+        ("timeout = 1e19", "timeout is at most 31536000 seconds"),
+        ("quantum = 1e300", "quantum is at most 60000 milliseconds"),
+    ] {
+        let p = build_err(&format!("{text}\n[[guest]]\nimage = \"demo\"\n"));
+        assert_eq!(
+            (p.status, p.message),
+            (EXIT_USAGE, format!("{FILE}: {message}"))
+        );
+    }
     let p = build_err("pcpus = 0\n[[guest]]\nimage = \"demo\"\n");
     assert_eq!(
         (p.status, p.message),

@@ -8,15 +8,15 @@
 //! thread gives its processor back first and does the I/O while the guest gets BLOCKED /
 //! UNBLOCKED upcalls (`vcpu.rs`).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use protocol::blk::{
-    BLK_ERR_IO, BLK_ERR_RANGE, BLK_ERR_READ_ONLY, BLK_FLAG_READ_ONLY, BLK_INFO_FLAGS,
-    BLK_INFO_SECTORS, BLK_MAX_SECTORS, BLK_OK, SECTOR_SIZE,
+    BLK_ERR_IO, BLK_ERR_RANGE, BLK_ERR_READ_ONLY, BLK_FLAG_ASYNC, BLK_FLAG_READ_ONLY,
+    BLK_INFO_FLAGS, BLK_INFO_SECTORS, BLK_MAX_SECTORS, BLK_OK, SECTOR_SIZE,
 };
 
 use crate::error::Error;
@@ -58,6 +58,8 @@ pub struct DiskStats {
     pub immediate: AtomicU64,
     /// Requests that blocked the vCPU.
     pub blocking: AtomicU64,
+    /// Asynchronous requests that went on after their exit (`blk_submit` → `BLK_IN_FLIGHT`).
+    pub asynchronous: AtomicU64,
     pub bytes: AtomicU64,
     /// Total time blocking requests took, in microseconds.
     pub blocked_us: AtomicU64,
@@ -72,6 +74,8 @@ pub struct Disk {
     read_only: bool,
     latency: Duration,
     pub stats: DiskStats,
+    /// Asynchronous requests (`blk_submit`, `blk_async.rs`).
+    pub queue: crate::devices::blk_async::AsyncQueue,
 }
 
 /// Longest emulated latency accepted (a stuck guest must still be stoppable quickly).
@@ -88,10 +92,7 @@ impl Disk {
                 MAX_LATENCY.as_micros()
             )));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!config.read_only)
-            .open(&config.path)
+        let file = crate::hostfile::open_regular(&config.path, !config.read_only)
             .map_err(|e| fail(&e.to_string()))?;
         let meta = file.metadata().map_err(|e| fail(&e.to_string()))?;
         if !meta.is_file() {
@@ -119,6 +120,7 @@ impl Disk {
             read_only: config.read_only,
             latency: config.latency,
             stats: DiskStats::default(),
+            queue: Default::default(),
         })
     }
 
@@ -130,11 +132,14 @@ impl Disk {
     pub fn info(&self, what: u64) -> Option<u64> {
         match what {
             BLK_INFO_SECTORS => Some(self.sectors),
-            BLK_INFO_FLAGS => Some(if self.read_only {
-                BLK_FLAG_READ_ONLY
-            } else {
-                0
-            }),
+            BLK_INFO_FLAGS => Some(
+                BLK_FLAG_ASYNC
+                    | if self.read_only {
+                        BLK_FLAG_READ_ONLY
+                    } else {
+                        0
+                    },
+            ),
             _ => None,
         }
     }
@@ -180,9 +185,27 @@ impl Disk {
         req.op == Op::Flush || !self.latency.is_zero()
     }
 
+    /// The emulated latency (`--io-latency`).
+    pub fn latency(&self) -> Duration {
+        self.latency
+    }
+
     /// Try to complete a checked request without waiting: `Some(result)` when done.
     pub fn try_now(&self, ram: &GuestRam, req: &Request) -> Option<u64> {
         if self.must_block(req) {
+            return None;
+        }
+        let result = self.transfer_now(ram, req);
+        if result.is_some() {
+            self.stats.immediate.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Try to move a read or write's data without waiting, whatever the emulated latency (the
+    /// caller adds it): `Some(result)` when done. Flushes always wait.
+    pub fn transfer_now(&self, ram: &GuestRam, req: &Request) -> Option<u64> {
+        if req.op == Op::Flush {
             return None;
         }
         // Reads ask the page cache only. Buffered writes land in the page cache too, but few
@@ -195,7 +218,6 @@ impl Disk {
         match self.transfer(ram, req, flags) {
             Ok(()) => {
                 self.count(req);
-                self.stats.immediate.fetch_add(1, Ordering::Relaxed);
                 Some(BLK_OK)
             }
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => None,
@@ -209,6 +231,18 @@ impl Disk {
     /// cut short if `stop` is set). Called with no processor held.
     pub fn perform(&self, ram: &GuestRam, req: &Request, stop: &AtomicBool) -> u64 {
         let started = Instant::now();
+        let result = self.perform_until(ram, req, &|| stop.load(Ordering::Acquire));
+        self.stats.blocking.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .blocked_us
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        result
+    }
+
+    /// [`Disk::perform`] without the blocking counters (for asynchronous requests), the
+    /// emulated latency cut short once `stop()` says so.
+    pub fn perform_until(&self, ram: &GuestRam, req: &Request, stop: &dyn Fn() -> bool) -> u64 {
+        let started = Instant::now();
         let result = match req.op {
             Op::Flush => match self.file.sync_data() {
                 Ok(()) => BLK_OK,
@@ -220,16 +254,12 @@ impl Disk {
             },
         };
         if req.op != Op::Flush {
-            while started.elapsed() < self.latency && !stop.load(Ordering::Acquire) {
+            while started.elapsed() < self.latency && !stop() {
                 let left = self.latency.saturating_sub(started.elapsed());
                 std::thread::sleep(left.min(Duration::from_millis(1)));
             }
         }
         self.count(req);
-        self.stats.blocking.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .blocked_us
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         result
     }
 
@@ -394,7 +424,10 @@ mod tests {
             .check(&plan, &req(Op::Read, 0, 0x40_0000, 257))
             .is_err());
         assert_eq!(disk.info(BLK_INFO_SECTORS), Some(8));
-        assert_eq!(disk.info(BLK_INFO_FLAGS), Some(BLK_FLAG_READ_ONLY));
+        assert_eq!(
+            disk.info(BLK_INFO_FLAGS),
+            Some(BLK_FLAG_READ_ONLY | BLK_FLAG_ASYNC)
+        );
         assert_eq!(disk.info(7), None);
     }
 

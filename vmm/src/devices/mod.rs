@@ -2,5 +2,8 @@
 //!
 //! * [`blk`]: a block device backed by a host file, whose slow requests block the vCPU in the
 //!   VMM (the source of BLOCKED / UNBLOCKED upcalls).
+//! * [`blk_async`]: the same device's asynchronous requests: a completion ring in guest
+//!   memory and I/O threads; the vCPU never blocks.
 
 pub mod blk;
+pub mod blk_async;

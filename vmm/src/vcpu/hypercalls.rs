@@ -13,6 +13,7 @@ use crate::activation::Event;
 use crate::allocator::Slot;
 use crate::arch::current as arch;
 use crate::devices::blk::Request;
+use crate::devices::blk_async::AsyncQueue;
 use crate::hypercall::{Call, Malformed};
 use crate::memory::GuestRam;
 use crate::vm::Outcome;
@@ -83,7 +84,26 @@ impl VcpuThread {
                 Some(disk) => disk.info(what).unwrap_or(HC_UNSUPPORTED),
             }),
             Call::Blk(req) => self.blk(kind, req),
+            Call::BlkRingSetup { ring } => {
+                self.blk_async(kind, |queue| queue.setup(&self.guest, ring))
+            }
+            Call::BlkSubmit { args } => {
+                self.blk_async(kind, |queue| queue.submit(&self.guest, args))
+            }
         }
+    }
+
+    /// `blk_ring_setup` and `blk_submit` (`devices/blk_async.rs`; `Err` there is a violation).
+    fn blk_async(
+        &self,
+        kind: Hypercall,
+        call: impl FnOnce(&AsyncQueue) -> Result<u64, String>,
+    ) -> Handled {
+        let Some(disk) = &self.guest.disk else {
+            return Ok(BLK_ERR_NO_DEVICE);
+        };
+        call(&disk.queue)
+            .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())))
     }
 
     fn console_write(&self, kind: Hypercall, buf: u64, len: u64) -> Handled {
@@ -107,6 +127,10 @@ impl VcpuThread {
 
     /// Sleep inside KVM until an interrupt is pending; KVM completes this load first.
     fn halt(&self) -> Handled {
+        // With I/O completions due, this vCPU's thread may post them when they are.
+        if let Some(disk) = &self.guest.disk {
+            disk.queue.before_halt(self.index);
+        }
         self.control.maybe_halted.store(true, Ordering::Relaxed);
         arch::halt(&self.fd)
             .map_err(|e| self.violation(format!("KVM_SET_MP_STATE(HALTED): {e}")))?;

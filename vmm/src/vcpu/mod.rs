@@ -82,6 +82,7 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
         fresh: None,
         snapshot_taken: false,
     };
+    crate::sandbox::enter(crate::sandbox::ThreadKind::Vcpu);
     vcpu.run();
     vcpu.control.unbind();
 }

@@ -121,6 +121,7 @@ impl VcpuThread {
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 self.fd.set_kvm_immediate_exit(0);
+                crate::devices::blk_async::after_kick(&self.guest, self.index, &self.fd);
                 if self.guest.stall_snapshot.load(Ordering::Acquire) && !self.snapshot_taken {
                     self.snapshot_taken = true;
                     eprintln!(

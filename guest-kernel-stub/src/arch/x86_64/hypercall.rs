@@ -22,3 +22,9 @@ pub(crate) unsafe fn load(addr: u64, a0: u64, a1: u64, a2: u64, a3: u64) -> u64 
     }
     ret
 }
+
+/// Sleeps until an interrupt is pending: the `halt` call (`hlt` is privileged).
+pub(crate) fn halt() {
+    // SAFETY: halt takes no arguments.
+    unsafe { crate::hypercall::raw(protocol::hypercall::Hypercall::Halt as u64, 0, 0, 0, 0) };
+}

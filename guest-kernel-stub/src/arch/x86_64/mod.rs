@@ -36,6 +36,11 @@ pub fn current_cpl() -> u8 {
     (cs & 3) as u8
 }
 
+/// "CPL3": how this architecture names the unprivileged level apps run at.
+pub fn current_level_name() -> &'static str {
+    "CPL3"
+}
+
 /// Per-vCPU set-up at CPL3, before the heap and the layer above.
 pub(crate) fn init_vcpu() {
     irqchip::enable();

@@ -1,6 +1,23 @@
-//! aarch64 (EL0): the port's plan. Nothing is written yet (the stub has no aarch64 side either,
-//! `guest-kernel-stub/src/arch/aarch64`). The rest of the runtime reaches the architecture only
-//! through the names `arch/mod.rs` re-exports; each must do here what the x86_64 one does:
+//! aarch64 (EL0): the port's plan. Nothing is written yet here; the stub's aarch64 side is
+//! (`guest-kernel-stub/src/arch/aarch64`, checked under arm64 KVM by `cargo xtask
+//! aarch64-test`). What it gives this port, and how it differs from x86_64:
+//!
+//! * Interrupts reach EL0 with the EOI already done at EL1, on the interrupted stack, as a
+//!   `protocol::arch::aarch64::IrqFrame` (x0, x1, pc, pstate, intid, sp) under which the stub's
+//!   trampoline saved x2-x30, FPCR/FPSR and q0-q31; the trampoline returns with `svc #0`, which
+//!   reloads pc, pstate (NZCV), sp, x0 and x1 from the frame: a handler switches threads by
+//!   rewriting the frame. There is no EOI window (`trap_eoi_window` is empty) and no owed EOI.
+//! * Every vCPU's upcall SPI is reported as `UPCALL_IRQ`; SGIs (reschedule, self-IPIs) are sent
+//!   with `irqchip::send_sgi` (`svc #1`); the virtual timer (`TIMER_IRQ`) is armed from EL0
+//!   (`irqchip::arm_timer_ticks`) and masked by the stub when it fires: re-arm it.
+//! * `halt` is `wfi` at EL0 (no VMM exit); the per-vCPU block is `percpu`'s, through
+//!   TPIDRRO_EL0, with migration-safe `local_add`/`local_or` (LL/SC, base re-read inside the
+//!   loop) but two-instruction reads; TPIDR_EL0 is free for thread-local storage (the VMM
+//!   saves and restores it in a `UserContext`).
+//! * CPU exceptions at EL0 are still fatal (the stub records the handler but delivers nothing).
+//!
+//! The rest of the runtime reaches the architecture only through the names `arch/mod.rs`
+//! re-exports; each must do here what the x86_64 one does:
 //!
 //! * `context`: `switch_out`/`switch_in` saving x19-x30, sp, FPCR and d8-d15 (callee-saved) with
 //!   the same order of stores (`InSched` first, the commit last, then the pending check);

@@ -5,6 +5,7 @@
 
 extern crate alloc;
 
+mod blk;
 mod sa;
 
 use alloc::string::{String, ToString};
@@ -22,7 +23,8 @@ const USAGE: &str = concat!(
     "usage: selftest MODE [ARGS]\n",
     "modes: exit N | panic | cpl | privileged | null | unknown-hypercall | misaligned-hypercall |\n",
     "       bad-pointer | store-hypercall | fp | smp | args | spin | heap | irq | irq-stress | sa |\n",
-    "       sa-signal | sa-hostile | sa-spin | sa-defer | ipi-latency | blk-bad-buffer",
+    "       sa-signal | sa-hostile | sa-spin | sa-defer | ipi-latency | blk-bad-buffer |\n",
+    "       blk-async CASE",
 );
 
 /// vCPUs that have finished their part of `cpl` or `smp`.
@@ -73,6 +75,7 @@ fn main(vcpu: u32) -> ! {
             panic!("console_write with a bad pointer returned");
         }
         "store-hypercall" => store_hypercall(),
+        "blk-async" => blk::run(argv.next().unwrap_or("")),
         "blk-bad-buffer" => {
             // SAFETY: the VMM must refuse a buffer in its own memory (page tables at 0x1000)
             // and stop the guest before writing anything.

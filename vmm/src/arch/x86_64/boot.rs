@@ -32,7 +32,32 @@ pub fn write_tables(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
     write_gdt(ram, plan.nr_vcpus)?;
     write_idt(ram, plan.vectors, plan.vector_stride)?;
     write_page_tables(ram, plan.mem_size)?;
-    write_stack_region_tables(ram, plan)
+    write_stack_region_tables(ram, plan)?;
+    write_boot_stack_tables(ram, plan)
+}
+
+/// Map the 2 MiB pages that hold the CPL3 boot stacks with 4 KiB pages, as before but for the
+/// guard page under every stack, which stays unmapped.
+fn write_boot_stack_tables(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
+    let user = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
+    let first = plan.boot_stacks.start & !(TWO_MIB - 1);
+    for (i, chunk) in (first..plan.boot_stacks.end)
+        .step_by(TWO_MIB as usize)
+        .enumerate()
+    {
+        let table = plan.boot_stack_tables.start + 4096 * i as u64;
+        debug_assert!(table < plan.boot_stack_tables.end);
+        ram.write_u64(PD_ADDR + 8 * (chunk / TWO_MIB), table | user)?;
+        let mut entries = [0u8; 4096];
+        for (page, entry) in entries.chunks_exact_mut(8).enumerate() {
+            let addr = chunk + 4096 * page as u64;
+            if addr < plan.mem_size && !plan.is_boot_stack_guard(addr) {
+                entry.copy_from_slice(&(addr | user).to_le_bytes());
+            }
+        }
+        ram.write_bytes(table, &entries)?;
+    }
+    Ok(())
 }
 
 /// Map the thread-stack region with 4 KiB pages, leaving the lowest page of every slot unmapped.
@@ -51,9 +76,7 @@ fn write_stack_region_tables(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
         let mut entries = [0u8; 4096];
         for (page, entry) in entries.chunks_exact_mut(8).enumerate() {
             let addr = chunk + 4096 * page as u64;
-            let offset = addr - region.start;
-            let guard = offset.is_multiple_of(plan.stacks.slot_size);
-            if !guard && offset < plan.stacks.bytes() {
+            if plan.stack_page_mapped(addr) {
                 entry.copy_from_slice(&(addr | user).to_le_bytes());
             }
         }
@@ -191,6 +214,38 @@ mod tests {
     }
 
     #[test]
+    fn boot_stacks_have_guard_pages() {
+        let plan = plan();
+        let ram = GuestRam::new(plan.mem_size).unwrap();
+        write_tables(&ram, &plan).unwrap();
+        let pte = |addr: u64| {
+            let pde = ram.read_u64(PD_ADDR + 8 * (addr / TWO_MIB)).unwrap();
+            assert_eq!(pde & PTE_HUGE, 0, "4 KiB pages around the boot stacks");
+            ram.read_u64((pde & !0xfff) + 8 * ((addr % TWO_MIB) / 4096))
+                .unwrap()
+        };
+        for vcpu in 0..plan.nr_vcpus {
+            let top = plan.user_stack_top(vcpu);
+            let bottom = top - BOOT_STACK_SIZE;
+            assert_eq!(pte(top - 4096), (top - 4096) | 7, "stack of vCPU {vcpu}");
+            assert_eq!(pte(bottom), bottom | 7);
+            assert_eq!(
+                pte(bottom - 4096),
+                0,
+                "guard under the stack of vCPU {vcpu}"
+            );
+        }
+        // vCPU 0's guard page lies between the shared area and its stack.
+        let guard = plan.user_stack_top(0) - BOOT_STACK_SIZE - 4096;
+        assert!(guard >= plan.shared_area.end);
+        assert_eq!(
+            pte(plan.shared_area.end - 4096),
+            (plan.shared_area.end - 4096) | 7
+        );
+        assert_eq!(pte(plan.image.start), plan.image.start | 7);
+    }
+
+    #[test]
     fn page_tables_hide_vmm_structures() {
         let plan = plan();
         let ram = GuestRam::new(plan.mem_size).unwrap();
@@ -202,7 +257,10 @@ mod tests {
         assert_ne!(pte(BOOT_INFO_ADDR) & PTE_USER, 0);
         assert_eq!(pte(KERNEL_STACKS_ADDR) & PTE_USER, 0);
         let pde = |addr: u64| ram.read_u64(PD_ADDR + 8 * (addr / TWO_MIB)).unwrap();
-        assert_eq!(pde(0x20_0000), 0x20_0000 | 0x87);
+        assert_eq!(
+            pde(plan.heap.end - TWO_MIB),
+            (plan.heap.end - TWO_MIB) | 0x87
+        );
         assert_eq!(pde(64 << 20), 0, "nothing mapped past RAM");
         assert_ne!(pde(HYPERCALL_BASE) & PTE_NO_CACHE, 0);
     }

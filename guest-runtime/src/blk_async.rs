@@ -1,0 +1,226 @@
+//! Asynchronous block requests (`protocol::blk::BlkRing`): the thread parks here, not its vCPU.
+//!
+//! A request takes a free tag, records its thread under the tag, marks itself waiting and calls
+//! `blk_submit`. If the VMM answers `BLK_IN_FLIGHT` the thread parks; an I/O thread of the VMM
+//! does the work and puts `(tag, result)` into the ring. Any vCPU's scheduler takes completions
+//! at the top of its loop ([`poll_completions`]) and its idle loop watches the ring
+//! ([`completions_ready`], via `sched::work_queued`), so a busy vCPU is never interrupted for a
+//! completion and an idle one halts until the VMM's interrupt (it interrupts only vCPUs whose
+//! `idle_vcpus` bit is set).
+//!
+//! One consumer at a time (a try-lock: a vCPU that finds it taken just goes on; the holder
+//! takes everything up to the head it reads). Tags bound what the ring holds: a tag is free
+//! again only after its thread read its result, so in flight plus unconsumed never exceeds
+//! [`BLK_RING_CAPACITY`].
+
+use core::cell::UnsafeCell;
+use core::ptr;
+use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+
+use activm_stub::hypercall;
+use activm_stub::protocol::blk::{
+    BlkCompletion, BlkRing, BLK_FLAG_ASYNC, BLK_INFO_FLAGS, BLK_IN_FLIGHT, BLK_OK,
+    BLK_RING_CAPACITY,
+};
+use activm_stub::sync::SpinLock;
+
+use crate::{config, sched, tcb};
+
+/// The ring: written by the VMM's I/O threads, hence the cell.
+struct Ring(UnsafeCell<BlkRing>);
+
+// SAFETY: `head` and `tail` are atomics; entries are read with volatile loads after an acquire
+// load of `head` (the VMM wrote them before its release store of `head`).
+unsafe impl Sync for Ring {}
+
+static RING: Ring = Ring(UnsafeCell::new(BlkRing::new()));
+
+fn ring() -> &'static BlkRing {
+    // SAFETY: only the atomics are accessed through this reference; entries go through
+    // `entry` (volatile reads of memory the VMM writes).
+    unsafe { &*RING.0.get() }
+}
+
+fn entry(slot: usize) -> BlkCompletion {
+    // SAFETY: `slot < BLK_RING_CAPACITY`; the entry is plain data the VMM finished writing
+    // before it published the head this slot is below.
+    unsafe { ptr::read_volatile(ptr::addr_of!((*RING.0.get()).entries[slot])) }
+}
+
+const UNDECIDED: u8 = 0;
+const DECIDING: u8 = 1;
+const ON: u8 = 2;
+const OFF: u8 = 3;
+
+/// Whether requests go through the ring (decided at the first request).
+static MODE: AtomicU8 = AtomicU8::new(UNDECIDED);
+
+/// Free tags, one bit each.
+static FREE_TAGS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The thread waiting on each tag, and its result.
+struct Waiter {
+    thread: AtomicPtr<tcb::Tcb>,
+    result: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const NO_WAITER: Waiter = Waiter {
+    thread: AtomicPtr::new(ptr::null_mut()),
+    result: AtomicU64::new(0),
+};
+
+static WAITERS: [Waiter; BLK_RING_CAPACITY] = [NO_WAITER; BLK_RING_CAPACITY];
+
+/// Held while completions are taken off the ring.
+static CONSUMER: SpinLock<()> = SpinLock::new(());
+
+/// Whether the ring is in use; sets it up on the first call.
+fn async_on() -> bool {
+    match MODE.load(Ordering::Acquire) {
+        ON => return true,
+        OFF | DECIDING => return false,
+        _ => {}
+    }
+    if MODE
+        .compare_exchange(UNDECIDED, DECIDING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        // Another thread decides: this request takes the synchronous path.
+        return MODE.load(Ordering::Acquire) == ON;
+    }
+    ring()
+        .nudge_us
+        .store(config::blk_nudge_us(), Ordering::Relaxed);
+    let on = config::use_blk_async()
+        && hypercall::blk_info(BLK_INFO_FLAGS) & BLK_FLAG_ASYNC != 0
+        // SAFETY: the ring is a static (in the image, 64-byte aligned) for the guest's lifetime.
+        && unsafe { hypercall::blk_ring_setup(RING.0.get()) } == BLK_OK;
+    MODE.store(if on { ON } else { OFF }, Ordering::Release);
+    on
+}
+
+fn take_tag() -> Option<u32> {
+    let mut free = FREE_TAGS.load(Ordering::Relaxed);
+    while free != 0 {
+        let tag = free.trailing_zeros();
+        match FREE_TAGS.compare_exchange_weak(
+            free,
+            free & !(1 << tag),
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return Some(tag),
+            Err(now) => free = now,
+        }
+    }
+    None
+}
+
+/// Performs one request (`op` a `BLK_OP_*`); through the ring if possible, else with
+/// `sync_call` (the blocking hypercall). Returns `BLK_OK` or a `BLK_ERR_*` code.
+///
+/// # Safety
+/// `buf` is live, identity-mapped guest memory at or above the image base of `count` sectors,
+/// untouched by anything else until this returns (nothing for a flush).
+pub(crate) unsafe fn request(
+    op: u64,
+    sector: u64,
+    buf: u64,
+    count: u64,
+    sync_call: impl FnOnce() -> u64,
+) -> u64 {
+    if !async_on() {
+        return sync_call();
+    }
+    let Some(tag) = take_tag() else {
+        // Every tag in use: wait in the VMM like before.
+        return sync_call();
+    };
+    let me = sched::current();
+    let waiter = &WAITERS[tag as usize];
+    waiter
+        .thread
+        .store(me as *const tcb::Tcb as *mut tcb::Tcb, Ordering::Relaxed);
+    me.prepare_wait();
+    // SAFETY: the caller upholds the buffer contract until we return, which is after the
+    // completion; `tag` is ours (taken from the free set) and so not in flight.
+    let code = unsafe { hypercall::blk_submit(sector, buf, op, count, u64::from(tag)) };
+    let code = if code == BLK_IN_FLIGHT {
+        sched::wait(me);
+        waiter.result.load(Ordering::Acquire)
+    } else {
+        code
+    };
+    FREE_TAGS.fetch_or(1 << tag, Ordering::Release);
+    code
+}
+
+/// Whether requests go through the completion ring (decided by the first request).
+pub fn in_use() -> bool {
+    MODE.load(Ordering::Relaxed) == ON
+}
+
+/// Whether asynchronous requests are in flight (an idle vCPU then keeps its processor: giving
+/// it back would cost a new activation when the completion comes).
+pub(crate) fn requests_in_flight() -> bool {
+    FREE_TAGS.load(Ordering::Relaxed) != u64::MAX
+}
+
+/// Whether completions wait in the ring (looks only).
+pub(crate) fn completions_ready() -> bool {
+    MODE.load(Ordering::Relaxed) == ON
+        && ring().head.load(Ordering::Acquire) != ring().tail.load(Ordering::Relaxed)
+}
+
+/// Takes every completion in the ring and wakes its thread (scheduler loop).
+pub(crate) fn poll_completions() {
+    if !completions_ready() {
+        return;
+    }
+    let mut done = [(0u64, 0u64); BLK_RING_CAPACITY];
+    let n = {
+        let Some(_consumer) = CONSUMER.try_lock() else {
+            return;
+        };
+        let r = ring();
+        let tail = r.tail.load(Ordering::Relaxed);
+        let head = r.head.load(Ordering::Acquire);
+        let n = head.wrapping_sub(tail) as usize;
+        if n > BLK_RING_CAPACITY {
+            panic!("activm-rt: block completion ring: head {head} is more than {BLK_RING_CAPACITY} past tail {tail}");
+        }
+        for (i, slot) in done.iter_mut().take(n).enumerate() {
+            let e = entry(tail.wrapping_add(i as u32) as usize % BLK_RING_CAPACITY);
+            *slot = (e.tag, e.result);
+        }
+        r.tail.store(head, Ordering::Release);
+        n
+    };
+    let mut first = true;
+    for &(tag, result) in &done[..n] {
+        let Some(waiter) = WAITERS.get(tag as usize) else {
+            panic!("activm-rt: block completion with tag {tag} from the VMM");
+        };
+        let thread = waiter.thread.load(Ordering::Relaxed);
+        waiter.result.store(result, Ordering::Release);
+        // SAFETY: the thread waits for this very completion (its tag is not free), so its TCB
+        // is live until it is woken; nothing touches it after the wake.
+        let t = unsafe { &*thread };
+        if first {
+            // The first one runs next here (like a wake-up preemption: an I/O-bound thread
+            // should not wait behind the computing ones for its short turn). With nothing else
+            // queued here it is simply the next to run, and no other vCPU needs waking.
+            if t.wake_owned() {
+                if crate::percpu::this().is_empty() {
+                    sched::make_runnable(t, false);
+                } else {
+                    sched::make_next(t);
+                }
+                first = false;
+            }
+        } else {
+            sched::wake(t);
+        }
+    }
+}

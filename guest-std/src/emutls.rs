@@ -1,0 +1,187 @@
+//! Thread-locals: `__emutls_get_address`, which the `x86_64-activm-std` target's emulated TLS
+//! model (`"tls-model": "emulated"`) calls for every `#[thread_local]` access in std and the
+//! program.
+//!
+//! Native TLS would need `%fs` to follow each user thread from vCPU to vCPU, and CPL3 cannot
+//! set `%fs` here (no FSGSBASE; `wrmsr` is CPL0, emulated and slow). With emulated TLS, LLVM
+//! gives each thread-local a control block ([`Control`], layout as compiler-rt's
+//! `__emutls_control`) and asks for the calling thread's copy by address; this module keeps the
+//! copies in one activm-rt thread-local table, created on first use from the variable's
+//! template and freed when the thread exits (after std's own TLS destructors have run).
+
+use alloc::alloc::{alloc, dealloc, handle_alloc_error};
+use alloc::vec::Vec;
+use core::alloc::Layout;
+use core::cell::RefCell;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+/// LLVM's (and compiler-rt's) `__emutls_control`, one per thread-local variable.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Control {
+    size: usize,
+    align: usize,
+    /// This variable's index in every thread's table, +1 (0: not assigned yet).
+    index: AtomicUsize,
+    /// The initial value (`size` bytes), or null for all zeroes.
+    template: *const u8,
+}
+
+/// Indices handed out so far.
+static NEXT_INDEX: AtomicUsize = AtomicUsize::new(1);
+
+/// A thread's small copies are carved from chunks of this size, the first of which lives in
+/// the thread's table itself (so one allocation covers the table, the index and all of std's
+/// thread-locals); bigger or more aligned ones get their own block.
+const CHUNK: usize = 512;
+const CHUNK_ALIGN: usize = 64;
+/// Variables whose address slots live in the table itself (std has about a dozen).
+const INLINE: usize = 32;
+
+#[repr(C, align(64))]
+#[derive(Debug)]
+struct Chunk([u8; CHUNK]);
+
+/// One thread's copies: addresses by index, the blocks to free at exit, the first chunk. It is
+/// boxed by activm-rt's thread-local table and never moves, so the chunk's address is stable.
+#[derive(Debug)]
+struct Copies {
+    first: [*mut u8; INLINE],
+    more: Vec<*mut u8>,
+    blocks: Vec<(*mut u8, Layout)>,
+    /// Free part of the current chunk (`end == 0`: the first chunk is not in use yet).
+    next: usize,
+    end: usize,
+    chunk: Chunk,
+}
+
+impl Drop for Copies {
+    fn drop(&mut self) {
+        for (ptr, layout) in self.blocks.drain(..) {
+            // SAFETY: allocated in `Copies::block` with this layout, owned by this table only.
+            unsafe { dealloc(ptr, layout) };
+        }
+    }
+}
+
+impl Copies {
+    fn new() -> Copies {
+        Copies {
+            first: [core::ptr::null_mut(); INLINE],
+            more: Vec::new(),
+            blocks: Vec::new(),
+            next: 0,
+            end: 0,
+            chunk: Chunk([0; CHUNK]),
+        }
+    }
+
+    /// The address slot of variable `i`.
+    fn slot(&mut self, i: usize) -> &mut *mut u8 {
+        if i < INLINE {
+            return &mut self.first[i];
+        }
+        let j = i - INLINE;
+        if j >= self.more.len() {
+            let known = NEXT_INDEX.load(Ordering::Relaxed).max(i + 1) - INLINE;
+            self.more.resize(known, core::ptr::null_mut());
+        }
+        &mut self.more[j]
+    }
+
+    fn block(&mut self, layout: Layout) -> *mut u8 {
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { alloc(layout) };
+        if ptr.is_null() {
+            handle_alloc_error(layout);
+        }
+        self.blocks.push((ptr, layout));
+        ptr
+    }
+
+    /// Room for a copy of `control`'s variable.
+    fn room(&mut self, size: usize, align: usize) -> *mut u8 {
+        let Ok(layout) = Layout::from_size_align(size.max(1), align.max(1)) else {
+            activm_rt::println!("activm-std: bad thread-local layout");
+            activm_stub::exit(134)
+        };
+        if layout.size() > CHUNK / 4 || layout.align() > CHUNK_ALIGN {
+            return self.block(layout);
+        }
+        if self.end == 0 {
+            self.next = self.chunk.0.as_mut_ptr() as usize;
+            self.end = self.next + CHUNK;
+        }
+        let start = self.next.next_multiple_of(layout.align());
+        if start + layout.size() > self.end {
+            let chunk = Layout::from_size_align(CHUNK, CHUNK_ALIGN).expect("chunk layout");
+            self.next = self.block(chunk) as usize;
+            self.end = self.next + CHUNK;
+            return self.room(size, align);
+        }
+        self.next = start + layout.size();
+        start as *mut u8
+    }
+
+    /// A new copy of `control`'s variable, initialised from its template.
+    fn create(&mut self, control: &Control) -> *mut u8 {
+        let ptr = self.room(control.size, control.align);
+        // SAFETY: `ptr` has room for `size` bytes; LLVM's template holds `size` bytes.
+        unsafe {
+            if control.template.is_null() {
+                core::ptr::write_bytes(ptr, 0, control.size);
+            } else {
+                core::ptr::copy_nonoverlapping(control.template, ptr, control.size);
+            }
+        }
+        ptr
+    }
+}
+
+activm_rt::thread_local! {
+    static COPIES: RefCell<Copies> = RefCell::new(Copies::new());
+}
+
+fn index(control: &Control) -> usize {
+    let i = control.index.load(Ordering::Acquire);
+    if i != 0 {
+        return i - 1;
+    }
+    let new = NEXT_INDEX.fetch_add(1, Ordering::Relaxed);
+    match control
+        .index
+        .compare_exchange(0, new, Ordering::AcqRel, Ordering::Acquire)
+    {
+        Ok(_) => new - 1,
+        Err(other) => other - 1,
+    }
+}
+
+/// `void *__emutls_get_address(__emutls_control *)`: the calling thread's copy of a
+/// thread-local variable.
+///
+/// # Safety
+/// `control` is a control block LLVM emitted for an emulated thread-local.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __emutls_get_address(control: *mut Control) -> *mut u8 {
+    // SAFETY: the caller passes LLVM's control block, which lives for the whole program.
+    let control = unsafe { &*control };
+    let i = index(control);
+    let found = COPIES.try_with(|copies| {
+        let mut copies = copies.borrow_mut();
+        let ptr = *copies.slot(i);
+        if !ptr.is_null() {
+            return ptr;
+        }
+        let ptr = copies.create(control);
+        *copies.slot(i) = ptr;
+        ptr
+    });
+    match found {
+        Ok(ptr) => ptr,
+        Err(_) => {
+            activm_rt::println!("activm-std: thread-local used after its thread's table was freed");
+            activm_stub::exit(134)
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! **activm-std**: ordinary `std` programs as activm guests.
+//!
+//! Rust's std for `target_os = "hermit"` calls the C ABI of the `hermit-abi` crate (`sys_*`
+//! functions) for threads, futexes, time, memory, entropy, I/O and exit. This crate provides
+//! those functions on top of activm-rt, plus the guest entry that starts std's runtime
+//! (`runtime_entry`, which calls the program's `main`). Link it into a `fn main()` program built
+//! for `guests/x86_64-activm-std.json` (`cargo xtask app PATH` does it all); see
+//! `docs/std-guests.md` for the contract.
+//!
+//! * threads ([`thread`]): activm-rt's M:N user threads (`sys_spawn2`, `sys_join`, ...);
+//! * futexes ([`futex`]): wait queues at user level, keyed by address;
+//! * thread-locals ([`emutls`]): the target uses emulated TLS, served from activm-rt's
+//!   per-thread table (CPL3 cannot move `%fs` with a thread);
+//! * time, memory, entropy, console I/O, exit ([`sys`]); files and sockets return `ENOSYS`.
+#![no_std]
+
+extern crate alloc;
+
+pub mod emutls;
+pub mod errno;
+pub mod futex;
+pub mod net;
+pub mod sys;
+pub mod thread;
+
+use alloc::ffi::CString;
+use alloc::vec::Vec;
+use core::ffi::c_char;
+
+extern "C" {
+    /// std's runtime entry (library/std/src/sys/pal/hermit): initialises the environment,
+    /// calls the C `main` rustc generates for the program (which runs `fn main`), runs the
+    /// main thread's TLS destructors and calls `sys_exit` with the result.
+    fn runtime_entry(argc: i32, argv: *const *const c_char, env: *const *const c_char) -> !;
+}
+
+/// Name passed as `argv[0]`: the guest command line has no program name.
+const PROGRAM_NAME: &str = "main";
+
+/// activm-rt's main thread: builds `argv` (`main` then the guest arguments minus the runtime's
+/// `--rt-*` ones) and an empty environment, then enters std, which never returns.
+fn std_main(args: &[&str]) -> i32 {
+    let strings: Vec<CString> = core::iter::once(PROGRAM_NAME)
+        .chain(args.iter().copied())
+        .map(|a| CString::new(a).unwrap_or_default())
+        .collect();
+    let mut argv: Vec<*const c_char> = strings.iter().map(|s| s.as_ptr()).collect();
+    argv.push(core::ptr::null());
+    let env: [*const c_char; 1] = [core::ptr::null()];
+    let argc = strings.len() as i32;
+    // The strings live for the whole program: std keeps pointers to them.
+    core::mem::forget(strings);
+    let argv = argv.leak();
+    // SAFETY: argv is a null-terminated array of `argc` NUL-terminated strings and env an
+    // empty null-terminated array, all leaked (std keeps pointers into them); std's
+    // `runtime_entry` is this program's and is called once, from the main thread.
+    unsafe { runtime_entry(argc, argv.as_ptr(), env.as_ptr()) }
+}
+
+activm_rt::main!(std_main);

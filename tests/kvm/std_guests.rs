@@ -1,0 +1,174 @@
+//! Ordinary `std` programs as guests (activm-std, `cargo xtask app`): guests/apps/std-demo and
+//! std-rayon on 1, 2 and 4 vCPUs with and without activations, a panic, and a project built
+//! from a directory outside the repository.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use libtest_mimic::{Failed, Trial};
+
+use super::{activm_run, guest_dir};
+
+/// Where `cargo xtask build-guests` puts the std guests.
+fn std_guest(name: &str) -> Result<PathBuf, Failed> {
+    let path = guest_dir()
+        .join("../../x86_64-activm-std/release")
+        .join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "std guest {} is missing: run `cargo xtask build-guests --release` first",
+            path.display()
+        )
+        .into())
+    }
+}
+
+fn expect_stdout(stdout: &str, want: &str) -> Result<(), Failed> {
+    if stdout == want {
+        Ok(())
+    } else {
+        Err(format!("stdout differs\n--- got\n{stdout}--- wanted\n{want}").into())
+    }
+}
+
+fn std_demo_output(vcpus: u32) -> String {
+    format!(
+        "args: [\"--exit\", \"3\"]\n\
+         available_parallelism: {vcpus}\n\
+         mutex: 80000\n\
+         threads: worker-0=10000 worker-1=10000 worker-2=10000 worker-3=10000 worker-4=10000 \
+         worker-5=10000 worker-6=10000 worker-7=10000\n\
+         main thread-local: 0\n\
+         condvar: 2000 turns\n\
+         channel: sum 7998000\n\
+         sync_channel: sum 5050\n\
+         scoped+rwlock+barrier: [1, 2, 3, 4]\n\
+         sleep 20ms: ok\n\
+         wait_timeout 10ms: ok\n\
+         wait_timeout notified: ok\n\
+         once: 1 inits, sum 336\n\
+         hashmap: 81\n\
+         done\n"
+    )
+}
+
+fn rayon_output(vcpus: u32) -> String {
+    format!(
+        "threads: {vcpus}\nsum: equal\nsort: equal\nstable sort: equal\nmap+collect: equal\n\
+         join: fib(25)+fib(24) = 121393\n"
+    )
+}
+
+fn no_activations(activations: bool) -> &'static [&'static str] {
+    if activations {
+        &[]
+    } else {
+        &["--no-activations"]
+    }
+}
+
+pub(crate) fn tests() -> Vec<Trial> {
+    let mut trials = Vec::new();
+    for vcpus in [1u32, 2, 4] {
+        for activations in [true, false] {
+            let suffix = if activations { "" } else { "_no_activations" };
+            trials.push(Trial::test(
+                format!("std_demo{suffix}_{vcpus}_vcpus"),
+                move || {
+                    let (n, off) = (vcpus.to_string(), no_activations(activations));
+                    let options = [&["--vcpus", n.as_str()], off].concat();
+                    let run = activm_run(&std_guest("std-demo")?, &options, &["--exit", "3"])?
+                        .expect_code(3)?;
+                    expect_stdout(&run.stdout, &std_demo_output(vcpus))
+                },
+            ));
+            trials.push(Trial::test(
+                format!("std_rayon{suffix}_{vcpus}_vcpus"),
+                move || {
+                    let n = vcpus.to_string();
+                    let mut options = vec!["--vcpus", n.as_str()];
+                    if !activations {
+                        options.push("--no-activations");
+                    }
+                    let run =
+                        activm_run(&std_guest("std-rayon")?, &options, &[])?.expect_code(0)?;
+                    expect_stdout(&run.stdout, &rayon_output(vcpus))
+                },
+            ));
+        }
+    }
+    trials.push(Trial::test("std_demo_panic_in_thread_aborts", || {
+        activm_run(&std_guest("std-demo")?, &["--vcpus", "2"], &["panic"])?
+            .expect_code(134)?
+            .stdout_has("thread 'doomed' (2) panicked at src/main.rs:")?
+            .stdout_has("\nboom\n")?;
+        Ok(())
+    }));
+    trials.push(Trial::test(
+        "std_app_built_outside_the_repo",
+        std_app_outside,
+    ));
+    trials
+}
+
+const OUTSIDE_MAIN: &str = r#"use std::sync::{Arc, Mutex};
+fn main() {
+    let total = Arc::new(Mutex::new(0));
+    let workers: Vec<_> = (1..=4)
+        .map(|i| {
+            let total = Arc::clone(&total);
+            std::thread::spawn(move || *total.lock().unwrap() += i)
+        })
+        .collect();
+    workers.into_iter().for_each(|w| w.join().unwrap());
+    println!("hello from std: total {}", total.lock().unwrap());
+    let file = std::fs::File::open("/etc/hostname").map(|_| ()).map_err(|e| e.raw_os_error());
+    println!("files: {file:?}");
+}
+"#;
+
+/// `cargo xtask app` on a project in a temporary directory (its std build is cached in
+/// guests/target, shared with `build-guests`).
+fn std_app_outside() -> Result<(), Failed> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = std::env::temp_dir().join(format!("activm-std-app-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("src"))?;
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        "[package]\nname = \"hello-std\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    )?;
+    std::fs::write(dir.join("src/main.rs"), OUTSIDE_MAIN)?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(&repo)
+        .args(["run", "-q", "-p", "xtask", "--", "app"])
+        .arg(&dir)
+        .arg("--release")
+        .arg("--target-dir")
+        .arg(repo.join("guests/target"))
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let built = out.status.success();
+    let result = if built {
+        let elf = PathBuf::from(stdout.lines().next_back().unwrap_or_default());
+        activm_run(&elf, &["--vcpus", "2"], &[]).and_then(|run| {
+            let run = run.expect_code(0)?;
+            expect_stdout(
+                &run.stdout,
+                "hello from std: total 10\nfiles: Err(Some(38))\n",
+            )
+        })
+    } else {
+        Err(format!(
+            "cargo xtask app failed: {}\n--- stdout\n{stdout}--- stderr\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into())
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}

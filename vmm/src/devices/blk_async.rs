@@ -1,0 +1,577 @@
+//! Asynchronous block requests (`blk_ring_setup`, `blk_submit`; `protocol::blk::BlkRing`).
+//!
+//! `blk_submit` never blocks the vCPU. A request the page cache serves at once completes inside
+//! the exit as before. On a device with `--io-latency` the data still moves inside the exit when
+//! the page cache allows, and only the latency is waited for: the completion is *due* then
+//! (under [`INLINE_WAIT`] away it is simply waited for in the exit, cheaper than any wake-up).
+//! Requests whose data must wait for the host (a cold read, a flush) go to a small pool of I/O
+//! threads (grown on demand, at most one per tag). The hypercall returns `BLK_IN_FLIGHT`.
+//!
+//! Completions are posted into the guest's ring by whoever comes first: a vCPU of the guest
+//! that halts with completions due becomes the **poller** (its thread arms a one-shot kick for
+//! the earliest due time, sleeps in KVM like any halt, and on the kick posts what is due and
+//! makes the vCPU runnable: no other host thread and no interrupt on the way, like Go's
+//! netpoller run by an idle M); else the guest's **timer thread** at the due time (when a
+//! poller exists, [`POLLER_GRACE`] later); else the I/O thread that did the work. Those two
+//! then interrupt one vCPU the guest marks idle (`SharedHeader::idle_vcpus`), if any: busy
+//! vCPUs are never interrupted, they find completions when they schedule.
+//!
+//! Why not BLOCKED / UNBLOCKED: that path takes the blocked thread's whole context out of the
+//! vCPU and back (sync regs, XSAVE, two records, a new activation), ~60 us a request here. With a
+//! ring the thread only parks in the guest's own scheduler, and the vCPU keeps its processor.
+
+use std::cell::{Cell, OnceCell};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::mem::offset_of;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::VcpuFd;
+
+use protocol::blk::{
+    BlkCompletion, BlkRing, BLK_IN_FLIGHT, BLK_OP_FLUSH, BLK_OP_READ, BLK_OP_WRITE,
+    BLK_RING_CAPACITY,
+};
+use protocol::shared::SharedHeader;
+
+use crate::allocator::Slot;
+use crate::devices::blk::{Op, Request};
+use crate::guest::Guest;
+use crate::kick::KickTimer;
+use crate::vm::Outcome;
+
+/// How often an idle I/O thread checks that its guest still exists.
+const IDLE_CHECK: Duration = Duration::from_millis(200);
+/// A completion due sooner than this after its data moved is waited for inside the exit: a
+/// wake-up (another host thread, an interrupt, a halt) costs more here.
+pub const INLINE_WAIT: Duration = Duration::from_micros(25);
+/// How long the timer thread leaves a due completion to a halted vCPU polling for it.
+const POLLER_GRACE: Duration = Duration::from_micros(300);
+
+/// A guest's asynchronous request queue: owned by its `Disk`, shared with its I/O threads.
+#[derive(Debug, Default)]
+pub struct AsyncQueue {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    work: Condvar,
+    /// The timer thread waits here.
+    timer: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Guest-physical address of the guest's `BlkRing` (after `blk_ring_setup`).
+    ring: Option<u64>,
+    /// The VMM's producer index (the ring's `head` is only ever written from it).
+    head: u32,
+    /// Tags of requests in flight, one bit each.
+    in_flight: u64,
+    jobs: VecDeque<(Request, u32)>,
+    workers: usize,
+    waiting: usize,
+    /// Completions whose data moved, waiting for their due time: (due, tag, result).
+    delayed: BinaryHeap<Reverse<(Instant, u32, u64)>>,
+    timer_thread: bool,
+    /// The halted vCPU whose thread will post the earliest due completion.
+    poller: Option<u32>,
+    /// When to look whether the guest consumed the ring up to the head then (`nudge_us`).
+    nudge: Option<(Instant, u32)>,
+    /// The timer thread sleeps until then (`None`: until notified).
+    timer_wakes_at: Option<Instant>,
+    /// The disk is gone: I/O threads end.
+    closed: bool,
+}
+
+const _: () = assert!(BLK_RING_CAPACITY == 64, "in_flight is a 64-bit mask");
+
+impl Drop for AsyncQueue {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.work.notify_all();
+        self.shared.timer.notify_all();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn ring_field(ring: u64, offset: usize) -> u64 {
+    ring + offset as u64
+}
+
+fn read_u32(guest: &Guest, gpa: u64) -> Result<u32, String> {
+    guest
+        .ram
+        .read_bytes(gpa, 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .map_err(|e| e.to_string())
+}
+
+impl AsyncQueue {
+    /// `blk_ring_setup(gpa)`: `Err` is a protocol violation.
+    pub fn setup(&self, guest: &Guest, gpa: u64) -> Result<u64, String> {
+        let size = std::mem::size_of::<BlkRing>() as u64;
+        let inside = gpa >= guest.plan.image.start
+            && gpa
+                .checked_add(size)
+                .is_some_and(|end| end <= guest.plan.mem_size);
+        if !inside || !gpa.is_multiple_of(64) {
+            return Err(format!(
+                "completion ring {gpa:#x}+{size} is not 64-byte aligned in guest RAM at or above {:#x}",
+                guest.plan.image.start
+            ));
+        }
+        let mut state = self.shared.lock();
+        if state.ring.is_some() {
+            return Err("the completion ring is set up already".into());
+        }
+        let tail = read_u32(guest, ring_field(gpa, offset_of!(BlkRing, tail)))?;
+        if tail != 0 {
+            return Err(format!("the completion ring's tail is {tail}, not 0"));
+        }
+        guest
+            .ram
+            .write_u32(ring_field(gpa, offset_of!(BlkRing, head)), 0)
+            .map_err(|e| e.to_string())?;
+        state.ring = Some(gpa);
+        Ok(protocol::blk::BLK_OK)
+    }
+
+    /// `blk_submit(sector, gpa, op << 32 | count, tag)`: the result now, or `BLK_IN_FLIGHT`
+    /// with the request queued for an I/O thread. `Err` is a protocol violation.
+    pub fn submit(&self, guest: &Arc<Guest>, args: [u64; 4]) -> Result<u64, String> {
+        let [sector, gpa, op_count, tag] = args;
+        let Some(disk) = &guest.disk else {
+            return Ok(protocol::blk::BLK_ERR_NO_DEVICE);
+        };
+        let op = match op_count >> 32 {
+            BLK_OP_READ => Op::Read,
+            BLK_OP_WRITE => Op::Write,
+            BLK_OP_FLUSH => Op::Flush,
+            other => return Err(format!("unknown operation {other}")),
+        };
+        if tag >= BLK_RING_CAPACITY as u64 {
+            return Err(format!("tag {tag} is not below {BLK_RING_CAPACITY}"));
+        }
+        let req = Request {
+            op,
+            sector,
+            gpa,
+            count: op_count & 0xffff_ffff,
+        };
+        let ring = self.shared.lock().ring;
+        let Some(ring) = ring else {
+            return Err("no completion ring: call blk_ring_setup first".into());
+        };
+        if let Err(code) = disk.check(&guest.plan, &req)? {
+            return Ok(code);
+        }
+        if let Some(result) = disk.try_now(&guest.ram, &req) {
+            return Ok(result);
+        }
+        let started = Instant::now();
+        let moved = disk.transfer_now(&guest.ram, &req);
+        let due = started + disk.latency();
+        if let Some(result) = moved {
+            if due.saturating_duration_since(Instant::now()) <= INLINE_WAIT {
+                while Instant::now() < due {
+                    std::hint::spin_loop();
+                }
+                disk.stats.immediate.fetch_add(1, Ordering::Relaxed);
+                return Ok(result);
+            }
+        }
+        let mut state = self.shared.lock();
+        // Read under the lock, so no completion is published meanwhile: read before it, on a
+        // busy host, the tail could lag far behind a head that moved on.
+        let tail = read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail)))?;
+        let bit = 1u64 << tag;
+        if state.in_flight & bit != 0 {
+            return Err(format!("tag {tag} is in flight already"));
+        }
+        let unconsumed = state.head.wrapping_sub(tail) as usize;
+        if unconsumed > BLK_RING_CAPACITY {
+            return Err(format!(
+                "the completion ring's tail ({tail}) is not within {BLK_RING_CAPACITY} of its head ({})",
+                state.head
+            ));
+        }
+        if state.in_flight.count_ones() as usize + unconsumed >= BLK_RING_CAPACITY {
+            return Err(format!(
+                "more than {BLK_RING_CAPACITY} requests in flight or unconsumed"
+            ));
+        }
+        state.in_flight |= bit;
+        disk.stats.asynchronous.fetch_add(1, Ordering::Relaxed);
+        if !state.timer_thread {
+            let spawned = self.spawn(guest, &mut state, timer_thread);
+            state.timer_thread = spawned;
+        }
+        if let Some(result) = moved {
+            let wake_timer = state
+                .delayed
+                .peek()
+                .is_none_or(|Reverse((first, _, _))| due < *first);
+            state.delayed.push(Reverse((due, tag as u32, result)));
+            drop(state);
+            if wake_timer {
+                self.shared.timer.notify_one();
+            }
+            return Ok(BLK_IN_FLIGHT);
+        }
+        state.jobs.push_back((req, tag as u32));
+        if state.waiting < state.jobs.len()
+            && state.workers < BLK_RING_CAPACITY
+            && !self.spawn(guest, &mut state, io_thread)
+            && state.workers == 0
+        {
+            state.in_flight &= !bit;
+            state.jobs.pop_back();
+            return Ok(protocol::blk::BLK_ERR_IO);
+        }
+        drop(state);
+        self.shared.work.notify_one();
+        Ok(BLK_IN_FLIGHT)
+    }
+
+    /// Start a thread of this queue running `body`; counted as a worker.
+    fn spawn(
+        &self,
+        guest: &Arc<Guest>,
+        state: &mut State,
+        body: fn(&Shared, &Weak<Guest>),
+    ) -> bool {
+        let shared = Arc::clone(&self.shared);
+        let weak = Arc::downgrade(guest);
+        let spawned = std::thread::Builder::new()
+            .name(format!("activm-io-{}", guest.id))
+            .spawn(move || body(&shared, &weak))
+            .is_ok();
+        if spawned {
+            state.workers += 1;
+        }
+        spawned
+    }
+
+    /// The `halt` of vCPU `vcpu` (on its thread): with completions due, it becomes the poller
+    /// unless another vCPU is.
+    pub fn before_halt(&self, vcpu: u32) {
+        let mut state = self.shared.lock();
+        let Some(Reverse((due, _, _))) = state.delayed.peek() else {
+            return;
+        };
+        if state.poller.is_some() {
+            return;
+        }
+        let micros = due.saturating_duration_since(Instant::now()).as_micros();
+        if micros >= 1_000_000 {
+            return;
+        }
+        let armed = POLL_TIMER.with(|t| match t.get_or_init(KickTimer::new) {
+            Some(timer) => {
+                timer.arm((micros as i64).max(1));
+                true
+            }
+            None => false,
+        });
+        if armed {
+            state.poller = Some(vcpu);
+            POLLING.with(|p| p.set(true));
+        }
+    }
+
+    /// Requests in flight (for the stall report and tests).
+    pub fn in_flight(&self) -> u32 {
+        self.shared.lock().in_flight.count_ones()
+    }
+}
+
+/// The body of an I/O thread: take a request, perform it, post its completion.
+fn io_thread(shared: &Shared, guest: &Weak<Guest>) {
+    loop {
+        let (req, tag) = {
+            let mut state = shared.lock();
+            loop {
+                if state.closed || guest.strong_count() == 0 {
+                    state.workers -= 1;
+                    return;
+                }
+                if let Some(job) = state.jobs.pop_front() {
+                    break job;
+                }
+                state.waiting += 1;
+                state = shared
+                    .work
+                    .wait_timeout(state, IDLE_CHECK)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                state.waiting -= 1;
+            }
+        };
+        let Some(guest) = guest.upgrade() else {
+            shared.lock().workers -= 1;
+            return;
+        };
+        let result = match &guest.disk {
+            Some(disk) => disk.perform_until(&guest.ram, &req, &|| guest.outcome().is_some()),
+            None => protocol::blk::BLK_ERR_NO_DEVICE,
+        };
+        let mut state = shared.lock();
+        let posted = publish(&mut state, &guest, tag, result);
+        let tell_timer = timer_must_wake(&state);
+        drop(state);
+        if tell_timer {
+            shared.timer.notify_one();
+        }
+        if posted {
+            fence(Ordering::SeqCst);
+            wake_one_idle(&guest);
+        }
+    }
+}
+
+/// The body of the timer thread: posts delayed completions at their due time (later if a
+/// halted vCPU polls for them).
+fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
+    let mut state = shared.lock();
+    loop {
+        if state.closed || guest.strong_count() == 0 {
+            state.workers -= 1;
+            return;
+        }
+        let due = state.delayed.peek().map(|&Reverse((due, _, _))| {
+            if state.poller.is_some() {
+                due + POLLER_GRACE
+            } else {
+                due
+            }
+        });
+        let nudge = state.nudge.map(|(at, _)| at);
+        let now = Instant::now();
+        let deadline = match (due, nudge) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(now + IDLE_CHECK),
+        };
+        if now < deadline {
+            state.timer_wakes_at = (due.is_some() || nudge.is_some()).then_some(deadline);
+            state = shared
+                .timer
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            state.timer_wakes_at = None;
+            continue;
+        }
+        let Some(guest) = guest.upgrade() else {
+            continue;
+        };
+        let posted = post_due(&mut state, &guest, now);
+        if posted && state.poller.is_some() {
+            // The poller's grace ran out (its vCPU lost its processor, or its kick came late):
+            // stop waiting for it.
+            state.poller = None;
+        }
+        let nudge_now =
+            state.nudge.is_some_and(|(at, _)| at <= now) && nudge_due(&mut state, &guest, now);
+        drop(state);
+        if nudge_now {
+            fence(Ordering::SeqCst);
+            if !wake_one_idle(&guest) {
+                wake_one_running(&guest);
+            }
+        } else if posted {
+            fence(Ordering::SeqCst);
+            wake_one_idle(&guest);
+        }
+        drop(guest);
+        state = shared.lock();
+    }
+}
+
+thread_local! {
+    /// This vCPU thread's kick timer for polling (created at its first poll).
+    static POLL_TIMER: OnceCell<Option<KickTimer>> = const { OnceCell::new() };
+    /// This vCPU thread armed its poll timer.
+    static POLLING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A vCPU thread was kicked out of `KVM_RUN`: if it was polling, post what is due and make the
+/// vCPU runnable so its guest sees the completions.
+pub fn after_kick(guest: &Guest, vcpu: u32, fd: &VcpuFd) {
+    if !POLLING.with(|p| p.replace(false)) {
+        return;
+    }
+    let Some(disk) = &guest.disk else { return };
+    let shared = &disk.queue.shared;
+    let mut state = shared.lock();
+    if state.poller == Some(vcpu) {
+        state.poller = None;
+    }
+    let posted = post_due(&mut state, guest, Instant::now() + Duration::from_micros(2));
+    let tell_timer = timer_must_wake(&state);
+    drop(state);
+    if tell_timer {
+        shared.timer.notify_one();
+    }
+    if posted
+        && guest.vcpus[vcpu as usize]
+            .maybe_halted
+            .load(Ordering::Relaxed)
+    {
+        if let Err(e) = crate::arch::current::make_runnable(fd) {
+            guest.finish(Outcome::fault(
+                vcpu,
+                format!("KVM_SET_MP_STATE(RUNNABLE) after an I/O completion: {e}"),
+            ));
+        }
+    }
+    // Kicked early (a revoke, another kick): the timer thread covers what is left (it waits
+    // for the poller's grace), and the vCPU's next halt polls again.
+}
+
+/// Whether the timer thread sleeps past the nudge deadline just set.
+fn timer_must_wake(state: &State) -> bool {
+    match (state.nudge, state.timer_wakes_at) {
+        (Some((at, _)), Some(wakes)) => at < wakes,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
+/// Post every delayed completion due by `now`; whether any was.
+fn post_due(state: &mut State, guest: &Guest, now: Instant) -> bool {
+    let mut posted = false;
+    while let Some(&Reverse((due, tag, result))) = state.delayed.peek() {
+        if due > now {
+            break;
+        }
+        state.delayed.pop();
+        posted |= publish(state, guest, tag, result);
+    }
+    posted
+}
+
+/// Publish `(tag, result)` in the ring (the caller holds the queue's lock); whether it was.
+fn publish(state: &mut State, guest: &Guest, tag: u32, result: u64) -> bool {
+    state.in_flight &= !(1u64 << tag);
+    let Some(ring) = state.ring else { return false };
+    if guest.outcome().is_some() {
+        return false;
+    }
+    let head = state.head;
+    let published = read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail))).and_then(|tail| {
+        // Tags bound what is in flight or unconsumed: no room means the guest moved its tail.
+        if head.wrapping_sub(tail) as usize >= BLK_RING_CAPACITY {
+            return Err(format!(
+                "the guest corrupted its block completion ring: no room for a completion (head {head}, tail {tail})"
+            ));
+        }
+        let slot = head as usize % BLK_RING_CAPACITY;
+        let entry = ring_field(ring, offset_of!(BlkRing, entries))
+            + (slot * std::mem::size_of::<BlkCompletion>()) as u64;
+        guest
+            .ram
+            .write_struct(
+                entry,
+                &BlkCompletion {
+                    tag: u64::from(tag),
+                    result,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        // Release: the entry is complete before the new head is visible.
+        fence(Ordering::Release);
+        guest
+            .ram
+            .write_u32(ring_field(ring, offset_of!(BlkRing, head)), head.wrapping_add(1))
+            .map_err(|e| e.to_string())
+    });
+    if let Err(why) = published {
+        guest.finish(Outcome::fault(0, why));
+        return false;
+    }
+    state.head = head.wrapping_add(1);
+    if state.nudge.is_none() {
+        let nudge_us =
+            read_u32(guest, ring_field(ring, offset_of!(BlkRing, nudge_us))).unwrap_or(0);
+        if nudge_us != 0 {
+            state.nudge = Some((
+                Instant::now() + Duration::from_micros(u64::from(nudge_us.min(1_000_000))),
+                state.head,
+            ));
+        }
+    }
+    true
+}
+
+/// The nudge deadline passed: whether the guest left completions unconsumed (then it wants a
+/// running vCPU interrupted); the next look is set up while some are.
+fn nudge_due(state: &mut State, guest: &Guest, now: Instant) -> bool {
+    let Some((_, head_then)) = state.nudge.take() else {
+        return false;
+    };
+    let Some(ring) = state.ring else { return false };
+    let tail = read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail))).unwrap_or(head_then);
+    let nudge_us = read_u32(guest, ring_field(ring, offset_of!(BlkRing, nudge_us))).unwrap_or(0);
+    // Unconsumed: the tail has not reached the head of then (free-running indices).
+    let late = (head_then.wrapping_sub(tail) as i32) > 0;
+    if state.head != tail && nudge_us != 0 {
+        let at = now + Duration::from_micros(u64::from(nudge_us.min(1_000_000)));
+        state.nudge = Some((at, state.head));
+    }
+    late
+}
+
+/// Interrupt one running vCPU (the guest asked for it with `nudge_us`).
+fn wake_one_running(guest: &Guest) {
+    let view = guest.procs.alloc.view(guest.id);
+    let running = (0..guest.config.vcpus)
+        .find(|&v| matches!(view.vcpus.get(v as usize), Some(Slot::Running(_))));
+    if let Some(target) = running {
+        if let Err(e) = crate::arch::current::send_wakeup_interrupt(&guest.vm, target) {
+            guest.finish(Outcome::fault(
+                target,
+                format!("cannot send the I/O completion interrupt: {e}"),
+            ));
+        }
+    }
+}
+
+/// Interrupt one vCPU the guest marks idle, preferring one that holds a processor (whether
+/// there was one). (The guest sets its idle bit, then looks at the ring; the caller published,
+/// fenced, then calls this.)
+fn wake_one_idle(guest: &Guest) -> bool {
+    let idle = guest
+        .ram
+        .read_u64(guest.plan.shared_area.start + offset_of!(SharedHeader, idle_vcpus) as u64)
+        .unwrap_or(0)
+        & if guest.config.vcpus >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << guest.config.vcpus) - 1
+        };
+    if idle == 0 {
+        return false;
+    }
+    let view = guest.procs.alloc.view(guest.id);
+    let running = (0..guest.config.vcpus).find(|&v| {
+        idle & (1 << v) != 0 && matches!(view.vcpus.get(v as usize), Some(Slot::Running(_)))
+    });
+    let target = running.unwrap_or(idle.trailing_zeros());
+    if let Err(e) = crate::arch::current::send_wakeup_interrupt(&guest.vm, target) {
+        guest.finish(Outcome::fault(
+            target,
+            format!("cannot send the I/O completion interrupt: {e}"),
+        ));
+    }
+    true
+}

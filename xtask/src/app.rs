@@ -1,0 +1,215 @@
+//! `cargo xtask app PATH [--release] [--bin NAME]`: builds an ordinary `std` Rust program (a
+//! cargo project anywhere, unmodified) into an activm guest and prints the ELF's path.
+//!
+//! Two runs of the Debian cargo with the same target (`guests/x86_64-activm-std.json`), the
+//! same `-Zbuild-std=std,panic_abort` and the same profile settings, into the project's own
+//! target directory, so both use one build of std:
+//! 1. `activm-std` (guest-std/: the hermit-abi functions std calls, on activm-rt), as a library;
+//! 2. the project's binary with `cargo rustc`, which links that library in with
+//!    `--extern force:activm_std=...` (the program never names it) and puts the stub's linker
+//!    script on the search path.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::{check_elf, guest_cargo, install_toolchain, repo_root, run, GuestArch, USAGE};
+
+/// The `std` guest target, relative to the repository root.
+const STD_TARGET_JSON: &str = "guests/x86_64-activm-std.json";
+pub(crate) const STD_TARGET: &str = "x86_64-activm-std";
+/// Where the stub's linker script (`link.ld`) is, relative to the repository root.
+const LINK_SCRIPT_DIR: &str = "guest-kernel-stub/src/arch/x86_64";
+
+struct Options {
+    project: PathBuf,
+    release: bool,
+    bin: Option<String>,
+    /// Cargo's target directory (default: the project's `target/`).
+    target_dir: PathBuf,
+}
+
+/// The std guests of this repository (guests/apps/NAME, each its own workspace), built by
+/// `build-guests` into guests/target/x86_64-activm-std/PROFILE/NAME with one build of std.
+pub(crate) const STD_APPS: &[&str] = &["std-demo", "std-rayon", "std-threadbench"];
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let usage = || {
+        format!("usage: cargo xtask app PATH [--release] [--bin NAME] [--target-dir DIR]\n{USAGE}")
+    };
+    let mut project = None;
+    let mut release = false;
+    let mut bin = None;
+    let mut target_dir = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--release" => release = true,
+            "--bin" => bin = Some(it.next().ok_or_else(usage)?.clone()),
+            "--target-dir" => target_dir = Some(PathBuf::from(it.next().ok_or_else(usage)?)),
+            s if s.starts_with('-') => return Err(usage()),
+            s if project.is_none() => project = Some(PathBuf::from(s)),
+            _ => return Err(usage()),
+        }
+    }
+    let project = project.ok_or_else(usage)?;
+    let project = project
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", project.display()))?;
+    if !project.join("Cargo.toml").is_file() {
+        return Err(format!("{}: no Cargo.toml there", project.display()));
+    }
+    let target_dir = match target_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            dir.canonicalize()
+                .map_err(|e| format!("{}: {e}", dir.display()))?
+        }
+        None => project.join("target"),
+    };
+    Ok(Options {
+        project,
+        release,
+        bin,
+        target_dir,
+    })
+}
+
+/// Settings both builds share. A crate built against another build of std cannot be linked
+/// with it, so the profile is pinned here rather than taken from either manifest.
+fn shared_args(cmd: &mut Command, o: &Options) {
+    let root = repo_root();
+    cmd.args([
+        "-Zbuild-std=std,panic_abort",
+        "-Zbuild-std-features=compiler-builtins-mem",
+        "-Zjson-target-spec",
+    ])
+    .arg("--target")
+    .arg(root.join(STD_TARGET_JSON))
+    .arg("--target-dir")
+    .arg(&o.target_dir);
+    let profile = if o.release {
+        cmd.arg("--release");
+        [
+            ("opt-level", "3"),
+            ("debug", "1"),
+            ("debug-assertions", "false"),
+        ]
+    } else {
+        [
+            ("opt-level", "1"),
+            ("debug", "2"),
+            ("debug-assertions", "true"),
+        ]
+    };
+    let name = if o.release { "release" } else { "dev" };
+    let pins = profile.iter().chain(&[
+        ("panic", "\"abort\""),
+        ("lto", "false"),
+        ("codegen-units", "16"),
+        ("overflow-checks", "false"),
+        ("incremental", "false"),
+    ]);
+    for (key, value) in pins {
+        cmd.arg("--config")
+            .arg(format!("profile.{name}.{key}={value}"));
+    }
+}
+
+/// The newest `libactivm_std-*.rlib` in `deps`.
+fn runtime_rlib(deps: &Path) -> Result<PathBuf, String> {
+    let entries = std::fs::read_dir(deps).map_err(|e| format!("{}: {e}", deps.display()))?;
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("libactivm_std-") && name.ends_with(".rlib")
+        })
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .map(|e| e.path())
+        .ok_or_else(|| format!("no libactivm_std rlib in {}", deps.display()))
+}
+
+/// `cargo xtask app ARGS`: builds and prints the ELF's path.
+pub(crate) fn app(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    install_toolchain()?;
+    let elf = build(&o)?;
+    println!("{}", elf.display());
+    Ok(())
+}
+
+/// Builds this repository's std guests ([`STD_APPS`]) and returns their ELF paths.
+pub(crate) fn build_std_apps(release: bool) -> Result<Vec<PathBuf>, String> {
+    let root = repo_root();
+    STD_APPS
+        .iter()
+        .map(|app| {
+            build(&Options {
+                project: root.join("guests/apps").join(app),
+                release,
+                bin: None,
+                target_dir: root.join("guests/target"),
+            })
+        })
+        .collect()
+}
+
+fn build(o: &Options) -> Result<PathBuf, String> {
+    let root = repo_root();
+    let profile_dir = if o.release { "release" } else { "debug" };
+    let out_dir = o.target_dir.join(STD_TARGET).join(profile_dir);
+
+    let mut runtime = guest_cargo();
+    runtime.current_dir(&o.project).arg("build").arg("--quiet");
+    runtime
+        .arg("--manifest-path")
+        .arg(root.join("guest-std/Cargo.toml"));
+    shared_args(&mut runtime, o);
+    println!("xtask: building activm-std for {}", o.project.display());
+    run(&mut runtime)?;
+    let rlib = runtime_rlib(&out_dir.join("deps"))?;
+
+    let mut program = guest_cargo();
+    program.current_dir(&o.project).arg("rustc");
+    program
+        .arg("--manifest-path")
+        .arg(o.project.join("Cargo.toml"));
+    if let Some(bin) = &o.bin {
+        program.args(["--bin", bin]);
+    }
+    shared_args(&mut program, o);
+    program.arg("--message-format=json-render-diagnostics");
+    program
+        .args(["--", "-Zunstable-options", "--extern"])
+        .arg(format!("force:activm_std={}", rlib.display()))
+        .arg("-L")
+        .arg(format!("native={}", root.join(LINK_SCRIPT_DIR).display()));
+    println!("xtask: building {}", o.project.display());
+    let out = program
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| {
+            format!(
+                "cannot run {}: {e}",
+                program.get_program().to_string_lossy()
+            )
+        })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "building {} failed: {}",
+            o.project.display(),
+            out.status
+        ));
+    }
+    let elf = stdout
+        .lines()
+        .filter_map(|line| line.split("\"executable\":\"").nth(1))
+        .filter_map(|rest| rest.split('"').next())
+        .next_back()
+        .ok_or_else(|| format!("{}: cargo built no executable", o.project.display()))?;
+    let elf = PathBuf::from(elf);
+    check_elf(GuestArch::X86_64, &elf)?;
+    Ok(elf)
+}
