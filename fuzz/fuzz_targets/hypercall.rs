@@ -84,8 +84,11 @@ fuzz_target!(|data: &[u8]| {
     let plan = &world.guest.plan;
     match call {
         Call::ConsoleWrite { buf, len } | Call::Panic { buf, len } => {
-            if let Ok(bytes) = read_buffer(&world.guest.ram, kind, buf, len) {
+            if let Ok(bytes) = read_buffer(&world.guest.ram, &world.guest.plan, kind, buf, len) {
                 assert!(bytes.len() as u64 == len && len <= MAX_WRITE_LEN);
+                // Never the VMM's supervisor pages below the image.
+                let low = activm::arch::layout::USER_LOW;
+                assert!(buf >= plan.image.start || (low.start <= buf && buf + len <= low.end));
             }
         }
         Call::Exit { code } => assert!((0..=255).contains(&code)),

@@ -66,14 +66,19 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
             libc::SYS_timer_settime,
             libc::SYS_timer_gettime,
             libc::SYS_timer_delete,
-            // A vCPU starts the asynchronous block queue's I/O and timer threads (named with
-            // prctl); they inherit this filter.
-            libc::SYS_clone,
-            libc::SYS_clone3,
-            libc::SYS_prctl,
         ],
         ThreadKind::Dispatcher => &[libc::SYS_rt_sigtimedwait],
         ThreadKind::Io => &[libc::SYS_writev],
+        ThreadKind::Disk => &[
+            libc::SYS_pread64,
+            libc::SYS_pwrite64,
+            libc::SYS_preadv,
+            libc::SYS_pwritev,
+            libc::SYS_preadv2,
+            libc::SYS_pwritev2,
+            libc::SYS_fdatasync,
+            libc::SYS_fsync,
+        ],
         ThreadKind::Control => &[
             libc::SYS_accept4,
             libc::SYS_accept,
