@@ -606,6 +606,9 @@ fn blk_tests() -> Vec<Trial> {
         Trial::test("blk_async_protocol_and_violations", || {
             let disk = temp_disk("blk-async-hostile", 1)?;
             let slow = ["--disk", disk.arg(), "--io-latency", "2000"];
+            // The violations need a request still in flight at the next call: a 1 s device,
+            // so a guest descheduled between its two calls on a loaded host still sees it.
+            let slower = ["--disk", disk.arg(), "--io-latency", "1000000"];
             selftest(&slow, &["blk-async", "ok"])?
                 .expect_code(0)?
                 .stdout_has("blk-async: tag 5 result 0")?;
@@ -631,7 +634,7 @@ fn blk_tests() -> Vec<Trial> {
                     "the completion ring's tail (1000) is not within 64",
                 ),
             ] {
-                selftest(&slow, &["blk-async", case])?
+                selftest(&slower, &["blk-async", case])?
                     .expect_code(125)?
                     .stderr_has(message)?;
             }
