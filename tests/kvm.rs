@@ -18,6 +18,8 @@ use activm::testing::{raw_guest, tiny_elf, TempPath, TRIPLE_FAULT_CODE};
 use exact::{rt_suite_exact, Setup};
 use libtest_mimic::{Arguments, Failed, Trial};
 
+#[path = "kvm/durability.rs"]
+mod durability;
 #[path = "kvm/net.rs"]
 mod net;
 #[path = "kvm/security.rs"]
@@ -405,6 +407,7 @@ fn kvm_tests() -> Vec<Trial> {
     ]);
     // ---- end of activm-rt tests ----
     trials.extend(blk_tests());
+    trials.extend(durability::tests());
     trials
 }
 

@@ -16,6 +16,7 @@ use crate::devices::blk::Request;
 use crate::devices::blk_async::AsyncQueue;
 use crate::devices::fs::GuestMem;
 use crate::hypercall::{Call, Malformed};
+use crate::memory::{GuestRam, Plan};
 use crate::vm::Outcome;
 
 /// A handler's result: the load's value, or what the run loop does instead.
@@ -260,29 +261,41 @@ impl VcpuThread {
     }
 
     fn read_buffer(&self, kind: Hypercall, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
-        if len > MAX_WRITE_LEN {
-            return Err(format!(
-                "malformed hypercall {}: length {len} exceeds the limit of {MAX_WRITE_LEN}",
-                kind.name()
-            ));
-        }
-        // Not the VMM's supervisor-only pages (GDT, IDT, page tables, CPL0 stacks): the guest
-        // cannot read them itself, so no hypercall copies them out for it.
-        let end = gpa.saturating_add(len);
-        let low = &arch::layout::USER_LOW;
-        if gpa < self.guest.plan.image.start && !(low.start <= gpa && end <= low.end) {
-            return Err(format!(
-                "malformed hypercall {}: buffer {gpa:#x}+{len} lies in the VMM's pages below the \
-                 image ({:#x}), which the guest cannot read",
-                kind.name(),
-                self.guest.plan.image.start
-            ));
-        }
-        self.guest.ram.read_bytes(gpa, len).map_err(|e| {
-            format!(
-                "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",
-                kind.name()
-            )
-        })
+        read_buffer(&self.guest.ram, &self.guest.plan, kind, gpa, len)
     }
+}
+
+/// The `len`-byte buffer at guest-physical `gpa` that hypercall `kind` names (console text, a
+/// panic message): at most `MAX_WRITE_LEN` bytes, inside guest RAM and not in the VMM's pages.
+pub fn read_buffer(
+    ram: &GuestRam,
+    plan: &Plan,
+    kind: Hypercall,
+    gpa: u64,
+    len: u64,
+) -> Result<Vec<u8>, String> {
+    if len > MAX_WRITE_LEN {
+        return Err(format!(
+            "malformed hypercall {}: length {len} exceeds the limit of {MAX_WRITE_LEN}",
+            kind.name()
+        ));
+    }
+    // Not the VMM's supervisor-only pages (GDT, IDT, page tables, CPL0 stacks): the guest
+    // cannot read them itself, so no hypercall copies them out for it.
+    let end = gpa.saturating_add(len);
+    let low = &arch::layout::USER_LOW;
+    if gpa < plan.image.start && !(low.start <= gpa && end <= low.end) {
+        return Err(format!(
+            "malformed hypercall {}: buffer {gpa:#x}+{len} lies in the VMM's pages below the \
+             image ({:#x}), which the guest cannot read",
+            kind.name(),
+            plan.image.start
+        ));
+    }
+    ram.read_bytes(gpa, len).map_err(|e| {
+        format!(
+            "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",
+            kind.name()
+        )
+    })
 }
