@@ -79,6 +79,8 @@ pub enum Acquired {
     HandOff,
     /// The vCPU is stopped: end the thread.
     Exit,
+    /// Parked past the deadline given to [`Allocator::acquire_until`].
+    WakeDue,
 }
 
 /// Why a vCPU gives its processor back.
@@ -111,6 +113,8 @@ struct GuestState {
     /// The share computed by the last rebalance.
     share: usize,
     removed: bool,
+    /// Served before the others ([`tiered_shares`]).
+    latency_critical: bool,
 }
 
 impl GuestState {
@@ -211,8 +215,14 @@ impl Allocator {
             wanted: nr_vcpus,
             share: 0,
             removed: false,
+            latency_critical: false,
         });
         state.guests.len() - 1
+    }
+
+    /// Mark `guest` latency-critical (served first) or not; takes effect at the next rebalance.
+    pub fn set_latency_critical(&self, guest: GuestId, on: bool) {
+        self.lock().guests[guest].latency_critical = on;
     }
 
     pub fn budget(&self) -> usize {
@@ -261,6 +271,17 @@ impl Allocator {
 
     /// Block until `vcpu` of `guest` holds a processor (or is stopped).
     pub fn acquire(&self, guest: GuestId, vcpu: usize) -> Acquired {
+        self.acquire_until(guest, vcpu, None)
+    }
+
+    /// [`Allocator::acquire`], but a vCPU still parked at `deadline` returns
+    /// [`Acquired::WakeDue`] (its guest yielded it until then: see [`Allocator::wake_for_timer`]).
+    pub fn acquire_until(
+        &self,
+        guest: GuestId,
+        vcpu: usize,
+        deadline: Option<Instant>,
+    ) -> Acquired {
         let mut state = self.lock();
         loop {
             let slot = &mut state.guests[guest].vcpus[vcpu];
@@ -279,8 +300,20 @@ impl Allocator {
                     *slot = Slot::Revoking;
                     return Acquired::HandOff;
                 }
+                Slot::Parked if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Acquired::WakeDue;
+                }
                 Slot::Revoking | Slot::Runnable(_) | Slot::Parked | Slot::Blocked => {
-                    state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                    state = match deadline {
+                        Some(d) if *slot == Slot::Parked => {
+                            let left = d.saturating_duration_since(Instant::now());
+                            self.changed
+                                .wait_timeout(state, left)
+                                .unwrap_or_else(|e| e.into_inner())
+                                .0
+                        }
+                        _ => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
+                    };
                 }
             }
         }
@@ -351,6 +384,23 @@ impl Allocator {
         self.rebalance_locked(&mut state, Instant::now())
     }
 
+    /// A timer of `guest` is due and `vcpu` gave its processor back until then: the guest
+    /// wants one more processor than it holds (up to its concurrency), and this vCPU is the one
+    /// to start if it gets it. Other guests lose a processor to it at once if the shares say
+    /// so (Shenango's grant on a due timer). Returns the vCPUs to kick.
+    pub fn wake_for_timer(&self, guest: GuestId, vcpu: usize) -> Vec<(GuestId, usize)> {
+        let mut state = self.lock();
+        let g = &mut state.guests[guest];
+        if !g.activations || g.vcpus[vcpu] != Slot::Parked {
+            return Vec::new();
+        }
+        g.wanted = g.wanted.max(g.holding() + 1).min(g.concurrency.max(1));
+        state.prefer_new = Some((guest, vcpu));
+        let kicks = self.rebalance_locked(&mut state, Instant::now());
+        state.prefer_new = None;
+        kicks
+    }
+
     /// Recompute the shares and act on them; call every quantum. Returns the vCPUs to kick.
     pub fn rebalance(&self) -> Vec<(GuestId, usize)> {
         let mut state = self.lock();
@@ -381,15 +431,7 @@ impl Allocator {
     }
 
     fn rebalance_locked(&self, state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
-        let shares = water_fill(
-            state.budget,
-            &state
-                .guests
-                .iter()
-                .map(GuestState::demand)
-                .collect::<Vec<_>>(),
-            state.rotation,
-        );
+        let shares = tiered_shares(state.budget, &state.guests, state.rotation);
         let quantum = state.quantum;
         let mut kicks = Vec::new();
         // Take processors away first (they come back through `release`).
@@ -505,6 +547,29 @@ impl Allocator {
         }
         kicks
     }
+}
+
+/// The shares of `guests`: latency-critical guests' demands are water-filled first, the
+/// processors left over go to the others (Shenango: latency-critical applications get cores on
+/// demand, best-effort ones take the rest). One tier only (all latency-critical, or none): plain
+/// [`water_fill`].
+fn tiered_shares(budget: usize, guests: &[GuestState], rotation: usize) -> Vec<usize> {
+    let tier = |critical: bool| -> Vec<usize> {
+        guests
+            .iter()
+            .map(|g| {
+                if g.latency_critical == critical {
+                    g.demand()
+                } else {
+                    0
+                }
+            })
+            .collect()
+    };
+    let first = water_fill(budget, &tier(true), rotation);
+    let left = budget - first.iter().sum::<usize>();
+    let rest = water_fill(left, &tier(false), rotation);
+    first.iter().zip(rest).map(|(a, b)| a + b).collect()
 }
 
 /// Split `budget` processors among guests demanding `demands`: nobody gets more than its
@@ -783,6 +848,41 @@ mod tests {
         // An event for the idle guest: it wants a processor again.
         alloc.want_one(idle);
         assert_eq!((alloc.view(idle).wanted, alloc.view(idle).share), (1, 1));
+    }
+
+    #[test]
+    fn a_latency_critical_guest_is_served_first() {
+        let alloc = Allocator::new(2, Duration::from_millis(10));
+        let server = alloc.add_guest(4);
+        let batch = alloc.add_guest(2);
+        alloc.set_latency_critical(server, true);
+        alloc.set_activations(server, true);
+        alloc.set_activations(batch, true);
+        // The batch guest's waiting vCPUs hand their contexts over and park.
+        for v in 0..2 {
+            assert_eq!(alloc.acquire(batch, v), Acquired::HandOff);
+            alloc.release(batch, v, Release::Preempted);
+        }
+        let share = |g| alloc.view(g).share;
+        assert_eq!((share(server), share(batch)), (2, 0));
+        // Idle, it gives both back: the batch guest takes them.
+        for v in 0..4 {
+            if alloc.view(server).vcpus[v] == Slot::GrantedResume {
+                alloc.acquire(server, v);
+            }
+        }
+        for v in 0..4 {
+            alloc.release(server, v, Release::Yielded);
+        }
+        assert_eq!((share(server), share(batch)), (0, 2));
+        for v in 0..2 {
+            assert_eq!(alloc.acquire(batch, v), Acquired::NewActivation);
+        }
+        // Its timer is due: it wants one again and the batch guest loses one at once.
+        let kicks = alloc.wake_for_timer(server, 0);
+        assert_eq!((share(server), share(batch)), (1, 1));
+        assert_eq!(kicks.len(), 1);
+        assert_eq!(kicks[0].0, batch);
     }
 
     #[test]

@@ -177,6 +177,7 @@ pub fn build(
                 latency: Duration::from_micros(machine.io_latency_us),
             }),
             activations: guest.activations,
+            latency_critical: guest.latency_critical,
         };
         if let Err((key, what)) = config.check() {
             // The latency is the machine's setting, not the guest's.

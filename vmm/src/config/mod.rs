@@ -131,6 +131,10 @@ pub struct VmConfig {
     /// `no_activations` in a configuration file, clears it). Guests with and without share one
     /// budget of processors; `MonitorOptions::activations` turns them off for every guest.
     pub activations: bool,
+    /// A latency-critical guest (Shenango's LC application): the allocator serves its demand
+    /// for processors before that of the other guests, who share what is left. Its demand must
+    /// be real: it yields idle processors (its runtime does, even while threads sleep).
+    pub latency_critical: bool,
 }
 
 impl VmConfig {
@@ -149,6 +153,7 @@ impl VmConfig {
             thread_stacks: None,
             disk: None,
             activations: true,
+            latency_critical: false,
         }
     }
 
