@@ -22,6 +22,7 @@
 //! disk_read_only = false
 //! thread_stack = "124K"
 //! thread_stacks = 256
+//! latency_critical = false  # true: the allocator serves its demand before other guests'
 //!
 //! [[guest]]
 //! image = "rt-tests"
