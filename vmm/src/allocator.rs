@@ -15,6 +15,10 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+mod shares;
+use shares::tiered_shares;
+pub use shares::water_fill;
+
 /// A guest, by its index in the monitor.
 pub type GuestId = usize;
 
@@ -491,7 +495,12 @@ impl Allocator {
     /// Recompute the shares, mark revokes and grants, and wake the threads of the vCPUs granted
     /// a processor or told to hand over; returns the vCPUs to kick.
     fn decide(state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
-        let shares = tiered_shares(state.budget, &state.guests, state.rotation);
+        let demands: Vec<(usize, bool)> = state
+            .guests
+            .iter()
+            .map(|g| (g.demand(), g.latency_critical))
+            .collect();
+        let shares = tiered_shares(state.budget, &demands, state.rotation);
         let quantum = state.quantum;
         let mut kicks = Vec::new();
         // Take processors away first (they come back through `release`).
@@ -598,58 +607,6 @@ impl Allocator {
             free -= 1;
         }
         kicks
-    }
-}
-
-/// The shares of `guests`: latency-critical guests' demands are water-filled first, the
-/// processors left over go to the others (Shenango: latency-critical applications get cores on
-/// demand, best-effort ones take the rest). One tier only (all latency-critical, or none): plain
-/// [`water_fill`].
-fn tiered_shares(budget: usize, guests: &[GuestState], rotation: usize) -> Vec<usize> {
-    let tier = |critical: bool| -> Vec<usize> {
-        guests
-            .iter()
-            .map(|g| {
-                if g.latency_critical == critical {
-                    g.demand()
-                } else {
-                    0
-                }
-            })
-            .collect()
-    };
-    let first = water_fill(budget, &tier(true), rotation);
-    let left = budget - first.iter().sum::<usize>();
-    let rest = water_fill(left, &tier(false), rotation);
-    first.iter().zip(rest).map(|(a, b)| a + b).collect()
-}
-
-/// Split `budget` processors among guests demanding `demands`: nobody gets more than its
-/// demand, the rest is shared as evenly as possible, and when it does not divide evenly the
-/// extra processors go to guests in an order that `rotation` turns.
-pub fn water_fill(budget: usize, demands: &[usize], rotation: usize) -> Vec<usize> {
-    let mut shares = vec![0; demands.len()];
-    let mut left = budget;
-    loop {
-        let hungry: Vec<usize> = (0..demands.len())
-            .filter(|&i| shares[i] < demands[i])
-            .collect();
-        if hungry.is_empty() || left == 0 {
-            return shares;
-        }
-        let each = left / hungry.len();
-        if each == 0 {
-            // Fewer processors than hungry guests: hand them out in rotating order.
-            for k in 0..left {
-                shares[hungry[(rotation + k) % hungry.len()]] += 1;
-            }
-            return shares;
-        }
-        for &i in &hungry {
-            let give = each.min(demands[i] - shares[i]);
-            shares[i] += give;
-            left -= give;
-        }
     }
 }
 
