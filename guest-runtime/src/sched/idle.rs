@@ -187,9 +187,9 @@ pub(super) fn idle() {
 
 /// A processor given back while threads sleep comes back this long before the earliest one is
 /// due (the VMM's grant: a wake-up, maybe a preemption of another guest, a new activation).
-const YIELD_WAKE_LEAD_NS: u64 = 150_000;
+const YIELD_WAKE_LEAD_NS: u64 = 60_000;
 /// Yield for a sleeper only if it is due at least this far away (else halt: cheaper).
-const YIELD_WAKE_MIN_NS: u64 = 250_000;
+const YIELD_WAKE_MIN_NS: u64 = 100_000;
 
 /// With sleepers only (no I/O in flight), the earliest far enough away and a VMM that wakes
 /// yielded vCPUs (`SHARED_FEATURE_YIELD_WAKE`): how long to give the processor back for.
