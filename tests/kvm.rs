@@ -18,8 +18,14 @@ use activm::testing::{raw_guest, tiny_elf, TempPath, TRIPLE_FAULT_CODE};
 use exact::{rt_suite_exact, Setup};
 use libtest_mimic::{Arguments, Failed, Trial};
 
+#[path = "kvm/durability.rs"]
+mod durability;
+#[path = "kvm/net.rs"]
+mod net;
 #[path = "kvm/security.rs"]
 mod security;
+#[path = "kvm/std_files.rs"]
+mod std_files;
 #[path = "kvm/std_guests.rs"]
 mod std_guests;
 
@@ -401,6 +407,7 @@ fn kvm_tests() -> Vec<Trial> {
     ]);
     // ---- end of activm-rt tests ----
     trials.extend(blk_tests());
+    trials.extend(durability::tests());
     trials
 }
 
@@ -603,6 +610,9 @@ fn blk_tests() -> Vec<Trial> {
         Trial::test("blk_async_protocol_and_violations", || {
             let disk = temp_disk("blk-async-hostile", 1)?;
             let slow = ["--disk", disk.arg(), "--io-latency", "2000"];
+            // The violations need a request still in flight at the next call: a 1 s device,
+            // so a guest descheduled between its two calls on a loaded host still sees it.
+            let slower = ["--disk", disk.arg(), "--io-latency", "1000000"];
             selftest(&slow, &["blk-async", "ok"])?
                 .expect_code(0)?
                 .stdout_has("blk-async: tag 5 result 0")?;
@@ -628,7 +638,7 @@ fn blk_tests() -> Vec<Trial> {
                     "the completion ring's tail (1000) is not within 64",
                 ),
             ] {
-                selftest(&slow, &["blk-async", case])?
+                selftest(&slower, &["blk-async", case])?
                     .expect_code(125)?
                     .stderr_has(message)?;
             }
@@ -1366,6 +1376,8 @@ fn main() {
     trials.extend(hostile::hostile_tests());
     trials.extend(security::security_tests());
     trials.extend(std_guests::tests());
+    trials.extend(std_files::tests());
+    trials.extend(net::tests());
     if let Err(why) = kvm_usable() {
         if let Some(required) = exact::kvm_required() {
             // A machine with KVM (or CI) must not pass by skipping: every KVM test fails.
