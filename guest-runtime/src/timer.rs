@@ -154,6 +154,12 @@ pub fn has_sleepers() -> bool {
     EARLIEST.load(Ordering::Acquire) != u64::MAX
 }
 
+/// Nanoseconds until the earliest sleeper is due (0 if one is due; `None` without sleepers).
+pub fn ns_until_earliest() -> Option<u64> {
+    let earliest = EARLIEST.load(Ordering::Acquire);
+    (earliest != u64::MAX).then(|| ticks_to_ns(earliest.saturating_sub(cpu::rdtsc())))
+}
+
 /// Scheduler, before halting idle: wake up at TSC `deadline` at the latest.
 pub fn arm_idle_deadline(deadline: u64) {
     ensure_armed_by(deadline);

@@ -41,7 +41,10 @@ wire_enum! {
         SaRegister = 16 => "sa_register",
         /// `sa_setconcurrency(n) -> previous`: the guest can use up to `n` vCPUs.
         SaSetConcurrency = 17 => "sa_setconcurrency",
-        /// `sa_yield() -> 0`: this vCPU has no work; the VMM may give its processor away.
+        /// `sa_yield(wake_ns) -> 0`: this vCPU has no work; the VMM may give its processor
+        /// away. With `SHARED_FEATURE_YIELD_WAKE`, a non-zero `wake_ns` asks for a processor
+        /// back that many ns later (a timer is due); 0: only when the guest asks or an event
+        /// comes.
         SaYield = 18 => "sa_yield",
         /// `sa_preempt(vcpu) -> 0`: deliver a USER upcall to one of the guest's vCPUs.
         SaPreempt = 19 => "sa_preempt",

@@ -143,6 +143,13 @@ pub struct VcpuAreaOf<C> {
     pub records: [UpcallRecordOf<C>; UPCALL_QUEUE_CAPACITY],
 }
 
+/// [`SharedHeader::features`]: `sa_yield(wake_ns)` with a non-zero `wake_ns` gives the
+/// processor back *for that long*: the VMM starts a new activation of the guest (preempting
+/// another guest if it must) `wake_ns` nanoseconds after the call at the latest, so a guest
+/// may give back its last processor while threads sleep. Without the bit the argument is
+/// ignored.
+pub const SHARED_FEATURE_YIELD_WAKE: u32 = 1 << 0;
+
 /// The first page of the shared area.
 #[repr(C, align(4096))]
 #[derive(Debug)]
@@ -157,7 +164,10 @@ pub struct SharedHeader {
     pub vcpu_area_size: u32,
     /// VMM writes once: [`UPCALL_QUEUE_CAPACITY`].
     pub queue_capacity: u32,
-    pub _pad0: [u8; 40],
+    /// VMM writes once: what this VMM supports beyond the version, `SHARED_FEATURE_*` bits
+    /// (0 from a VMM that predates the field: it was padding).
+    pub features: u32,
+    pub _pad0: [u8; 36],
     /// Guest writes: how many vCPUs the guest can use (mirrors `sa_setconcurrency`).
     pub requested_concurrency: CacheAligned<AtomicU32>,
     /// Guest writes: bit i set = vCPU i is idle (spinning or halted with nothing to run).
@@ -230,6 +240,7 @@ mod tests {
     fn header_layout() {
         assert_eq!(offset_of!(SharedHeader, abi_version), 8);
         assert_eq!(offset_of!(SharedHeader, nr_vcpus), 12);
+        assert_eq!(offset_of!(SharedHeader, features), 24);
         assert_eq!(offset_of!(SharedHeader, requested_concurrency), 64);
         assert_eq!(offset_of!(SharedHeader, idle_vcpus), 128);
         assert_eq!(offset_of!(SharedHeader, granted_vcpus), 192);

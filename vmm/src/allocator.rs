@@ -15,6 +15,10 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+mod shares;
+use shares::tiered_shares;
+pub use shares::water_fill;
+
 /// A guest, by its index in the monitor.
 pub type GuestId = usize;
 
@@ -79,6 +83,8 @@ pub enum Acquired {
     HandOff,
     /// The vCPU is stopped: end the thread.
     Exit,
+    /// Parked past the deadline given to [`Allocator::acquire_until`].
+    WakeDue,
 }
 
 /// Why a vCPU gives its processor back.
@@ -115,6 +121,8 @@ struct GuestState {
     /// it concerns (with one condition variable for all, every parked vCPU of every guest woke,
     /// took the lock and went back to sleep at each grant).
     wake: Vec<Arc<Condvar>>,
+    /// Served before the others ([`tiered_shares`]).
+    latency_critical: bool,
 }
 
 impl GuestState {
@@ -221,8 +229,14 @@ impl Allocator {
             share: 0,
             removed: false,
             wake: (0..nr_vcpus).map(|_| Arc::new(Condvar::new())).collect(),
+            latency_critical: false,
         });
         state.guests.len() - 1
+    }
+
+    /// Mark `guest` latency-critical (served first) or not; takes effect at the next rebalance.
+    pub fn set_latency_critical(&self, guest: GuestId, on: bool) {
+        self.lock().guests[guest].latency_critical = on;
     }
 
     pub fn budget(&self) -> usize {
@@ -272,6 +286,17 @@ impl Allocator {
 
     /// Block until `vcpu` of `guest` holds a processor (or is stopped).
     pub fn acquire(&self, guest: GuestId, vcpu: usize) -> Acquired {
+        self.acquire_until(guest, vcpu, None)
+    }
+
+    /// [`Allocator::acquire`], but a vCPU still parked at `deadline` returns
+    /// [`Acquired::WakeDue`] (its guest yielded it until then: see [`Allocator::wake_for_timer`]).
+    pub fn acquire_until(
+        &self,
+        guest: GuestId,
+        vcpu: usize,
+        deadline: Option<Instant>,
+    ) -> Acquired {
         let mut state = self.lock();
         loop {
             let slot = &mut state.guests[guest].vcpus[vcpu];
@@ -292,9 +317,21 @@ impl Allocator {
                     *slot = Slot::Revoking;
                     return Acquired::HandOff;
                 }
+                Slot::Parked if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Acquired::WakeDue;
+                }
                 Slot::Revoking | Slot::Runnable(_) | Slot::Parked | Slot::Blocked => {
+                    let parked = *slot == Slot::Parked;
                     let wake = Arc::clone(&state.guests[guest].wake[vcpu]);
-                    state = wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                    state = match deadline {
+                        Some(d) if parked => {
+                            let left = d.saturating_duration_since(Instant::now());
+                            wake.wait_timeout(state, left)
+                                .unwrap_or_else(|e| e.into_inner())
+                                .0
+                        }
+                        _ => wake.wait(state).unwrap_or_else(|e| e.into_inner()),
+                    };
                 }
             }
         }
@@ -365,6 +402,23 @@ impl Allocator {
         }
         g.wanted = 1;
         self.rebalance_locked(&mut state, Instant::now())
+    }
+
+    /// A timer of `guest` is due and `vcpu` gave its processor back until then: the guest
+    /// wants one more processor than it holds (up to its concurrency), and this vCPU is the one
+    /// to start if it gets it. Other guests lose a processor to it at once if the shares say
+    /// so (Shenango's grant on a due timer). Returns the vCPUs to kick.
+    pub fn wake_for_timer(&self, guest: GuestId, vcpu: usize) -> Vec<(GuestId, usize)> {
+        let mut state = self.lock();
+        let g = &mut state.guests[guest];
+        if !g.activations || g.vcpus[vcpu] != Slot::Parked {
+            return Vec::new();
+        }
+        g.wanted = g.wanted.max(g.holding() + 1).min(g.concurrency.max(1));
+        state.prefer_new = Some((guest, vcpu));
+        let kicks = self.rebalance_locked(&mut state, Instant::now());
+        state.prefer_new = None;
+        kicks
     }
 
     /// Recompute the shares and act on them; call every quantum. Returns the vCPUs to kick.
@@ -441,15 +495,12 @@ impl Allocator {
     /// Recompute the shares, mark revokes and grants, and wake the threads of the vCPUs granted
     /// a processor or told to hand over; returns the vCPUs to kick.
     fn decide(state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
-        let shares = water_fill(
-            state.budget,
-            &state
-                .guests
-                .iter()
-                .map(GuestState::demand)
-                .collect::<Vec<_>>(),
-            state.rotation,
-        );
+        let demands: Vec<(usize, bool)> = state
+            .guests
+            .iter()
+            .map(|g| (g.demand(), g.latency_critical))
+            .collect();
+        let shares = tiered_shares(state.budget, &demands, state.rotation);
         let quantum = state.quantum;
         let mut kicks = Vec::new();
         // Take processors away first (they come back through `release`).
@@ -556,35 +607,6 @@ impl Allocator {
             free -= 1;
         }
         kicks
-    }
-}
-
-/// Split `budget` processors among guests demanding `demands`: nobody gets more than its
-/// demand, the rest is shared as evenly as possible, and when it does not divide evenly the
-/// extra processors go to guests in an order that `rotation` turns.
-pub fn water_fill(budget: usize, demands: &[usize], rotation: usize) -> Vec<usize> {
-    let mut shares = vec![0; demands.len()];
-    let mut left = budget;
-    loop {
-        let hungry: Vec<usize> = (0..demands.len())
-            .filter(|&i| shares[i] < demands[i])
-            .collect();
-        if hungry.is_empty() || left == 0 {
-            return shares;
-        }
-        let each = left / hungry.len();
-        if each == 0 {
-            // Fewer processors than hungry guests: hand them out in rotating order.
-            for k in 0..left {
-                shares[hungry[(rotation + k) % hungry.len()]] += 1;
-            }
-            return shares;
-        }
-        for &i in &hungry {
-            let give = each.min(demands[i] - shares[i]);
-            shares[i] += give;
-            left -= give;
-        }
     }
 }
 
@@ -835,6 +857,41 @@ mod tests {
         // An event for the idle guest: it wants a processor again.
         alloc.want_one(idle);
         assert_eq!((alloc.view(idle).wanted, alloc.view(idle).share), (1, 1));
+    }
+
+    #[test]
+    fn a_latency_critical_guest_is_served_first() {
+        let alloc = Allocator::new(2, Duration::from_millis(10));
+        let server = alloc.add_guest(4);
+        let batch = alloc.add_guest(2);
+        alloc.set_latency_critical(server, true);
+        alloc.set_activations(server, true);
+        alloc.set_activations(batch, true);
+        // The batch guest's waiting vCPUs hand their contexts over and park.
+        for v in 0..2 {
+            assert_eq!(alloc.acquire(batch, v), Acquired::HandOff);
+            alloc.release(batch, v, Release::Preempted);
+        }
+        let share = |g| alloc.view(g).share;
+        assert_eq!((share(server), share(batch)), (2, 0));
+        // Idle, it gives both back: the batch guest takes them.
+        for v in 0..4 {
+            if alloc.view(server).vcpus[v] == Slot::GrantedResume {
+                alloc.acquire(server, v);
+            }
+        }
+        for v in 0..4 {
+            alloc.release(server, v, Release::Yielded);
+        }
+        assert_eq!((share(server), share(batch)), (0, 2));
+        for v in 0..2 {
+            assert_eq!(alloc.acquire(batch, v), Acquired::NewActivation);
+        }
+        // Its timer is due: it wants one again and the batch guest loses one at once.
+        let kicks = alloc.wake_for_timer(server, 0);
+        assert_eq!((share(server), share(batch)), (1, 1));
+        assert_eq!(kicks.len(), 1);
+        assert_eq!(kicks[0].0, batch);
     }
 
     #[test]

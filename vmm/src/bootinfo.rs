@@ -7,7 +7,8 @@ use protocol::boot::{
     MAX_MEM_REGIONS,
 };
 use protocol::shared::{
-    SharedHeader, VcpuArea, VcpuRunState, SHARED_MAGIC, UPCALL_QUEUE_CAPACITY, VCPU_AREA_SIZE,
+    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_WAKE, SHARED_MAGIC,
+    UPCALL_QUEUE_CAPACITY, VCPU_AREA_SIZE,
 };
 use protocol::{ABI_VERSION, MAX_VCPUS};
 
@@ -149,6 +150,10 @@ fn write_shared_area(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
     ram.write_u32(
         base + offset_of!(SharedHeader, queue_capacity) as u64,
         UPCALL_QUEUE_CAPACITY as u32,
+    )?;
+    ram.write_u32(
+        base + offset_of!(SharedHeader, features) as u64,
+        SHARED_FEATURE_YIELD_WAKE,
     )?;
     ram.write_u32(
         base + offset_of!(SharedHeader, granted_vcpus) as u64,

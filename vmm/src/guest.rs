@@ -73,6 +73,8 @@ pub struct GuestStats {
     /// vCPUs that had to run forward from CPL0 before their context could be taken.
     pub run_forwards: AtomicU64,
     pub yields: AtomicU64,
+    /// Yielded vCPUs whose wake-up time (`sa_yield(wake_ns)`) came before any other grant.
+    pub yield_wakes: AtomicU64,
     /// Preemptions deferred because the guest set `defer_preemption`.
     pub deferrals: AtomicU64,
     /// Times a new activation waited for the guest to refill its stack pool.
@@ -222,6 +224,9 @@ impl Guest {
             },
         )?;
         let id = procs.alloc.add_guest(config.vcpus as usize);
+        procs
+            .alloc
+            .set_latency_critical(id, config.latency_critical);
         let vcpus: Vec<Arc<VcpuControl>> = (0..config.vcpus)
             .map(|_| Arc::new(VcpuControl::default()))
             .collect();

@@ -29,8 +29,8 @@ pub enum Call {
     SaEnable,
     /// How many processors the guest can use.
     SaSetConcurrency { processors: u64 },
-    /// Give this vCPU's processor back.
-    SaYield,
+    /// Give this vCPU's processor back; with `wake_ns` > 0, ask for one back that much later.
+    SaYield { wake_ns: u64 },
     /// Interrupt vCPU `vcpu` with a USER upcall.
     SaPreempt { vcpu: u64 },
     /// Ask the block device a question (`protocol::blk`).
@@ -111,7 +111,7 @@ impl Call {
             Hypercall::SaRegister => Call::SaRegister { entry: a[0] },
             Hypercall::SaEnable => Call::SaEnable,
             Hypercall::SaSetConcurrency => Call::SaSetConcurrency { processors: a[0] },
-            Hypercall::SaYield => Call::SaYield,
+            Hypercall::SaYield => Call::SaYield { wake_ns: a[0] },
             Hypercall::SaPreempt => Call::SaPreempt { vcpu: a[0] },
             Hypercall::BlkInfo => Call::BlkInfo { what: a[0] },
             Hypercall::BlkRead => blk(Op::Read),

@@ -349,6 +349,7 @@ fn guests_from_flags(args: &RunArgs) -> Result<Vec<GuestSpec>, config::Problem> 
             mem: args.mem,
             args: args.args.clone(),
             activations: !args.no_activations,
+            latency_critical: false,
             disk: if shared {
                 args.disk.first().cloned()
             } else {

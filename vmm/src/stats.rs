@@ -81,11 +81,12 @@ pub fn render(guest: &Guest) -> String {
     }
     let _ = write!(
         out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} deferred={} waits for an upcall stack={} canceled activations={}",
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer={}) deferred={} waits for an upcall stack={} canceled activations={}",
         n(&s.preemptions),
         n(&s.deschedules),
         n(&s.run_forwards),
         n(&s.yields),
+        n(&s.yield_wakes),
         n(&s.deferrals),
         n(&s.stack_waits),
         n(&s.canceled)

@@ -130,6 +130,15 @@ pub(super) fn idle() {
     SPINNING.fetch_and(!bit, Ordering::AcqRel);
     upcall::set_idle(me, true);
     if !work_visible() && watch_next(cpu::rdtsc()).is_none() {
+        // Only sleepers, none due soon, and the VMM gives the processor back for them: yield it
+        // now (Shenango's idle core goes back at once; the VMM grants one again in time).
+        if let Some(wake_ns) = yield_until_sleeper() {
+            upcall::set_idle(me, false);
+            HALTED.fetch_and(!bit, Ordering::AcqRel);
+            upcall::yield_idle_vcpu(me, wake_ns);
+            cpu::set(Word::SchedIdle, 0);
+            return;
+        }
         timer::arm_for_sleepers();
         // With activations, a vCPU idle for long enough gives its processor back (Anderson et al. 1992:
         // "this processor is idle"); the guest asks again when work needs it (see
@@ -170,7 +179,7 @@ pub(super) fn idle() {
             // `SchedIdle` stays set until the yield: if the VMM takes the processor first, the
             // context it hands over must be dropped as an idle scheduler's, never adopted (an
             // adopter would run the `sa_yield` and give its own activation away).
-            upcall::yield_idle_vcpu(me);
+            upcall::yield_idle_vcpu(me, 0);
             // Returns only if the VMM kept the processor here (or the queue has records).
             cpu::set(Word::SchedIdle, 0);
             return;
@@ -179,6 +188,26 @@ pub(super) fn idle() {
     upcall::set_idle(me, false);
     HALTED.fetch_and(!bit, Ordering::AcqRel);
     cpu::set(Word::SchedIdle, 0);
+}
+
+/// A processor given back while threads sleep comes back this long before the earliest one is
+/// due (the VMM's grant: a wake-up, maybe a preemption of another guest, a new activation).
+const YIELD_WAKE_LEAD_NS: u64 = 60_000;
+/// Yield for a sleeper only if it is due at least this far away (else halt: cheaper).
+const YIELD_WAKE_MIN_NS: u64 = 100_000;
+
+/// With sleepers only (no I/O in flight), the earliest far enough away and a VMM that wakes
+/// yielded vCPUs (`SHARED_FEATURE_YIELD_WAKE`): how long to give the processor back for.
+fn yield_until_sleeper() -> Option<u64> {
+    if config::idle_yield_ticks() == 0
+        || !config::use_halt()
+        || !upcall::yield_wake_supported()
+        || crate::blk::requests_in_flight()
+    {
+        return None;
+    }
+    let gap = timer::ns_until_earliest()?;
+    (gap >= YIELD_WAKE_MIN_NS).then(|| gap - YIELD_WAKE_LEAD_NS)
 }
 
 /// Forgets vCPU `vcpu`'s idle bits (its activation is gone).

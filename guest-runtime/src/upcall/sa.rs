@@ -4,7 +4,9 @@
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
-use activm_stub::protocol::shared::{SharedHeader, VcpuArea, VcpuRunState};
+use activm_stub::protocol::shared::{
+    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_WAKE,
+};
 
 use super::stacks;
 use crate::arch::cpu::{self, Word};
@@ -124,12 +126,19 @@ static LAST_ASK: AtomicU64 = AtomicU64::new(0);
 /// under a revoke, or a yield that lost to a preemption), so asking again must stay possible.
 const ASK_INTERVAL_NS: u64 = 1_000_000;
 
-/// Scheduler of an idle vCPU: gives its processor back to the VMM (`sa_yield`) unless it is
-/// the only vCPU running or records wait in its queue. The activation ends there; the next
-/// NEWPROC on this vCPU names it and its stack is recycled then (see `drain::new_proc`). Returns if it
-/// did not yield.
-pub fn yield_idle_vcpu(me: u32) {
-    if !activations_enabled() || granted_vcpus() < 2 || queue_nonempty() {
+/// Whether the VMM gives a processor back at the time `sa_yield(wake_ns)` asks for
+/// (`SHARED_FEATURE_YIELD_WAKE`): then a vCPU may yield while threads sleep.
+pub fn yield_wake_supported() -> bool {
+    activations_enabled() && header().features & SHARED_FEATURE_YIELD_WAKE != 0
+}
+
+/// Scheduler of an idle vCPU: gives its processor back to the VMM (`sa_yield`) unless records
+/// wait in its queue or it is the only vCPU running and no wake-up is asked for (`wake_ns` 0;
+/// else the VMM starts a new activation `wake_ns` later at the latest, for a sleeper). The
+/// activation ends there; the next NEWPROC on this vCPU names it and its stack is recycled
+/// then (see `drain::new_proc`). Returns if it did not yield.
+pub fn yield_idle_vcpu(me: u32, wake_ns: u64) {
+    if !activations_enabled() || (wake_ns == 0 && granted_vcpus() < 2) || queue_nonempty() {
         return;
     }
     let bit = 1u64 << me;
@@ -142,7 +151,7 @@ pub fn yield_idle_vcpu(me: u32) {
         return;
     }
     percpu::bump(&percpu::this().counters.idle_yields);
-    hypercall(Hypercall::SaYield, 0);
+    hypercall(Hypercall::SaYield, wake_ns);
     // Still here: upcalls are off after all.
     YIELDED.fetch_and(!bit, Ordering::AcqRel);
 }

@@ -180,6 +180,7 @@ pub fn build(
             mounts: guest.mounts.clone(),
             net,
             activations: guest.activations,
+            latency_critical: guest.latency_critical,
         };
         if let Err((key, what)) = config.check() {
             // The latency is the machine's setting, not the guest's.

@@ -119,6 +119,8 @@ struct FileGuest {
     args: Vec<String>,
     #[serde(default)]
     no_activations: bool,
+    #[serde(default)]
+    latency_critical: bool,
     disk: Option<PathBuf>,
     #[serde(default)]
     disk_read_only: bool,
@@ -202,6 +204,7 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
                 mem: g.mem.map_or(defaults.mem, |s| s.0),
                 args: g.args,
                 activations: !g.no_activations,
+                latency_critical: g.latency_critical,
                 disk: g.disk.map(here),
                 disk_read_only: g.disk_read_only,
                 thread_stack: g.thread_stack.map_or(defaults.thread_stack, |s| s.0),

@@ -121,6 +121,9 @@ pub struct GuestSpec {
     pub args: Vec<String>,
     /// Scheduler activations allowed (`no_activations` clears it).
     pub activations: bool,
+    /// A latency-critical guest (`latency_critical` in a configuration file): the allocator
+    /// serves its demand before other guests' (see `allocator.rs`).
+    pub latency_critical: bool,
     pub disk: Option<PathBuf>,
     pub disk_read_only: bool,
     /// Host directories mapped into the guest.
@@ -144,6 +147,7 @@ impl GuestSpec {
             mem: DEFAULT_MEM,
             args: Vec::new(),
             activations: true,
+            latency_critical: false,
             disk: None,
             disk_read_only: false,
             mounts: Vec::new(),

@@ -23,6 +23,7 @@
 //! mounts = ["data:/data", "/usr/share/dict:/dict:ro"]  # HOSTDIR:GUESTDIR[:ro]
 //! thread_stack = "124K"
 //! thread_stacks = 256
+//! latency_critical = false  # true: the allocator serves its demand before other guests'
 //!
 //! [[guest]]
 //! image = "rt-tests"
@@ -136,6 +137,10 @@ pub struct VmConfig {
     /// `no_activations` in a configuration file, clears it). Guests with and without share one
     /// budget of processors; `MonitorOptions::activations` turns them off for every guest.
     pub activations: bool,
+    /// A latency-critical guest (Shenango's LC application): the allocator serves its demand
+    /// for processors before that of the other guests, who share what is left. Its demand must
+    /// be real: it yields idle processors (its runtime does, even while threads sleep).
+    pub latency_critical: bool,
 }
 
 impl VmConfig {
@@ -156,6 +161,7 @@ impl VmConfig {
             mounts: Vec::new(),
             net: Default::default(),
             activations: true,
+            latency_critical: false,
         }
     }
 

@@ -93,6 +93,7 @@ fn a_full_file_parses() {
             mem: 512 << 20,
             args: vec!["blk".into(), "two words".into()],
             activations: true,
+            latency_critical: false,
             disk: Some("/etc/activm/disk.img".into()),
             disk_read_only: true,
             mounts: vec![

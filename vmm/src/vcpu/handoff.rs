@@ -133,8 +133,12 @@ impl VcpuThread {
                 self.block_on_request(req);
                 true
             }
-            ExitAction::Stop | ExitAction::Yield => {
-                self.yielded();
+            ExitAction::Stop => {
+                self.yielded(0);
+                true
+            }
+            ExitAction::Yield { wake_ns } => {
+                self.yielded(wake_ns);
                 true
             }
         }
@@ -247,9 +251,12 @@ impl VcpuThread {
     }
 
     /// The guest gave the processor up itself (`sa_yield`), possibly while the VMM was taking
-    /// it: nothing to hand over; the vCPU parks until a new activation.
-    pub(super) fn yielded(&mut self) {
+    /// it: nothing to hand over; the vCPU parks until a new activation, or until `wake_ns`
+    /// from now (if not 0) when it makes the guest want a processor again.
+    pub(super) fn yielded(&mut self, wake_ns: u64) {
         self.guest.stats.yields.fetch_add(1, Ordering::Relaxed);
+        self.wake_at = (wake_ns != 0)
+            .then(|| std::time::Instant::now() + std::time::Duration::from_nanos(wake_ns));
         self.complete_pending_io();
         self.fresh = None;
         self.guest

@@ -78,7 +78,7 @@ impl VcpuThread {
             Call::SaRegister { entry } => self.sa_register(entry),
             Call::SaEnable => self.sa_enable(),
             Call::SaSetConcurrency { processors } => self.sa_setconcurrency(processors),
-            Call::SaYield => self.sa_yield(),
+            Call::SaYield { wake_ns } => self.sa_yield(wake_ns),
             Call::SaPreempt { vcpu } => self.sa_preempt(vcpu),
             Call::BlkInfo { what } => Ok(match &self.guest.disk {
                 None => 0,
@@ -215,11 +215,14 @@ impl VcpuThread {
         Ok(previous as u64)
     }
 
-    fn sa_yield(&self) -> Handled {
+    fn sa_yield(&self, wake_ns: u64) -> Handled {
         if !self.guest.acts.enabled() {
             return Ok(HC_UNSUPPORTED);
         }
-        Err(ExitAction::Yield)
+        // A wake-up asked for more than a second ahead is clamped (the guest asks again).
+        Err(ExitAction::Yield {
+            wake_ns: wake_ns.min(1_000_000_000),
+        })
     }
 
     /// A USER upcall to vCPU `target`, if it runs; 1 if it does not (nothing to interrupt).

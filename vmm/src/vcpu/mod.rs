@@ -35,8 +35,9 @@ pub enum ExitAction {
     Continue,
     /// `KVM_RUN` was interrupted by a kick: look at the requests.
     Kicked,
-    /// The guest gave this vCPU's processor back (`sa_yield`).
-    Yield,
+    /// The guest gave this vCPU's processor back (`sa_yield`), wanting one back `wake_ns`
+    /// later if that is not 0.
+    Yield { wake_ns: u64 },
     /// This vCPU is done (`vcpu_stop`); the guest goes on.
     Stop,
     /// The whole guest is done.
@@ -66,6 +67,8 @@ struct VcpuThread {
     fresh: Option<NewActivation>,
     /// Whether this vCPU printed its registers for a stalled guest already.
     snapshot_taken: bool,
+    /// Parked by an `sa_yield` that asked for a processor back at this time.
+    wake_at: Option<std::time::Instant>,
 }
 
 /// The body of vCPU thread `index` of `guest`.
@@ -81,6 +84,7 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
         timer: KickTimer::new(),
         fresh: None,
         snapshot_taken: false,
+        wake_at: None,
     };
     crate::sandbox::enter(crate::sandbox::ThreadKind::Vcpu);
     vcpu.run();

@@ -31,13 +31,29 @@ impl VcpuThread {
 
     pub(super) fn run(&mut self) {
         loop {
-            match self
-                .guest
-                .procs
-                .alloc
-                .acquire(self.guest.id, self.index as usize)
-            {
+            let acquired = self.guest.procs.alloc.acquire_until(
+                self.guest.id,
+                self.index as usize,
+                self.wake_at,
+            );
+            if acquired != Acquired::WakeDue {
+                self.wake_at = None;
+            }
+            match acquired {
                 Acquired::Exit => break,
+                Acquired::WakeDue => {
+                    // The guest's timer is due and it gave this processor back for it: it
+                    // wants one again (taken from another guest if need be).
+                    self.wake_at = None;
+                    self.guest.stats.yield_wakes.fetch_add(1, Ordering::Relaxed);
+                    let procs = &self.guest.procs;
+                    procs.revoke(
+                        procs
+                            .alloc
+                            .wake_for_timer(self.guest.id, self.index as usize),
+                    );
+                    continue;
+                }
                 Acquired::Resume => {
                     if self.guest.acts.enabled() {
                         self.guest.flush_pending(self.index);
@@ -68,7 +84,7 @@ impl VcpuThread {
             self.trace_state("running", false);
             match step {
                 ExitAction::Kicked => self.give_back_processor(),
-                ExitAction::Yield => self.yielded(),
+                ExitAction::Yield { wake_ns } => self.yielded(wake_ns),
                 ExitAction::Stop => {
                     self.release(Release::Stopped);
                     self.guest.vcpu_stopped();
