@@ -34,7 +34,7 @@ const HOST_PACKAGES: &[&str] = &[
 const RUST_TARGET: &str = "aarch64-unknown-linux-gnu";
 const CROSS_GCC: &str = "aarch64-linux-gnu-gcc";
 /// Guest apps that build for aarch64 so far.
-pub const APPS: &[&str] = &["demo", "archcheck"];
+pub const APPS: &[&str] = &["demo", "archcheck", "rt-demo"];
 /// Whole QEMU run (boot + every case) under TCG on a shared machine.
 const QEMU_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -88,6 +88,24 @@ fn cases() -> Vec<Case> {
             expect: vec![
                 "EL0 in the image, registers as left".into(),
                 "PREEMPTED=1".into(),
+            ],
+        },
+        Case {
+            name: "rt-demo-1-noact",
+            command: "/activm run /guests/rt-demo --vcpus 1 --no-activations --stats -- 4 2000"
+                .into(),
+            status: 0,
+            expect: vec![
+                "4 threads x 2000 increments on 1 vCPUs: total 8000 (expected 8000)".into(),
+            ],
+        },
+        Case {
+            name: "rt-demo-2-noact",
+            command: "/activm run /guests/rt-demo --vcpus 2 --no-activations --stats -- 6 2000"
+                .into(),
+            status: 0,
+            expect: vec![
+                "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
             ],
         },
         Case {
