@@ -9,6 +9,7 @@
 //! after a move fails and is retried on the new vCPU's block).
 
 use activm_stub::arch::aarch64::irqchip;
+use activm_stub::protocol::arch::aarch64::UPCALL_IRQ;
 use activm_stub::arch::aarch64::percpu::{self, HOLD_OFFSET, PENDING_OFFSET, RT_OFFSET};
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -127,9 +128,14 @@ pub fn rdtsc() -> u64 {
     activm_stub::rdtsc()
 }
 
-/// The virtual timer needs no set-up: it is enabled each time it is armed.
+/// The runtime's own SGI for its simulated VMM (`upcall::sim`).
+pub const SIM_IRQ: u8 = 10;
+
+/// Stops the virtual timer (it is enabled each time it is armed) and enables the simulated
+/// VMM's SGI on this vCPU (the stub enables only the protocol's interrupts).
 pub fn init_timer() {
     irqchip::stop_timer();
+    irqchip::enable_sgi(u32::from(SIM_IRQ));
 }
 
 /// Arms this vCPU's virtual timer to fire `ns` nanoseconds from now (two EL0 system-register
@@ -141,14 +147,19 @@ pub fn arm_timer_ns(ns: u64) {
     irqchip::arm_timer_ticks(ticks.max(1));
 }
 
-/// Sends SGI `intid` to the vCPU whose interrupt id (its index) is `irq_id` (`svc #1`).
+/// Sends `intid` to the vCPU whose interrupt id (its index) is `irq_id`: an SGI (`svc #1`),
+/// or, for `UPCALL_IRQ` (the simulated VMM's upcalls), that vCPU's upcall SPI made pending.
 pub fn send_ipi(irq_id: u32, intid: u8) {
-    irqchip::send_sgi(irq_id, u32::from(intid));
+    if intid == UPCALL_IRQ {
+        irqchip::raise_upcall(irq_id);
+    } else {
+        irqchip::send_sgi(irq_id, u32::from(intid));
+    }
 }
 
-/// Sends SGI `intid` to this vCPU.
+/// Sends `intid` to this vCPU (as [`send_ipi`]).
 pub fn send_self_ipi(intid: u8) {
-    irqchip::send_self_sgi(u32::from(intid));
+    send_ipi(activm_stub::vcpu_id(), intid);
 }
 
 /// Nothing is ever owed: the stub's EL1 entry EOIs every interrupt before EL0 sees it.
