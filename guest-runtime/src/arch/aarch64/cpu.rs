@@ -9,8 +9,8 @@
 //! after a move fails and is retried on the new vCPU's block).
 
 use activm_stub::arch::aarch64::irqchip;
-use activm_stub::protocol::arch::aarch64::UPCALL_IRQ;
 use activm_stub::arch::aarch64::percpu::{self, HOLD_OFFSET, PENDING_OFFSET, RT_OFFSET};
+use activm_stub::protocol::arch::aarch64::UPCALL_IRQ;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 /// A runtime word of the per-vCPU block.
@@ -138,11 +138,17 @@ pub fn init_timer() {
     irqchip::enable_sgi(u32::from(SIM_IRQ));
 }
 
-/// Arms this vCPU's virtual timer to fire `ns` nanoseconds from now (two EL0 system-register
-/// writes, no exit).
+/// The shortest timer armed: a handler that re-arms the timer and then outlasts it (as under
+/// QEMU's emulation, for the runtime's 30 us random preemptions) is interrupted again in the
+/// trampoline's epilogue, one interrupt frame deeper each time, until the stack overflows.
+const MIN_TIMER_NS: u64 = 200_000;
+
+/// Arms this vCPU's virtual timer to fire `ns` (at least [`MIN_TIMER_NS`]) nanoseconds from
+/// now (two EL0 system-register writes, no exit).
 #[inline]
 pub fn arm_timer_ns(ns: u64) {
     let khz = crate::percpu::tsc_khz();
+    let ns = ns.max(MIN_TIMER_NS);
     let ticks = (u128::from(ns) * u128::from(khz) / 1_000_000) as u64;
     irqchip::arm_timer_ticks(ticks.max(1));
 }

@@ -28,6 +28,10 @@ const _: () = {
     assert!(core::mem::offset_of!(RegState, nzcv_out) == 1560);
 };
 
+/// Spins per `hold` in `fp-preemption`: ten times x86_64's, for 50 preemptions under QEMU's
+/// emulation, whose timer interrupts arrive coarsely.
+pub const HOLD_SPINS: u64 = 500_000;
+
 /// N, C and V set, Z clear.
 pub const NZCV_HELD: u64 = 0xB000_0000;
 /// FPCR held: default NaN, flush-to-zero, round toward zero.

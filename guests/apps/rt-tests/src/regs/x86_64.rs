@@ -28,6 +28,9 @@ const _: () = {
     assert!(core::mem::offset_of!(RegState, flags_out) == 784);
 };
 
+/// Spins per `hold` in `fp-preemption` (long enough for 50 preemptions).
+pub const HOLD_SPINS: u64 = 50_000;
+
 /// CF, PF, AF, SF and OF set, ZF clear (plus the always-one bit 1).
 pub const FLAGS_HELD: u64 = 0x895 | 0x2;
 /// The arithmetic flags.
