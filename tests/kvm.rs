@@ -3,12 +3,19 @@
 //!
 //! Guests come from `cargo xtask build-guests` (the README's test command builds them first).
 //! Without a usable `/dev/kvm` every test here is reported as *ignored*, with a banner on
-//! stderr: never as passed.
+//! stderr: never as passed; and where KVM must be there (`/dev/kvm` exists, or
+//! `ACTIVM_REQUIRE_KVM=1` as CI sets) every one of them fails instead.
+
+#[path = "kvm/exact.rs"]
+mod exact;
+#[path = "kvm/hostile.rs"]
+mod hostile;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use activm::testing::{raw_guest, tiny_elf, TempPath, TRIPLE_FAULT_CODE};
+use exact::{rt_suite_exact, Setup};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 #[path = "kvm/security.rs"]
@@ -224,6 +231,15 @@ fn kvm_tests() -> Vec<Trial> {
                 .stdout_has("heap ok")?;
             Ok(())
         }),
+        Trial::test("registers_survive_interrupt_storms", || {
+            // Every GPR, xmm0-15 and MXCSR held across 100+ timer ticks and 500 IPIs from
+            // the other vCPU, landing at random CPL3 instructions.
+            selftest(&["--vcpus", "2"], &["irq-stress"])?
+                .expect_code(0)?
+                .stdout_has("irq-stress ok: ")?
+                .stdout_has(" timer ticks, 500 IPIs, ")?;
+            Ok(())
+        }),
         Trial::test("cpl3_self_ipi_reaches_handler", || {
             selftest(&[], &["irq"])?
                 .expect_code(0)?
@@ -294,28 +310,21 @@ fn kvm_tests() -> Vec<Trial> {
         }));
         trials.push(Trial::test(format!("rt_tests_{vcpus}_vcpus"), move || {
             let n = vcpus.to_string();
-            activm_run(&guest("rt-tests")?, &["--vcpus", &n], &[])?
-                .expect_code(0)?
-                .stdout_has("test random-preemption ... ok")?
-                .stdout_has("test condvar-timeout ... ok")?
-                .stdout_has(" passed, 0 failed\n")?;
+            let run = activm_run(&guest("rt-tests")?, &["--vcpus", &n], &[])?.expect_code(0)?;
+            rt_suite_exact(run, Setup::new(true, vcpus, false), &[], "")?;
             Ok(())
         }));
         trials.push(Trial::test(
             format!("rt_tests_no_activations_{vcpus}_vcpus"),
             move || {
                 let n = vcpus.to_string();
-                activm_run(
+                let run = activm_run(
                     &guest("rt-tests")?,
                     &["--vcpus", &n, "--no-activations"],
                     &[],
                 )?
-                .expect_code(0)?
-                .stdout_has("test upcall-preempted ... ok")?
-                .stdout_has("test upcall-continuation ... ok")?
-                .stdout_has("test upcall-blocked ... ok")?
-                .stdout_has("test condvar-timeout ... ok")?
-                .stdout_has("24 passed, 0 failed\n")?;
+                .expect_code(0)?;
+                rt_suite_exact(run, Setup::new(false, vcpus, false), &[], "")?;
                 Ok(())
             },
         ));
@@ -323,33 +332,57 @@ fn kvm_tests() -> Vec<Trial> {
     trials.extend([
         Trial::test("rt_tests_host_sched_4_vcpus", || {
             // Host-scheduled: every vCPU thread left to Linux, oblivious guests, nothing revoked.
-            activm_run(
+            let run = activm_run(
                 &guest("rt-tests")?,
                 &["--vcpus", "4", "--host-sched", "--stats"],
                 &[],
             )?
-            .expect_code(0)?
-            .stdout_has("test upcall-preempted ... ok")?
-            .stdout_has("24 passed, 0 failed\n")?;
+            .expect_code(0)?;
+            rt_suite_exact(run, Setup::new(false, 4, false), &[], "")?;
             activm_run(&guest("rt-tests")?, &["--host-sched", "--chaos", "1"], &[])?
                 .expect_code(2)?
                 .stderr_has("--chaos")?;
             Ok(())
         }),
         Trial::test("rt_real_activations_hand_threads_over", || {
-            activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["sa-real"])?
-                .expect_code(0)?
-                .stdout_has("test sa-real ... ok")?
-                .stdout_has("1 passed, 0 failed\n")?;
+            let run = activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["sa-real"])?;
+            rt_suite_exact(
+                run.expect_code(0)?,
+                Setup::new(true, 2, false),
+                &["sa-real"],
+                "",
+            )?;
             Ok(())
         }),
         Trial::test("rt_allocation_chaos_keeps_threads_exact", || {
             // The guest itself revokes and grants processors every 0.1-2 ms under the stress
             // workload (random preemptions, locks, spawns, messages): counters stay exact.
-            activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["sa-chaos"])?
-                .expect_code(0)?
-                .stdout_has("test sa-chaos ... ok")?
-                .stdout_has("1 passed, 0 failed\n")?;
+            let run = activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["sa-chaos"])?;
+            rt_suite_exact(
+                run.expect_code(0)?,
+                Setup::new(true, 2, false),
+                &["sa-chaos"],
+                "",
+            )?;
+            Ok(())
+        }),
+        Trial::test("rt_tests_unknown_name_is_an_error", || {
+            // On one processor too, where sa-real and sa-chaos skip themselves: the unknown
+            // name must not vanish behind a passing count.
+            activm_run(
+                &guest("rt-tests")?,
+                &["--pcpus", "1"],
+                &["sa-real", "sa-chaos", "mutex", "no-such-test"],
+            )?
+            .expect_code(2)?
+            .stdout_has("rt-tests: no test named no-such-test (`rt-tests list` lists them)\n")?;
+            let run = activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["mutex", "sem*"])?;
+            rt_suite_exact(
+                run.expect_code(0)?,
+                Setup::new(true, 2, false),
+                &["mutex", "semaphore"],
+                "",
+            )?;
             Ok(())
         }),
         Trial::test("rt_stack_overflow_is_caught_by_the_guard_page", || {
@@ -431,11 +464,9 @@ fn blk_tests() -> Vec<Trial> {
                     &["--vcpus", "4", "--pcpus", "2", "--stats"],
                     &["--rt-blk-async=off", "blk", "blk-overlap"],
                 )?;
-                let run = run
-                    .expect_code(0)?
-                    .stdout_has("test blk ... ok")?
-                    .stdout_has("test blk-overlap ... ok")?
-                    .stdout_has("2 passed, 0 failed\n")?;
+                let tests = ["blk", "blk-overlap"];
+                let run =
+                    rt_suite_exact(run.expect_code(0)?, Setup::new(true, 4, true), &tests, "")?;
                 let blocked = upcall_count(&run.stderr, "BLOCKED").unwrap_or(0);
                 let unblocked = upcall_count(&run.stderr, "UNBLOCKED").unwrap_or(0);
                 if blocked < 40 || blocked != unblocked {
@@ -455,7 +486,8 @@ fn blk_tests() -> Vec<Trial> {
                 &["--vcpus", "2", "--no-activations", "--stats"],
                 &["--rt-blk-async=off", "blk", "blk-overlap"],
             )?;
-            let run = run.expect_code(0)?.stdout_has("2 passed, 0 failed\n")?;
+            let tests = ["blk", "blk-overlap"];
+            let run = rt_suite_exact(run.expect_code(0)?, Setup::new(false, 2, true), &tests, "")?;
             if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
                 return Err(format!("an oblivious guest got upcalls\n{}", run.stderr).into());
             }
@@ -465,7 +497,7 @@ fn blk_tests() -> Vec<Trial> {
             // Processors revoked and granted every 0.1-2 ms while threads block on the device
             // and the stress workload runs: data and counters stay exact.
             let disk = temp_disk("blk-chaos", 4)?;
-            activm_run(
+            let run = activm_run(
                 &guest("rt-tests")?,
                 &[
                     "--vcpus",
@@ -481,10 +513,9 @@ fn blk_tests() -> Vec<Trial> {
                 ],
                 &["--rt-blk-async=off", "blk", "blk-overlap", "sa-chaos"],
             )?
-            .expect_code(0)?
-            .stdout_has("test blk ... ok")?
-            .stdout_has("test blk-overlap ... ok")?
-            .stdout_has(" passed, 0 failed\n")?;
+            .expect_code(0)?;
+            let tests = ["blk", "blk-overlap", "sa-chaos"];
+            rt_suite_exact(run, Setup::new(true, 4, true), &tests, "")?;
             Ok(())
         }),
         Trial::test("chaos_soak_keeps_every_invariant", || {
@@ -537,11 +568,9 @@ fn blk_tests() -> Vec<Trial> {
                 &["--vcpus", "4", "--pcpus", "2", "--stats"],
                 &["blk", "blk-overlap"],
             )?;
-            let run = run
-                .expect_code(0)?
-                .stdout_has("test blk ... ok")?
-                .stdout_has("40 asynchronous reads")?
-                .stdout_has("2 passed, 0 failed\n")?;
+            let tests = ["blk", "blk-overlap"];
+            let run = rt_suite_exact(run.expect_code(0)?, Setup::new(true, 4, true), &tests, "")?
+                .stdout_has("40 asynchronous reads")?;
             if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
                 return Err(format!("asynchronous requests blocked\n{}", run.stderr).into());
             }
@@ -554,9 +583,9 @@ fn blk_tests() -> Vec<Trial> {
                 &["--vcpus", "2", "--no-activations"],
                 &["blk", "blk-overlap"],
             )?;
-            run.expect_code(0)?
-                .stdout_has("40 asynchronous reads")?
-                .stdout_has("2 passed, 0 failed\n")?;
+            let tests = ["blk", "blk-overlap"];
+            rt_suite_exact(run.expect_code(0)?, Setup::new(false, 2, true), &tests, "")?
+                .stdout_has("40 asynchronous reads")?;
             check_blk_pattern(&disk)
         }),
         Trial::test("blk_async_requests_survive_allocation_chaos", || {
@@ -566,14 +595,17 @@ fn blk_tests() -> Vec<Trial> {
                 &["--vcpus", "4", "--pcpus", "2", "--chaos", "12"],
                 &["blk", "blk-overlap", "sa-chaos"],
             )?;
-            run.expect_code(0)?
-                .stdout_has("40 asynchronous reads")?
-                .stdout_has(" passed, 0 failed\n")?;
+            let tests = ["blk", "blk-overlap", "sa-chaos"];
+            rt_suite_exact(run.expect_code(0)?, Setup::new(true, 4, true), &tests, "")?
+                .stdout_has("40 asynchronous reads")?;
             check_blk_pattern(&disk)
         }),
         Trial::test("blk_async_protocol_and_violations", || {
             let disk = temp_disk("blk-async-hostile", 1)?;
             let slow = ["--disk", disk.arg(), "--io-latency", "2000"];
+            // The violations need a request still in flight at the next call: a 1 s device,
+            // so a guest descheduled between its two calls on a loaded host still sees it.
+            let slower = ["--disk", disk.arg(), "--io-latency", "1000000"];
             selftest(&slow, &["blk-async", "ok"])?
                 .expect_code(0)?
                 .stdout_has("blk-async: tag 5 result 0")?;
@@ -599,7 +631,7 @@ fn blk_tests() -> Vec<Trial> {
                     "the completion ring's tail (1000) is not within 64",
                 ),
             ] {
-                selftest(&slow, &["blk-async", case])?
+                selftest(&slower, &["blk-async", case])?
                     .expect_code(125)?
                     .stderr_has(message)?;
             }
@@ -793,17 +825,7 @@ fn activation_tests() -> Vec<Trial> {
             )?
             .expect_code(0)?;
             let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
-            for needle in [
-                "\"traceEvents\"",
-                "\"name\":\"running\"",
-                "\"ph\":\"B\"",
-                "\"name\":\"console_write\"",
-            ] {
-                if !text.contains(needle) {
-                    return Err(format!("trace lacks {needle}").into());
-                }
-            }
-            Ok(())
+            exact::check_trace(&text, "demo", 2)
         }),
     ]
 }
@@ -1139,16 +1161,10 @@ fn toml_tests() -> Vec<Trial> {
                 ),
             )?;
             // The file alone, without --config.
-            let run = activm(&[file.as_os_str()])?
-                .expect_code(0)?
-                .stdout_has(
-                    "[aware] test upcall-preempted ... skipped (needs the VMM's activations off",
-                )?
-                .stdout_has("[aware] test blk-overlap ... ok")?
-                .stdout_has("[aware] 2 passed, 0 failed\n")?
-                .stdout_has("[oblivious] test upcall-preempted ... ok")?
-                .stdout_has("[oblivious] test blk-overlap ... ok")?
-                .stdout_has("[oblivious] 3 passed, 0 failed\n")?;
+            let run = activm(&[file.as_os_str()])?.expect_code(0)?;
+            let tests = ["upcall-preempted", "blk", "blk-overlap"];
+            let run = rt_suite_exact(run, Setup::new(true, 3, true), &tests, "[aware] ")?;
+            let run = rt_suite_exact(run, Setup::new(false, 2, true), &tests, "[oblivious] ")?;
             let count = |who, kind| guest_upcall_count(&run.stderr, who, kind);
             let (blocked, unblocked) = (count("aware", "BLOCKED"), count("aware", "UNBLOCKED"));
             if !matches!(blocked, Some(n) if n > 0) || blocked != unblocked {
@@ -1163,6 +1179,50 @@ fn toml_tests() -> Vec<Trial> {
                     return Err(
                         format!("the oblivious guest got {kind} upcalls\n{}", run.stderr).into(),
                     );
+                }
+            }
+            Ok(())
+        }),
+        Trial::test("toml_activation_guest_beside_a_flush_storm", || {
+            // Issues 12 and 13: rt-demo (activations, 2 vCPUs) beside a guest whose vCPUs block
+            // in the VMM all the time (iobench storm on the blocking path: 8 threads writing and flushing, every
+            // flush a BLOCKED / UNBLOCKED pair), in one process on 2 processors with the budget
+            // changing too (--chaos), five times over: both guests' results exact, every
+            // BLOCKED matched by its UNBLOCKED. The setting in which rt-demo hung (a lock holder
+            // lost, fixed in on_upcall); the race is rare: with the fix reverted this test passed
+            // 4 of 4 times, scripts/neighbour-soak.sh storm failed 4 of 58 runs.
+            let dir = TempDir::new("toml-neighbour")?;
+            dir.link_guest("rt-demo")?;
+            dir.link_guest("iobench")?;
+            dir.disk("storm.img", 4)?;
+            let file = dir.file(
+                "neighbours.toml",
+                &format!(
+                    "pcpus = 2\ntimeout = {GUEST_TIMEOUT_SECS}\nstats = true\nchaos = 3\n\n\
+                     [[guest]]\nimage = \"rt-demo\"\nname = \"demo\"\nvcpus = 2\n\
+                     args = [\"8\", \"10000000\"]\n\n\
+                     [[guest]]\nimage = \"iobench\"\nname = \"io\"\nvcpus = 4\n\
+                     args = [\"--rt-blk-async=off\", \"storm\", \"8\", \"300\"]\ndisk = \"storm.img\"\n"
+                ),
+            )?;
+            for _ in 0..5 {
+                let run = activm(&["--config".as_ref(), file.as_os_str()])?
+                    .expect_code(0)?
+                    .stdout_has(
+                        "[demo] rt-demo: 8 threads x 10000000 increments on 2 vCPUs: \
+                         total 80000000 (expected 80000000)\n",
+                    )?
+                    .stdout_has(" flushes=2400 check=8\n")?
+                    .stderr_has("[demo] exit status 0")?
+                    .stderr_has("[io] exit status 0")?;
+                let count = |who, kind| guest_upcall_count(&run.stderr, who, kind);
+                let (blocked, unblocked) = (count("io", "BLOCKED"), count("io", "UNBLOCKED"));
+                if !matches!(blocked, Some(n) if n >= 2400) || blocked != unblocked {
+                    return Err(format!(
+                        "the storm: {blocked:?} BLOCKED, {unblocked:?} UNBLOCKED upcalls\n{}",
+                        run.stderr
+                    )
+                    .into());
                 }
             }
             Ok(())
@@ -1306,14 +1366,28 @@ fn main() {
     let mut trials = kvm_tests();
     trials.extend(activation_tests());
     trials.extend(toml_tests());
+    trials.extend(hostile::hostile_tests());
     trials.extend(security::security_tests());
     trials.extend(std_guests::tests());
     if let Err(why) = kvm_usable() {
-        eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
-        trials = trials
-            .into_iter()
-            .map(|t| t.with_ignored_flag(true))
-            .collect();
+        if let Some(required) = exact::kvm_required() {
+            // A machine with KVM (or CI) must not pass by skipping: every KVM test fails.
+            eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}) but {required}: {} KVM tests FAIL !!!!!!!!\n", trials.len());
+            let why = format!("/dev/kvm is not usable ({why}) but {required}");
+            trials = trials
+                .into_iter()
+                .map(|t| {
+                    let why = why.clone();
+                    Trial::test(t.name().to_string(), move || Err(why.into()))
+                })
+                .collect();
+        } else {
+            eprintln!("\n!!!!!!!! /dev/kvm is not usable ({why}): {} KVM tests are SKIPPED (shown as ignored) !!!!!!!!\n", trials.len());
+            trials = trials
+                .into_iter()
+                .map(|t| t.with_ignored_flag(true))
+                .collect();
+        }
     }
     trials.extend(input_tests());
     trials.extend(toml_input_tests());

@@ -307,6 +307,7 @@ impl Pcpu {
     /// Takes half of this ring's threads (at least one) into `out`, for another vCPU (Go's
     /// `runqgrab`); returns how many.
     pub fn steal_half(&self, out: &mut [*const Tcb; RQ_CAP / 2]) -> usize {
+        let mut spins = 0u32;
         loop {
             let head = self.head.load(Ordering::Acquire);
             let tail = self.tail.load(Ordering::Acquire);
@@ -316,6 +317,13 @@ impl Pcpu {
             }
             if available as usize > RQ_CAP {
                 // Read head and tail at different times; try again.
+                spins += 1;
+                if spins == 1 << 20 {
+                    panic!(
+                        "the run queue of vCPU {} is corrupt: head {head}, tail {tail}",
+                        self.vcpu
+                    );
+                }
                 core::hint::spin_loop();
                 continue;
             }

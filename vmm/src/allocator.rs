@@ -12,7 +12,7 @@
 //! allocator marks the vCPU `Revoking` and returns it from [`Allocator::rebalance`] for the
 //! caller to kick; the vCPU thread hands its state over and calls [`Allocator::release`].
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// A guest, by its index in the monitor.
@@ -111,6 +111,10 @@ struct GuestState {
     /// The share computed by the last rebalance.
     share: usize,
     removed: bool,
+    /// What each vCPU's thread waits on in [`Allocator::acquire`]: a grant wakes only the thread
+    /// it concerns (with one condition variable for all, every parked vCPU of every guest woke,
+    /// took the lock and went back to sleep at each grant).
+    wake: Vec<Arc<Condvar>>,
 }
 
 impl GuestState {
@@ -162,13 +166,17 @@ struct State {
     rotation: usize,
     /// A parked vCPU to start first if its guest gets a new activation (one rebalance only).
     prefer_new: Option<(GuestId, usize)>,
+    /// Threads in [`Allocator::wait_settled`].
+    settle_waiters: usize,
 }
 
 /// The processor allocator (see the module comment).
 #[derive(Debug)]
 pub struct Allocator {
     state: Mutex<State>,
-    changed: Condvar,
+    /// Signalled when a grant is picked up or a revoked processor comes back, for
+    /// [`Allocator::wait_settled`].
+    settling: Condvar,
 }
 
 /// A snapshot of one guest, for `activm ctl` and `--stats`.
@@ -191,8 +199,9 @@ impl Allocator {
                 guests: Vec::new(),
                 rotation: 0,
                 prefer_new: None,
+                settle_waiters: 0,
             }),
-            changed: Condvar::new(),
+            settling: Condvar::new(),
         }
     }
 
@@ -211,6 +220,7 @@ impl Allocator {
             wanted: nr_vcpus,
             share: 0,
             removed: false,
+            wake: (0..nr_vcpus).map(|_| Arc::new(Condvar::new())).collect(),
         });
         state.guests.len() - 1
     }
@@ -254,9 +264,10 @@ impl Allocator {
         for slot in &mut g.vcpus {
             *slot = Slot::Stopped;
         }
-        let kicks = self.rebalance_locked(&mut state, Instant::now());
-        self.changed.notify_all();
-        kicks
+        for wake in &g.wake {
+            wake.notify_one();
+        }
+        self.rebalance_locked(&mut state, Instant::now())
     }
 
     /// Block until `vcpu` of `guest` holds a processor (or is stopped).
@@ -268,10 +279,12 @@ impl Allocator {
                 Slot::Stopped => return Acquired::Exit,
                 Slot::GrantedResume | Slot::Running(_) => {
                     *slot = Slot::Running(Instant::now());
+                    self.settle(&state);
                     return Acquired::Resume;
                 }
                 Slot::GrantedNew => {
                     *slot = Slot::Running(Instant::now());
+                    self.settle(&state);
                     return Acquired::NewActivation;
                 }
                 Slot::HandOff => {
@@ -280,7 +293,8 @@ impl Allocator {
                     return Acquired::HandOff;
                 }
                 Slot::Revoking | Slot::Runnable(_) | Slot::Parked | Slot::Blocked => {
-                    state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                    let wake = Arc::clone(&state.guests[guest].wake[vcpu]);
+                    state = wake.wait(state).unwrap_or_else(|e| e.into_inner());
                 }
             }
         }
@@ -310,7 +324,9 @@ impl Allocator {
                 Release::Preempted | Release::Descheduled => Slot::Runnable(Instant::now()),
             };
         }
-        self.rebalance_locked(&mut state, Instant::now())
+        let kicks = self.rebalance_locked(&mut state, Instant::now());
+        self.settle(&state);
+        kicks
     }
 
     /// The device request `vcpu` blocked on completed: an activation guest gets its context
@@ -361,11 +377,46 @@ impl Allocator {
     /// Whether every decision has been carried out: no processor is being revoked and no grant
     /// is waiting to be picked up.
     pub fn settled(&self) -> bool {
-        self.lock().guests.iter().all(|g| {
+        Self::settled_locked(&self.lock())
+    }
+
+    fn settled_locked(state: &State) -> bool {
+        state.guests.iter().all(|g| {
             g.vcpus
                 .iter()
                 .all(|s| !matches!(s, Slot::Revoking | Slot::GrantedNew | Slot::GrantedResume))
         })
+    }
+
+    /// Wait until [`Allocator::settled`], at most `timeout`; says whether it settled. Woken by
+    /// the very change that settles it, not by polling.
+    pub fn wait_settled(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.lock();
+        state.settle_waiters += 1;
+        let settled = loop {
+            if Self::settled_locked(&state) {
+                break true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break false;
+            }
+            state = self
+                .settling
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        };
+        state.settle_waiters -= 1;
+        settled
+    }
+
+    /// A grant was picked up or a processor came back: wake whoever waits for that.
+    fn settle(&self, state: &State) {
+        if state.settle_waiters > 0 {
+            self.settling.notify_all();
+        }
     }
 
     pub fn view(&self, guest: GuestId) -> GuestView {
@@ -381,6 +432,15 @@ impl Allocator {
     }
 
     fn rebalance_locked(&self, state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
+        let kicks = Self::decide(state, now);
+        // A revoke may have been withdrawn or nothing may be left to do: either settles.
+        self.settle(state);
+        kicks
+    }
+
+    /// Recompute the shares, mark revokes and grants, and wake the threads of the vCPUs granted
+    /// a processor or told to hand over; returns the vCPUs to kick.
+    fn decide(state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
         let shares = water_fill(
             state.budget,
             &state
@@ -437,28 +497,23 @@ impl Allocator {
         }
         // An activation guest's vCPU that waits to resume (descheduled before the guest took
         // upcalls, or without a hand-off) and has no processor coming hands its context over.
-        let mut handoffs = false;
         for g in state.guests.iter_mut().filter(|g| g.activations) {
             let mut room = g.share.saturating_sub(g.holding());
-            for slot in g.vcpus.iter_mut() {
+            for (slot, wake) in g.vcpus.iter_mut().zip(&g.wake) {
                 if let Slot::Runnable(_) = slot {
                     if room > 0 {
                         room -= 1;
                     } else {
                         *slot = Slot::HandOff;
-                        handoffs = true;
+                        wake.notify_one();
                     }
                 }
             }
-        }
-        if handoffs {
-            self.changed.notify_all();
         }
         // Grant free processors to the guests furthest below their share.
         let mut free = state
             .budget
             .saturating_sub(state.guests.iter().map(GuestState::holding).sum());
-        let mut granted = false;
         let prefer = state.prefer_new;
         while free > 0 {
             let Some((id, g)) = state
@@ -497,11 +552,8 @@ impl Allocator {
                 continue;
             };
             g.vcpus[i] = grant;
+            g.wake[i].notify_one();
             free -= 1;
-            granted = true;
-        }
-        if granted {
-            self.changed.notify_all();
         }
         kicks
     }

@@ -271,13 +271,11 @@ fn slot_name(slot: &Slot) -> &'static str {
 /// Wait (up to a second) until the allocator's decisions are carried out: revoked vCPUs have
 /// handed over and granted ones are running. Returns the microseconds it took, or null.
 fn wait_settled(procs: &Processors, started: std::time::Instant) -> Value {
-    while started.elapsed() < std::time::Duration::from_secs(1) {
-        if procs.alloc.settled() {
-            return json!(started.elapsed().as_secs_f64() * 1e6);
-        }
-        std::thread::sleep(std::time::Duration::from_micros(20));
+    if procs.alloc.wait_settled(std::time::Duration::from_secs(1)) {
+        json!(started.elapsed().as_secs_f64() * 1e6)
+    } else {
+        Value::Null
     }
-    Value::Null
 }
 
 /// Answer one request.

@@ -22,7 +22,25 @@ impl GuestRam {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), size as usize)]).map_err(
             |e| Error::Host(format!("cannot allocate {size} bytes of guest memory: {e}")),
         )?;
-        Ok(GuestRam { mem, size })
+        let ram = GuestRam { mem, size };
+        ram.advise_huge_pages();
+        Ok(ram)
+    }
+
+    /// Ask the host for transparent huge pages behind guest RAM: one fault (and one EPT entry)
+    /// per 2 MiB instead of per 4 KiB the first time the guest touches its memory. A guest that
+    /// creates a million threads touches ~1 GiB of heap; in 4 KiB pages that was most of its
+    /// run time, spent in the host kernel. Only advice: a host without THP ignores it.
+    fn advise_huge_pages(&self) {
+        // SAFETY: the range is exactly the mapping vm-memory made for guest RAM, which lives as
+        // long as `self`; MADV_HUGEPAGE changes no contents and no permissions.
+        let _ = unsafe {
+            libc::madvise(
+                self.host_base() as *mut libc::c_void,
+                self.size as usize,
+                libc::MADV_HUGEPAGE,
+            )
+        };
     }
 
     pub fn size(&self) -> u64 {

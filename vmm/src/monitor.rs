@@ -117,6 +117,11 @@ pub fn run_guests(
             options.activations && config.activations,
             trace.clone(),
         )?;
+        if let Some(disk) = &created.guest.disk {
+            disk.queue
+                .start(&created.guest)
+                .map_err(|e| Error::Host(format!("cannot start a disk thread: {e}")))?;
+        }
         for (index, fd) in created.fds.into_iter().enumerate() {
             let guest = Arc::clone(&created.guest);
             let thread = std::thread::Builder::new()

@@ -32,7 +32,12 @@ pub fn on_upcall(frame: &mut IrqFrame) {
         return;
     }
     let p = percpu::this();
+    // Not on top of an idle scheduler (`SchedIdle`): a context the VMM takes there is dropped
+    // as having nothing in flight, and the records this drain had taken would go with it (a
+    // lock holder's continuation lost: rt-demo hung beside an I/O-heavy neighbour, which takes
+    // its idle vCPUs away often). The idle loop sees the deferred work and drains at its top.
     if cpu::get(Word::InSched) != 0
+        && cpu::get(Word::SchedIdle) == 0
         && preempt::held() == 0
         && p.in_drain.load(Ordering::Relaxed) == 0
         && !in_unsafe_window(context::frame_pc(frame))

@@ -60,9 +60,29 @@ fn fix_pc(ctx: &mut UserContext) {
 /// A context taken inside `__rt_activation_entry` (before its words were reset): file what
 /// the entry had saved, drop the new activation's context and give back its stack.
 fn resolve_entry_context(r: &UpcallRecord) -> bool {
-    let Some(at) = entry::in_entry(&r.context) else {
+    match entry::in_entry(&r.context) {
+        Some(at) => resolve_in_entry(r, at),
+        None => false,
+    }
+}
+
+/// A context taken in an interrupt handler on top of a new activation's entry after its first
+/// instruction (`entry::under_entry_interrupt`): resolved as a context stopped at that entry
+/// instruction. (Otherwise its record would wait forever for a state nobody files, its stack
+/// leaked, and, had the entry claimed the vCPU, the previous activation's saved state lost.)
+fn resolve_entry_interrupt_context(r: &UpcallRecord) -> bool {
+    let Some(top) = act_stack_top_of(context::sp(&r.context)) else {
         return false;
     };
+    match entry::under_entry_interrupt(&r.context, top) {
+        Some(at) => resolve_in_entry(r, at),
+        None => false,
+    }
+}
+
+/// The entry of record `r`'s activation stopped as `at` says: file what it saved if it claimed
+/// the vCPU, drop it and give back its stack.
+fn resolve_in_entry(r: &UpcallRecord, at: entry::InEntry) -> bool {
     let top = at.stack_top;
     percpu::trace(percpu::T_ENTRY_CTX, at.pc);
     if let Some(old) = at.saved {
@@ -117,7 +137,7 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
         (u64::from(r.activation) << 32) | (u64::from(r.vcpu) << 24) | (r.seq & 0xff_ffff),
     );
     let Some(st) = take_state(r.activation, r.vcpu) else {
-        if drop_entry_interrupt_context(r) {
+        if drop_entry_interrupt_context(r) || resolve_entry_interrupt_context(r) {
             return;
         }
         percpu::trace(percpu::T_LATER, r.seq);

@@ -7,7 +7,7 @@ use activm_stub::protocol::shared::STACK_POOL_CAPACITY;
 use activm_stub::sync::SpinLock;
 
 use super::sa;
-use crate::arch::entry::ENTRY_MARK_OFFSET;
+use crate::arch::entry::{ENTRY_MARK_OFFSET, ENTRY_RIP_OFFSET};
 use crate::percpu;
 
 /// Size of an activation (scheduler) stack from the pool.
@@ -89,6 +89,8 @@ pub fn release_act_stack(top: u64) {
         // SAFETY: a stack nobody runs on (its owner is handing it back); `top` is a 16-byte
         // aligned activation stack top, so the words under it are inside the stack.
         unsafe { ((top - ENTRY_MARK_OFFSET) as *mut u64).write_volatile(0) };
+        // SAFETY: as above; where an interrupt in the entry's window leaves the entry's saved pc.
+        unsafe { ((top - ENTRY_RIP_OFFSET) as *mut u64).write_volatile(0) };
         put_spare(top);
     }
 }

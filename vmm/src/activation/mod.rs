@@ -262,8 +262,15 @@ impl Activations {
             vcpu,
             previous_yielded as u64,
         );
-        write_record(&mut state, area, vcpu, newproc)
-            .map_err(|e| StartError::Fatal(format!("cannot write the NEWPROC record: {e:?}")))?;
+        write_record(&mut state, area, vcpu, newproc).map_err(|e| {
+            StartError::Fatal(match e {
+                QueueError::Full => format!(
+                    "no room for the NEWPROC record in vCPU {vcpu}'s queue: the guest does not \
+                     consume its upcalls, or corrupted its queue indices"
+                ),
+                QueueError::Memory(e) => format!("cannot write the NEWPROC record: {e}"),
+            })
+        })?;
         while let Some(event) = state.pending.pop_front() {
             if write_record(&mut state, area, vcpu, event.clone()).is_err() {
                 state.pending.push_front(event);

@@ -4,8 +4,9 @@
 //! the exit as before. On a device with `--io-latency` the data still moves inside the exit when
 //! the page cache allows, and only the latency is waited for: the completion is *due* then
 //! (under [`INLINE_WAIT`] away it is simply waited for in the exit, cheaper than any wake-up).
-//! Requests whose data must wait for the host (a cold read, a flush) go to a small pool of I/O
-//! threads (grown on demand, at most one per tag). The hypercall returns `BLK_IN_FLIGHT`.
+//! Requests whose data must wait for the host (a cold read, a flush) go to a pool of
+//! [`IO_THREADS`] I/O threads, started with the guest (before the sandbox, which forbids a vCPU
+//! thread to create threads). The hypercall returns `BLK_IN_FLIGHT`.
 //!
 //! Completions are posted into the guest's ring by whoever comes first: a vCPU of the guest
 //! that halts with completions due becomes the **poller** (its thread arms a one-shot kick for
@@ -42,6 +43,8 @@ use crate::guest::Guest;
 use crate::kick::KickTimer;
 use crate::vm::Outcome;
 
+/// I/O threads per disk: this many cold reads or flushes wait for the host at once; more queue.
+pub const IO_THREADS: usize = 8;
 /// How often an idle I/O thread checks that its guest still exists.
 const IDLE_CHECK: Duration = Duration::from_millis(200);
 /// A completion due sooner than this after its data moved is waited for inside the exit: a
@@ -77,7 +80,8 @@ struct State {
     waiting: usize,
     /// Completions whose data moved, waiting for their due time: (due, tag, result).
     delayed: BinaryHeap<Reverse<(Instant, u32, u64)>>,
-    timer_thread: bool,
+    /// The queue's threads run ([`AsyncQueue::start`]).
+    started: bool,
     /// The halted vCPU whose thread will post the earliest due completion.
     poller: Option<u32>,
     /// When to look whether the guest consumed the ring up to the head then (`nudge_us`).
@@ -210,12 +214,11 @@ impl AsyncQueue {
                 "more than {BLK_RING_CAPACITY} requests in flight or unconsumed"
             ));
         }
+        if !state.started {
+            return Ok(protocol::blk::BLK_ERR_IO);
+        }
         state.in_flight |= bit;
         disk.stats.asynchronous.fetch_add(1, Ordering::Relaxed);
-        if !state.timer_thread {
-            let spawned = self.spawn(guest, &mut state, timer_thread);
-            state.timer_thread = spawned;
-        }
         if let Some(result) = moved {
             let wake_timer = state
                 .delayed
@@ -229,37 +232,30 @@ impl AsyncQueue {
             return Ok(BLK_IN_FLIGHT);
         }
         state.jobs.push_back((req, tag as u32));
-        if state.waiting < state.jobs.len()
-            && state.workers < BLK_RING_CAPACITY
-            && !self.spawn(guest, &mut state, io_thread)
-            && state.workers == 0
-        {
-            state.in_flight &= !bit;
-            state.jobs.pop_back();
-            return Ok(protocol::blk::BLK_ERR_IO);
-        }
         drop(state);
         self.shared.work.notify_one();
         Ok(BLK_IN_FLIGHT)
     }
 
-    /// Start a thread of this queue running `body`; counted as a worker.
-    fn spawn(
-        &self,
-        guest: &Arc<Guest>,
-        state: &mut State,
-        body: fn(&Shared, &Weak<Guest>),
-    ) -> bool {
-        let shared = Arc::clone(&self.shared);
-        let weak = Arc::downgrade(guest);
-        let spawned = std::thread::Builder::new()
-            .name(format!("activm-io-{}", guest.id))
-            .spawn(move || body(&shared, &weak))
-            .is_ok();
-        if spawned {
-            state.workers += 1;
+    /// Start the queue's threads: the timer thread and [`IO_THREADS`] I/O threads, each in the
+    /// sandbox of a disk thread. Called once the guest exists, before its vCPUs run.
+    pub fn start(&self, guest: &Arc<Guest>) -> Result<(), std::io::Error> {
+        let bodies = std::iter::once(timer_thread as fn(&Shared, &Weak<Guest>)).chain(
+            std::iter::repeat_n(io_thread as fn(&Shared, &Weak<Guest>), IO_THREADS),
+        );
+        for body in bodies {
+            let shared = Arc::clone(&self.shared);
+            let weak = Arc::downgrade(guest);
+            std::thread::Builder::new()
+                .name(format!("g{}-disk", guest.id))
+                .spawn(move || {
+                    crate::sandbox::enter(crate::sandbox::ThreadKind::Disk);
+                    body(&shared, &weak)
+                })?;
+            self.shared.lock().workers += 1;
         }
-        spawned
+        self.shared.lock().started = true;
+        Ok(())
     }
 
     /// The `halt` of vCPU `vcpu` (on its thread): with completions due, it becomes the poller

@@ -24,6 +24,9 @@ pub enum ThreadKind {
     Dispatcher,
     /// The console writer: writes what the guests print.
     Io,
+    /// A disk's I/O threads and completion timer (`devices::blk_async`): host file I/O,
+    /// completions into guest memory, interrupts and kicks to the guest's vCPUs.
+    Disk,
     /// The control socket: accepts clients, one thread per client (bounded).
     Control,
 }
@@ -35,6 +38,7 @@ impl ThreadKind {
             ThreadKind::Vcpu => "vcpu",
             ThreadKind::Dispatcher => "dispatcher",
             ThreadKind::Io => "io",
+            ThreadKind::Disk => "disk",
             ThreadKind::Control => "control",
         }
     }

@@ -69,6 +69,16 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
         ],
         ThreadKind::Dispatcher => &[libc::SYS_rt_sigtimedwait],
         ThreadKind::Io => &[libc::SYS_writev],
+        ThreadKind::Disk => &[
+            libc::SYS_pread64,
+            libc::SYS_pwrite64,
+            libc::SYS_preadv,
+            libc::SYS_pwritev,
+            libc::SYS_preadv2,
+            libc::SYS_pwritev2,
+            libc::SYS_fdatasync,
+            libc::SYS_fsync,
+        ],
         ThreadKind::Control => &[
             libc::SYS_accept4,
             libc::SYS_accept,

@@ -234,6 +234,18 @@ impl VcpuThread {
                 kind.name()
             ));
         }
+        // Not the VMM's supervisor-only pages (GDT, IDT, page tables, CPL0 stacks): the guest
+        // cannot read them itself, so no hypercall copies them out for it.
+        let end = gpa.saturating_add(len);
+        let low = &arch::layout::USER_LOW;
+        if gpa < self.guest.plan.image.start && !(low.start <= gpa && end <= low.end) {
+            return Err(format!(
+                "malformed hypercall {}: buffer {gpa:#x}+{len} lies in the VMM's pages below the \
+                 image ({:#x}), which the guest cannot read",
+                kind.name(),
+                self.guest.plan.image.start
+            ));
+        }
         self.guest.ram.read_bytes(gpa, len).map_err(|e| {
             format!(
                 "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",

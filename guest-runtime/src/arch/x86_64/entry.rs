@@ -144,6 +144,48 @@ pub struct InEntry {
     pub saved: Option<OldWords>,
 }
 
+/// The entry's stack pointer after its first instruction (`sub $56`) is `top - 64`; the stub's
+/// frame of an interrupt taken there ends right under it, with the entry's `rip` at `top - 72`
+/// (cleared when a stack is given back) and, once the trampoline saved it, its `rax` at
+/// `top - 104`.
+pub const ENTRY_RIP_OFFSET: u64 = 72;
+
+/// Whether `ctx`, on the activation stack whose top is `top`, was taken in an interrupt handler
+/// running on top of that activation's entry after its first instruction and before the end of
+/// its window (the handler only deferred), and what the entry had done.
+pub fn under_entry_interrupt(ctx: &UserContext, top: u64) -> Option<InEntry> {
+    let (start, claimed, end) = window();
+    let rsp = top - 64;
+    // Below the stub's frame and the registers the trampoline pushed: inside the handler.
+    if ctx.gprs.rsp >= rsp - 40 {
+        return None;
+    }
+    // SAFETY: `rsp - 40 .. rsp` lies inside the activation stack below `top` (the caller found
+    // `top` as a registered stack holding `ctx`'s stack pointer), guest memory.
+    let (rip, rax) = unsafe {
+        (
+            ((top - ENTRY_RIP_OFFSET) as *const u64).read_volatile(),
+            ((rsp - 40) as *const u64).read_volatile(),
+        )
+    };
+    if !(start < rip && rip < end) {
+        return None;
+    }
+    let saved = (rip >= claimed).then(|| {
+        // SAFETY: the entry saved the words at rsp (its `sub $56` ran before the claim).
+        let mut old = unsafe { *(rsp as *const OldWords) };
+        if rip == claimed {
+            old.activation = rax;
+        }
+        old
+    });
+    Some(InEntry {
+        pc: rip,
+        stack_top: top,
+        saved,
+    })
+}
+
 /// Whether `ctx` was taken inside an activation entry, and what it had done.
 pub fn in_entry(ctx: &UserContext) -> Option<InEntry> {
     let (start, claimed, end) = window();

@@ -8,6 +8,9 @@
 //! * `serve-cpu THREADS REQUESTS WORK [LOCKED]`: the same without the reads (the computation
 //!   alone).
 //! * `latency READS`: one thread reads 4 KiB READS times; the mean time of one read.
+//! * `storm THREADS ROUNDS`: a flush storm, the I/O-heavy neighbour of `docs/activations.md`:
+//!   THREADS threads each write 4 KiB to a place of their own and flush, ROUNDS times, then read
+//!   every place back; `check=` is the number of places that hold their last round's data.
 //! * `serve-latency THREADS REQUESTS INTERVAL_US WORK`: a server with open-loop arrivals:
 //!   request i arrives at start + i * INTERVAL_US; THREADS threads take them in turn, each
 //!   sleeping (a timer) until its request arrives, then reading 4 KiB from the disk if there is
@@ -50,6 +53,7 @@ fn main(args: &[&str]) -> i32 {
             false,
         ),
         Some("latency") => latency(number(1, 100)),
+        Some("storm") => storm(number(1, 8), number(2, 200)),
         Some("serve-latency") => serve_latency(
             number(1, 8),
             number(2, 1000),
@@ -57,7 +61,7 @@ fn main(args: &[&str]) -> i32 {
             number(4, 20),
         ),
         _ => {
-            println!("usage: serve THREADS REQUESTS WORK | serve-cpu THREADS REQUESTS WORK | latency READS | serve-latency THREADS REQUESTS INTERVAL_US WORK");
+            println!("usage: serve THREADS REQUESTS WORK | serve-cpu THREADS REQUESTS WORK | latency READS | serve-latency THREADS REQUESTS INTERVAL_US WORK | storm THREADS ROUNDS");
             2
         }
     }
@@ -221,4 +225,55 @@ fn serve_latency(threads: u64, requests: u64, interval_us: u64, work: u64) -> i3
         us(1.0)
     );
     0
+}
+
+/// The 4 KiB block thread `t` writes in round `round`.
+fn storm_block(t: u64, round: u64) -> Vec<u8> {
+    let word = (t << 32 | round).to_le_bytes();
+    word.iter()
+        .copied()
+        .cycle()
+        .take((SECTORS * blk::SECTOR_SIZE) as usize)
+        .collect()
+}
+
+fn storm(threads: u64, rounds: u64) -> i32 {
+    let disk_sectors = blk::capacity();
+    if disk_sectors < threads * SECTORS {
+        println!("iobench: storm needs a disk of THREADS x 4 KiB (activm run --disk IMAGE)");
+        return 2;
+    }
+    static FLUSHES: AtomicU64 = AtomicU64::new(0);
+    let start = rdtsc();
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            thread::spawn(move || {
+                for round in 0..rounds {
+                    blk::write(t * SECTORS, &storm_block(t, round)).expect("disk write");
+                    blk::flush().expect("disk flush");
+                    FLUSHES.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let ms = elapsed_ms(start);
+    let mut buf = alloc::vec![0u8; (SECTORS * blk::SECTOR_SIZE) as usize];
+    let intact = (0..threads)
+        .filter(|&t| {
+            blk::read(t * SECTORS, &mut buf).expect("disk read");
+            rounds == 0 || buf == storm_block(t, rounds - 1)
+        })
+        .count();
+    println!(
+        "RESULT storm ms={ms:.2} flushes={} check={intact}",
+        FLUSHES.load(Ordering::Relaxed)
+    );
+    if intact as u64 == threads {
+        0
+    } else {
+        1
+    }
 }

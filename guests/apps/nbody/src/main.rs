@@ -8,6 +8,8 @@
 //! * `locks THREADS ENTRIES LOCKS`: THREADS threads make ENTRIES entries in total into LOCKS
 //!   short critical sections (a few hundred instructions each), the case lock-holder preemption
 //!   hurts most.
+//! * `spawn THREADS`: spawns THREADS empty threads, all live at once (a thread's stack is bound
+//!   only when it first runs), then joins them: the scale benchmark (`cargo xtask bench scale`).
 //!
 //! Each prints one `RESULT name ms=... check=...` line and exits 0.
 #![no_std]
@@ -36,8 +38,11 @@ fn main(args: &[&str]) -> i32 {
             number(3, 4),
         ),
         Some("locks") => locks(number(1, 32), number(2, 200_000), number(3, 4)),
+        Some("spawn") => spawn(number(1, 10_000)),
         _ => {
-            println!("usage: nbody BODIES STEPS THREADS | nbody-for BODIES MS THREADS | locks THREADS ENTRIES LOCKS");
+            println!(
+                "usage: nbody BODIES STEPS THREADS | nbody-for BODIES MS THREADS | locks THREADS ENTRIES LOCKS | spawn THREADS"
+            );
             2
         }
     }
@@ -218,4 +223,26 @@ fn locks(threads: usize, entries: usize, nlocks: usize) -> i32 {
     } else {
         1
     }
+}
+
+fn spawn(threads: usize) -> i32 {
+    let ran = Arc::new(core::sync::atomic::AtomicUsize::new(0));
+    let start = rdtsc();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let ran = Arc::clone(&ran);
+            thread::spawn(move || {
+                ran.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            })
+        })
+        .collect();
+    let spawned_ms = elapsed_ms(start);
+    for handle in handles {
+        let _ = handle.join();
+    }
+    let ms = elapsed_ms(start);
+    let check = ran.load(core::sync::atomic::Ordering::Relaxed);
+    // `ms=` first: the benchmarks read the first `ms=` of the line.
+    println!("RESULT spawn threads={threads} ms={ms:.3} spawning={spawned_ms:.3} check={check}");
+    i32::from(check != threads)
 }

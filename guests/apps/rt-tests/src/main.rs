@@ -1,7 +1,8 @@
 //! activm-rt's in-guest test suite.
 //!
 //! `activm run rt-tests --vcpus N -- [TEST...]` runs every test (or those named; a name ending
-//! in `*` is a prefix), one line each, then `N passed, M failed`; exits 0 only if all passed.
+//! in `*` is a prefix), one line each, then `N passed, M failed`; exits 0 only if all passed
+//! (2 if a name matches no test).
 //! Modes that end the guest: `overflow` (a thread runs off its stack: the guard page catches
 //! it), `panic` (a named thread panics). `bench` prints timings. `list` lists the tests.
 //! `chaos-soak SECONDS`: mutex and spinlock counters, condvar ping-pong, sleeps, spawns,
@@ -40,14 +41,32 @@ pub enum Needs {
     Disk,
 }
 
+/// Whether test `name` is one `selected` names (a name ending in `*` is a prefix).
+fn names(selected: &str, name: &str) -> bool {
+    match selected.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => selected == name,
+    }
+}
+
 fn run_selected(selected: &[&str]) -> i32 {
+    // A name that matches no test is a usage error, not a test that silently did not run.
+    let unknown: alloc::vec::Vec<&str> = selected
+        .iter()
+        .copied()
+        .filter(|s| !tests::ALL.iter().any(|&(name, _, _)| names(s, name)))
+        .collect();
+    if !unknown.is_empty() {
+        println!(
+            "rt-tests: no test named {} (`rt-tests list` lists them)",
+            unknown.join(", ")
+        );
+        return 2;
+    }
     let mut passed = 0;
     let mut failed = 0;
     for &(name, needs, f) in tests::ALL {
-        let named = selected.iter().any(|s| match s.strip_suffix('*') {
-            Some(prefix) => name.starts_with(prefix),
-            None => *s == name,
-        });
+        let named = selected.iter().any(|s| names(s, name));
         if !(selected.is_empty() || named) {
             continue;
         }

@@ -21,6 +21,10 @@ use protocol::MAX_VCPUS;
 
 pub const BOOT_INFO_ADDR: u64 = 0x5000;
 pub const ARGS_ADDR: u64 = 0x6000;
+/// The only VMM-written pages below the image the guest may read at EL0 (BootInfo and the
+/// argument block): a hypercall buffer below the image must lie here.
+pub const USER_LOW: std::ops::Range<u64> =
+    BOOT_INFO_ADDR..ARGS_ADDR + protocol::boot::MAX_ARGS_LEN as u64;
 /// TTBR0_EL1: level-1 table (39-bit addresses, 1 GiB per entry).
 pub const L1_ADDR: u64 = 0x8000;
 /// Level-2 tables (2 MiB per entry) for GiB 0..4.

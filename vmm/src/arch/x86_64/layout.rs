@@ -25,6 +25,10 @@ pub const TSS_ADDR: u64 = 0x3000;
 pub const TSS_STRIDE: u64 = 128;
 pub const BOOT_INFO_ADDR: u64 = 0x5000;
 pub const ARGS_ADDR: u64 = 0x6000;
+/// The only VMM-written pages below the image the guest may read at CPL3 (BootInfo and the
+/// argument block): a hypercall buffer below the image must lie here.
+pub const USER_LOW: std::ops::Range<u64> =
+    BOOT_INFO_ADDR..ARGS_ADDR + protocol::boot::MAX_ARGS_LEN as u64;
 pub const PML4_ADDR: u64 = 0x8000;
 pub const PDPT_ADDR: u64 = 0x9000;
 /// Four page directories covering 0..4 GiB.

@@ -1,0 +1,347 @@
+//! The scheduler-activation modes: bad calls, bad entries and stacks, corrupt indices and
+//! records, a guest that never consumes its upcalls. Run with `--vcpus 2`.
+
+use alloc::vec;
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use activm_stub::protocol::arch::x86_64::LAPIC_BASE;
+use activm_stub::protocol::arch::x86_64::{IMAGE_BASE, UPCALL_IRQ};
+use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
+use activm_stub::protocol::shared::{
+    SharedHeader, VcpuArea, STACK_POOL_CAPACITY, UPCALL_QUEUE_CAPACITY,
+};
+use activm_stub::{boot_info, exit, nr_vcpus, pause, println, rdtsc, tsc_khz, IrqFrame};
+
+use crate::{raw, refused, stopped};
+
+/// The runner of an activation mode, if `mode` is one.
+pub fn mode(mode: &str) -> Option<fn(u32) -> !> {
+    Some(match mode {
+        "sa-register-outside-image" => |_| {
+            stopped(
+                "sa-register-outside-image",
+                raw(Hypercall::SaRegister, 0x1000, 0, 0),
+            )
+        },
+        "sa-enable-unregistered" => {
+            |_| stopped("sa-enable-unregistered", raw(Hypercall::SaEnable, 0, 0, 0))
+        }
+        "sa-before-enable" => |vcpu| only_vcpu0(vcpu, before_enable),
+        "concurrency-zero" => |_| {
+            stopped(
+                "concurrency-zero",
+                raw(Hypercall::SaSetConcurrency, 0, 0, 0),
+            )
+        },
+        "concurrency-max" => |_| {
+            stopped(
+                "concurrency-max",
+                raw(Hypercall::SaSetConcurrency, u32::MAX.into(), 0, 0),
+            )
+        },
+        "preempt-nonexistent" => |vcpu| only_vcpu0(vcpu, preempt_nonexistent),
+        "queue-indices-huge" => queue_indices_huge,
+        "never-consumes" => never_consumes,
+        "entry-garbage" => |vcpu| bad_pool(vcpu, "entry-garbage", IMAGE_BASE, &[]),
+        "stack-unaligned" => |vcpu| bad_pool(vcpu, "stack-unaligned", 0, &[Some(8)]),
+        "stack-outside-ram" => |vcpu| bad_pool(vcpu, "stack-outside-ram", 0, &[Some(u64::MAX)]),
+        "stack-in-vmm-pages" => |vcpu| bad_pool(vcpu, "stack-in-vmm-pages", 0, &[None]),
+        "stack-pool-exhausted" => |vcpu| bad_pool(vcpu, "stack-pool-exhausted", 0, &[]),
+        "stack-indices-corrupt" => stack_indices_corrupt,
+        "corrupt-records" => corrupt_records,
+        _ => return None,
+    })
+}
+
+fn only_vcpu0(vcpu: u32, run: fn() -> !) -> ! {
+    if vcpu != 0 {
+        activm_stub::vcpu_stop()
+    }
+    run()
+}
+
+/// This vCPU's index, from its local APIC id (the protocol makes them equal). Not the stub's
+/// `vcpu_id`: its per-vCPU block is filled by the boot code at CPL3, and a vCPU whose boot
+/// context was preempted before that (and dropped, as these modes drop contexts) never fills
+/// it, so its new activations would read vCPU 0's index there.
+fn this_vcpu() -> u32 {
+    // SAFETY: the local APIC's ID register (offset 0x20), mapped user-readable by the VMM.
+    unsafe { ((LAPIC_BASE + 0x20) as *const u32).read_volatile() >> 24 }
+}
+
+fn header() -> &'static SharedHeader {
+    // SAFETY: the shared area's first page is the header; the guest owns its fields.
+    unsafe { &*(boot_info().shared_area as *const SharedHeader) }
+}
+
+fn area(vcpu: u32) -> &'static VcpuArea {
+    // SAFETY: vCPU `vcpu`'s part of the shared area (protocol layout).
+    unsafe { &*((boot_info().shared_area + 4096 + u64::from(vcpu) * 16384) as *const VcpuArea) }
+}
+
+/// The raw pool: stack tops are written straight into `stacks` (the guest is its producer).
+fn push_top(top: u64) {
+    let header = header();
+    let prod = header.stack_prod.0.load(Ordering::Relaxed);
+    let slot = &header.stacks[prod as usize % STACK_POOL_CAPACITY] as *const u64 as *mut u64;
+    // SAFETY: the guest writes pool entries; the VMM reads them only after `stack_prod` moves.
+    unsafe { slot.write_volatile(top) };
+    header
+        .stack_prod
+        .0
+        .store(prod.wrapping_add(1), Ordering::Release);
+}
+
+/// The top of a fresh 16 KiB stack from the heap (never freed).
+fn good_stack() -> u64 {
+    let stack = vec![0u8; 16384].leak();
+    (stack.as_ptr() as u64 + stack.len() as u64) & !15
+}
+
+static READY: AtomicBool = AtomicBool::new(false);
+
+/// Upcall handler: skip every record of this vCPU's queue (whatever it holds).
+fn consume(_frame: &mut IrqFrame) {
+    let area = area(this_vcpu());
+    let head = area.queue_head.0.load(Ordering::Acquire);
+    area.queue_tail.0.store(head, Ordering::Release);
+}
+
+/// Upcall handler that never consumes anything.
+fn ignore(_frame: &mut IrqFrame) {}
+
+/// Register `entry` (a function of this image unless given), put `stacks` good stacks in the
+/// pool, enable upcalls.
+fn enable(entry: u64, handler: activm_stub::IrqHandler, stacks: usize) {
+    activm_stub::register_irq_handler(UPCALL_IRQ, handler);
+    for _ in 0..stacks {
+        push_top(good_stack());
+    }
+    let entry = if entry == 0 {
+        toggle_entry as *const () as u64
+    } else {
+        entry
+    };
+    if raw(Hypercall::SaRegister, entry, 0, 0) != 0 || raw(Hypercall::SaEnable, 0, 0, 0) != 0 {
+        println!("hostile: activations unsupported (--no-activations?)");
+        exit(3);
+    }
+}
+
+/// vCPU 0 sets things up with `setup` while the others wait; then every vCPU runs `then`.
+fn together(vcpu: u32, setup: impl FnOnce(), then: fn() -> !) -> ! {
+    if nr_vcpus() < 2 {
+        println!("hostile: this mode needs --vcpus 2");
+        exit(2);
+    }
+    if vcpu == 0 {
+        setup();
+        READY.store(true, Ordering::Release);
+    }
+    while !READY.load(Ordering::Acquire) {
+        pause();
+    }
+    then()
+}
+
+/// Where new activations start: toggle the concurrency like everybody else.
+extern "C" fn toggle_entry(_vcpu: u64, _activation: u64) -> ! {
+    toggle()
+}
+
+/// Lower and raise the concurrency every millisecond, so processors are taken away (PREEMPTED)
+/// and given back (NEWPROC) again and again; after 10 s the VMM has failed to stop the guest.
+fn toggle() -> ! {
+    let ms = tsc_khz();
+    let deadline = rdtsc() + 10_000 * ms;
+    let mut n = 0u64;
+    while rdtsc() < deadline {
+        n += 1;
+        raw(Hypercall::SaSetConcurrency, 1 + (n % 2), 0, 0);
+        let until = rdtsc() + ms;
+        while rdtsc() < until {
+            pause();
+        }
+    }
+    let mode = activm_stub::args().next().unwrap_or("");
+    println!("hostile {mode}: UNEXPECTED: still running after 10 s of preemptions");
+    exit(1)
+}
+
+fn before_enable() -> ! {
+    let yielded = raw(Hypercall::SaYield, 0, 0, 0);
+    let preempt = raw(Hypercall::SaPreempt, 0, 0, 0);
+    refused(
+        "sa-before-enable",
+        yielded == HC_UNSUPPORTED && preempt == HC_UNSUPPORTED,
+        format_args!("sa_yield {yielded:#x}, sa_preempt {preempt:#x}"),
+    )
+}
+
+fn preempt_nonexistent() -> ! {
+    enable(0, consume, 4);
+    let results = [
+        64,
+        1000,
+        u64::from(u32::MAX),
+        u64::MAX,
+        u64::from(nr_vcpus()),
+    ]
+    .map(|v| raw(Hypercall::SaPreempt, v, 0, 0));
+    refused(
+        "preempt-nonexistent",
+        results.iter().all(|&r| r == 1),
+        format_args!("sa_preempt of 64, 1000, u32::MAX, u64::MAX, nr_vcpus: {results:?}"),
+    )
+}
+
+/// Queue tails set to nonsense, then USER upcalls sent to vCPU 1: no room anywhere.
+fn queue_indices_huge(vcpu: u32) -> ! {
+    together(
+        vcpu,
+        || {
+            enable(0, consume, 8);
+            for v in 0..nr_vcpus() {
+                area(v).queue_tail.0.store(0xdead_beef, Ordering::Release);
+            }
+        },
+        || {
+            if this_vcpu() == 0 {
+                for _ in 0..4 {
+                    raw(Hypercall::SaPreempt, 1, 0, 0);
+                }
+            }
+            toggle()
+        },
+    )
+}
+
+/// Takes upcalls but never consumes one, while its processors are taken and given back.
+fn never_consumes(vcpu: u32) -> ! {
+    together(vcpu, || enable(0, ignore, STACK_POOL_CAPACITY), toggle)
+}
+
+/// The first new activation finds a bad pool entry (`bad`: good top + offset; `None`: a VMM
+/// page; `Some(u64::MAX)`: past RAM), or an entry point in the middle of the boot header.
+fn bad_pool(vcpu: u32, _mode: &'static str, entry: u64, bad: &'static [Option<u64>]) -> ! {
+    together(
+        vcpu,
+        || {
+            enable(entry, consume, 0);
+            match bad.first() {
+                Some(Some(u64::MAX)) => push_top(boot_info().mem_size + 0x10000),
+                Some(Some(offset)) => push_top(good_stack() + offset),
+                Some(None) => push_top(0x9000),
+                None if entry != 0 => push_top(good_stack()),
+                None => {}
+            }
+        },
+        toggle,
+    )
+}
+
+fn stack_indices_corrupt(vcpu: u32) -> ! {
+    together(
+        vcpu,
+        || {
+            enable(0, consume, 4);
+            header().stack_prod.0.store(1000, Ordering::Release);
+        },
+        toggle,
+    )
+}
+
+/// What `corrupt-records` writes over every byte of a record; `arg` comes back as this.
+const JUNK: u64 = 0xa5a5_a5a5_a5a5_a5a5;
+/// Junk records vCPU 0 has received.
+static JUNK_SEEN: AtomicU32 = AtomicU32::new(0);
+
+/// `corrupt-records`' upcall handler: vCPU 1 leaves its queue alone; vCPU 0 consumes its queue
+/// and counts the junk records in it.
+fn count_junk(_frame: &mut IrqFrame) {
+    take_junk();
+}
+
+/// vCPU 0 consumes its queue, counting junk (not re-entered: the upcall interrupt may land
+/// while a new activation's entry does this itself).
+fn take_junk() {
+    static BUSY: AtomicBool = AtomicBool::new(false);
+    let vcpu = this_vcpu();
+    if vcpu != 0 || BUSY.swap(true, Ordering::Acquire) {
+        return;
+    }
+    let area = area(vcpu);
+    let head = area.queue_head.0.load(Ordering::Acquire);
+    let mut tail = area.queue_tail.0.load(Ordering::Relaxed);
+    while tail != head {
+        if area.records[tail as usize % UPCALL_QUEUE_CAPACITY].arg == JUNK {
+            JUNK_SEEN.fetch_add(1, Ordering::AcqRel);
+        }
+        tail = tail.wrapping_add(1);
+    }
+    area.queue_tail.0.store(head, Ordering::Release);
+    BUSY.store(false, Ordering::Release);
+}
+
+/// Every activation of `corrupt-records` (boot or new) plays its vCPU's part.
+extern "C" fn corrupt_entry(_vcpu: u64, _activation: u64) -> ! {
+    take_junk();
+    corrupt_part()
+}
+
+/// vCPU 1 lets USER records pile up unconsumed in its queue, overwrites every byte of them
+/// with junk and gives its processor back: the VMM takes the junk back and must hand it on to
+/// vCPU 0 without tripping over it. vCPU 0 sends the USER upcalls and counts what comes back.
+fn corrupt_records(vcpu: u32) -> ! {
+    together(
+        vcpu,
+        || enable(corrupt_entry as *const () as u64, count_junk, 16),
+        corrupt_part,
+    )
+}
+
+fn corrupt_part() -> ! {
+    const WANT: u32 = 5;
+    let ms = tsc_khz();
+    let deadline = rdtsc() + 10_000 * ms;
+    let area1 = area(1);
+    if this_vcpu() == 1 {
+        loop {
+            let head = area1.queue_head.0.load(Ordering::Acquire);
+            let tail = area1.queue_tail.0.load(Ordering::Relaxed);
+            if head.wrapping_sub(tail) >= 3 {
+                for record in area1.records.iter() {
+                    let bytes = record as *const _ as *mut u8;
+                    // SAFETY: the guest may write anything into its own queue; the VMM treats
+                    // the records as untrusted when it reads them back.
+                    unsafe { bytes.write_bytes(0xa5, core::mem::size_of_val(record)) };
+                }
+                raw(Hypercall::SaYield, 0, 0, 0);
+            }
+            pause();
+        }
+    }
+    while JUNK_SEEN.load(Ordering::Acquire) < WANT {
+        take_junk();
+        if rdtsc() > deadline {
+            println!(
+                "hostile corrupt-records: UNEXPECTED: {} junk records came back in 10 s",
+                JUNK_SEEN.load(Ordering::Acquire)
+            );
+            exit(1);
+        }
+        if raw(Hypercall::SaPreempt, 1, 0, 0) == 1 {
+            // vCPU 1 gave its processor back: ask for it again.
+            raw(Hypercall::SaSetConcurrency, 2, 0, 0);
+        }
+        let until = rdtsc() + ms;
+        while rdtsc() < until {
+            pause();
+        }
+    }
+    refused(
+        "corrupt-records",
+        true,
+        format_args!("junk records taken back and delivered to vCPU 0"),
+    )
+}
