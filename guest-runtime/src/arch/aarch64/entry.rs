@@ -148,6 +148,52 @@ pub struct InEntry {
     pub saved: Option<OldWords>,
 }
 
+/// The entry's stack pointer after its first instruction (`sub sp, sp, #64`) is `top - 64`; the
+/// stub's frame of an interrupt taken there is at `top - 112`, with the entry's `pc` at
+/// `top - 96` (cleared when a stack is given back), and the trampoline's save area below it.
+pub const ENTRY_RIP_OFFSET: u64 = 96;
+const ENTRY_FRAME_OFFSET: u64 = 112;
+
+/// Whether `ctx`, on the activation stack whose top is `top`, was taken in an interrupt handler
+/// running on top of that activation's entry after its first instruction and before the end of
+/// its window (the handler only deferred), and what the entry had done.
+pub fn under_entry_interrupt(ctx: &UserContext, top: u64) -> Option<InEntry> {
+    let (start, claimed, end) = window();
+    let sp = top - 64;
+    let save_at = top - ENTRY_FRAME_OFFSET - super::context::SAVE_SIZE as u64;
+    // Below the trampoline's save area (complete once the handler was called): inside it.
+    if ctx.sp >= save_at {
+        return None;
+    }
+    // SAFETY: the frame and save area lie inside the activation stack below `top` (the caller
+    // found `top` as a registered stack holding `ctx`'s stack pointer), guest memory.
+    let (pc, x10, x12) = unsafe {
+        (
+            ((top - ENTRY_RIP_OFFSET) as *const u64).read_volatile(),
+            ((save_at + 8 * (10 - 2)) as *const u64).read_volatile(),
+            ((save_at + 8 * (12 - 2)) as *const u64).read_volatile(),
+        )
+    };
+    if !(start < pc && pc < end) {
+        return None;
+    }
+    let check = core::ptr::addr_of!(__rt_act_claim_check) as u64;
+    let has_claimed = pc >= claimed || (pc == check && x12 as u32 == 0);
+    let saved = has_claimed.then(|| {
+        // SAFETY: the entry saved the words at sp (its `sub sp` ran before the claim).
+        let mut old = unsafe { *(sp as *const OldWords) };
+        if pc <= claimed {
+            old.activation = x10;
+        }
+        old
+    });
+    Some(InEntry {
+        pc,
+        stack_top: top,
+        saved,
+    })
+}
+
 /// Whether `ctx` was taken inside an activation entry, and what it had done. The stub EOIs at
 /// EL1, so there is no trampoline window to look through (unlike x86_64).
 pub fn in_entry(ctx: &UserContext) -> Option<InEntry> {
