@@ -18,8 +18,14 @@ use activm::testing::{raw_guest, tiny_elf, TempPath, TRIPLE_FAULT_CODE};
 use exact::{rt_suite_exact, Setup};
 use libtest_mimic::{Arguments, Failed, Trial};
 
+#[path = "kvm/durability.rs"]
+mod durability;
+#[path = "kvm/net.rs"]
+mod net;
 #[path = "kvm/security.rs"]
 mod security;
+#[path = "kvm/std_files.rs"]
+mod std_files;
 #[path = "kvm/std_guests.rs"]
 mod std_guests;
 
@@ -401,6 +407,7 @@ fn kvm_tests() -> Vec<Trial> {
     ]);
     // ---- end of activm-rt tests ----
     trials.extend(blk_tests());
+    trials.extend(durability::tests());
     trials
 }
 
@@ -1369,6 +1376,8 @@ fn main() {
     trials.extend(hostile::hostile_tests());
     trials.extend(security::security_tests());
     trials.extend(std_guests::tests());
+    trials.extend(std_files::tests());
+    trials.extend(net::tests());
     if let Err(why) = kvm_usable() {
         if let Some(required) = exact::kvm_required() {
             // A machine with KVM (or CI) must not pass by skipping: every KVM test fails.

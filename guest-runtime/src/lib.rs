@@ -26,6 +26,7 @@ mod blk_async;
 pub mod config;
 #[doc(hidden)]
 pub mod fault;
+pub mod net;
 pub(crate) mod percpu;
 pub mod rt;
 pub(crate) mod sched;

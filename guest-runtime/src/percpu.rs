@@ -61,6 +61,7 @@ pub const T_TAKE: u64 = 13;
 pub const T_BUILD: u64 = 14;
 pub const T_LATER: u64 = 15;
 pub const T_RECINFO: u64 = 16;
+#[cfg(feature = "sim")]
 pub const T_SIM_SAW: u64 = 17;
 pub const T_ARM: u64 = 18;
 pub const T_TIMER: u64 = 19;

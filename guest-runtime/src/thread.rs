@@ -57,6 +57,7 @@ impl Thread {
     }
 
     /// The TCB's address (the runtime's identity for the thread).
+    #[cfg(feature = "sim")]
     pub(crate) fn tcb_addr(&self) -> u64 {
         self.tcb as *const Tcb as u64
     }

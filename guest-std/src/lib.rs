@@ -11,15 +11,18 @@
 //! * futexes ([`futex`]): wait queues at user level, keyed by address;
 //! * thread-locals ([`emutls`]): the target uses emulated TLS, served from activm-rt's
 //!   per-thread table (CPL3 cannot move `%fs` with a thread);
-//! * time, memory, entropy, console I/O, exit ([`sys`]); files and sockets return `ENOSYS`.
+//! * time, memory, entropy, console I/O, exit ([`sys`]);
+//! * files in the VMM's mounts ([`fs`]); sockets return `ENOSYS`.
 #![no_std]
 
 extern crate alloc;
 
 pub mod emutls;
 pub mod errno;
+pub mod fs;
 pub mod futex;
 pub mod net;
+pub mod socket;
 pub mod sys;
 pub mod thread;
 

@@ -1,6 +1,7 @@
-//! Files and sockets: not available yet (they need VMM support), so every such `sys_*` call
+//! Descriptor controls std asks for that activm does not provide: every such `sys_*` call
 //! fails with `ENOSYS` and std reports an `io::Error` ("Function not implemented", raw OS
-//! error 38). `sys_close` of the standard streams and console I/O live in [`crate::sys`].
+//! error 38). Console I/O lives in [`crate::sys`], files in [`crate::fs`], sockets in
+//! [`crate::socket`].
 
 use crate::errno::{fail, ENOSYS};
 
@@ -18,39 +19,12 @@ macro_rules! enosys {
 }
 
 enosys!(
-    // Files and directories.
-    sys_open,
-    sys_opendir,
-    sys_unlink,
-    sys_rmdir,
-    sys_mkdir,
-    sys_stat,
-    sys_lstat,
-    sys_fstat,
-    sys_lseek,
-    sys_getdents64,
+    // Descriptors (files are in `crate::fs`).
     sys_dup,
     sys_fcntl,
-    sys_ioctl,
     sys_poll,
     sys_eventfd,
-    // Sockets and name resolution.
-    sys_network_init,
-    sys_socket,
-    sys_bind,
-    sys_listen,
-    sys_accept,
-    sys_connect,
-    sys_recv,
-    sys_recvfrom,
-    sys_send,
-    sys_sendto,
-    sys_shutdown,
-    sys_shutdown_socket,
-    sys_getpeername,
-    sys_getsockname,
-    sys_getsockopt,
-    sys_setsockopt,
+    // Name resolution (numeric addresses need none).
     sys_getaddrinfo,
     sys_getaddrbyname,
 );
@@ -58,3 +32,13 @@ enosys!(
 /// `void sys_freeaddrinfo(addrinfo *)`: nothing to free (`sys_getaddrinfo` never succeeds).
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_freeaddrinfo(_ai: *mut u8) {}
+
+/// `int sys_ioctl(int s, int cmd, void *argp)`: `FIONBIO` on sockets; `-ENOSYS` otherwise.
+///
+/// # Safety
+/// `argp` is what `cmd` expects.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_ioctl(fd: i32, cmd: i32, argp: *mut u8) -> i32 {
+    // SAFETY: the caller's contract.
+    unsafe { crate::socket::ioctl(fd, cmd, argp) }.unwrap_or_else(|| fail(ENOSYS))
+}

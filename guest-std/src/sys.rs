@@ -195,12 +195,20 @@ pub unsafe extern "C" fn sys_read_entropy(buf: *mut u8, len: usize, _flags: u32)
 }
 
 /// `isize sys_write(int fd, const u8 *buf, usize len)`: stdout and stderr go to the console
-/// (one stream); any other descriptor is `-EBADF`.
+/// (one stream); files to the VMM ([`crate::fs`]); stdin and negative descriptors are `-EBADF`.
 ///
 /// # Safety
 /// `buf` points to `len` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_write(fd: i32, buf: *const u8, len: usize) -> isize {
+    if crate::socket::is_socket(fd) {
+        // SAFETY: the caller's contract.
+        return unsafe { crate::socket::sys_send(fd, buf, len, 0) };
+    }
+    if fd > STDERR {
+        // SAFETY: forwarded.
+        return unsafe { crate::fs::write(fd, buf, len) };
+    }
     if fd != STDOUT && fd != STDERR {
         return fail(EBADF) as isize;
     }
@@ -224,17 +232,33 @@ pub unsafe extern "C" fn sys_writev(fd: i32, iov: *const Iovec, iovcnt: usize) -
         // SAFETY: each iovec describes readable memory.
         let n = unsafe { sys_write(fd, v.base, v.len) };
         if n < 0 {
-            return n;
+            return if total > 0 { total } else { n };
         }
         total += n;
+        if (n as usize) < v.len {
+            // A socket took part of it: the rest would go out of order.
+            break;
+        }
     }
     total
 }
 
-/// `isize sys_read(int fd, u8 *buf, usize len)`: stdin is empty (0, end of file); any other
-/// descriptor is `-EBADF`.
+/// `isize sys_read(int fd, u8 *buf, usize len)`: stdin is empty (0, end of file); sockets and
+/// files are read from the VMM ([`crate::socket`], [`crate::fs`]); stdout and stderr are
+/// `-EBADF`.
+///
+/// # Safety
+/// `buf` points to `len` writable bytes.
 #[unsafe(no_mangle)]
-pub extern "C" fn sys_read(fd: i32, _buf: *mut u8, _len: usize) -> isize {
+pub unsafe extern "C" fn sys_read(fd: i32, buf: *mut u8, len: usize) -> isize {
+    if crate::socket::is_socket(fd) {
+        // SAFETY: the caller passes `len` writable bytes.
+        return unsafe { crate::socket::sys_recv(fd, buf, len, 0) };
+    }
+    if fd > STDERR {
+        // SAFETY: forwarded.
+        return unsafe { crate::fs::read(fd, buf, len) };
+    }
     if fd == STDIN {
         0
     } else {
@@ -243,15 +267,35 @@ pub extern "C" fn sys_read(fd: i32, _buf: *mut u8, _len: usize) -> isize {
 }
 
 /// `isize sys_readv(int fd, const iovec *iov, usize iovcnt)`: as `sys_read`.
+///
+/// # Safety
+/// `iov` points to `iovcnt` iovecs of writable memory.
 #[unsafe(no_mangle)]
-pub extern "C" fn sys_readv(fd: i32, _iov: *const Iovec, _iovcnt: usize) -> isize {
-    sys_read(fd, core::ptr::null_mut(), 0)
+pub unsafe extern "C" fn sys_readv(fd: i32, iov: *const Iovec, iovcnt: usize) -> isize {
+    if crate::socket::is_socket(fd) && iovcnt > 0 {
+        // SAFETY: the caller passes `iovcnt` iovecs of writable memory; the first is read into.
+        let v = unsafe { &*iov };
+        // SAFETY: the first iovec is writable memory (the caller's contract).
+        return unsafe { sys_read(fd, v.base, v.len) };
+    }
+    if fd > STDERR {
+        // SAFETY: forwarded.
+        return unsafe { crate::fs::readv(fd, iov, iovcnt) };
+    }
+    // SAFETY: a zero-length read touches no memory.
+    unsafe { sys_read(fd, core::ptr::null_mut(), 0) }
 }
 
-/// `int sys_close(int fd)`: closing the standard streams succeeds; others are `-EBADF`.
+/// `int sys_close(int fd)`: closing the standard streams succeeds; files are closed in the
+/// VMM ([`crate::fs`]); negative descriptors are `-EBADF`.
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_close(fd: i32) -> i32 {
-    if (STDIN..=STDERR).contains(&fd) {
+    if crate::socket::is_socket(fd) {
+        return crate::socket::close(fd);
+    }
+    if fd > STDERR {
+        crate::fs::close(fd)
+    } else if fd >= STDIN {
         0
     } else {
         fail(EBADF)

@@ -64,6 +64,36 @@ wire_enum! {
         /// `blk_submit(sector, gpa, op << 32 | count, tag) -> result | BLK_IN_FLIGHT`: start a
         /// request without blocking; its completion goes to the ring under `tag`.
         BlkSubmit = 37 => "blk_submit",
+        /// `net(op << 32 | socket, a1, a2, a3) -> value | -errno | NET_WAITING`: a socket
+        /// operation through the VMM ([`crate::net`]).
+        Net = 48 => "net",
+        /// `net_ring_setup(gpa) -> 0 | -errno`: register the guest's [`crate::net::NetRing`].
+        NetRingSetup = 49 => "net_ring_setup",
+        /// `fs_*`: files in the guest's mounts ([`crate::fs`]); results `>= 0` or `-errno`.
+        /// `fs_open(path, fs_open_arg(flags, mode)) -> fd`.
+        FsOpen = 64 => "fs_open",
+        /// `fs_close(fd) -> 0`.
+        FsClose = 65 => "fs_close",
+        /// `fs_read(fd, gpa, len) -> bytes read`.
+        FsRead = 66 => "fs_read",
+        /// `fs_write(fd, gpa, len) -> bytes written`.
+        FsWrite = 67 => "fs_write",
+        /// `fs_seek(fd, offset, whence) -> new offset`.
+        FsSeek = 68 => "fs_seek",
+        /// `fs_fstat(fd, gpa of FsStat) -> 0`.
+        FsFstat = 69 => "fs_fstat",
+        /// `fs_stat(path, gpa of FsStat, FS_STAT_FOLLOW | FS_STAT_NOFOLLOW) -> 0`.
+        FsStat = 70 => "fs_stat",
+        /// `fs_getdents(fd, gpa, len) -> bytes of dirent64 records`.
+        FsGetdents = 71 => "fs_getdents",
+        /// `fs_mkdir(path, mode) -> 0`.
+        FsMkdir = 72 => "fs_mkdir",
+        /// `fs_unlink(path, FS_UNLINK_FILE | FS_UNLINK_DIR) -> 0`.
+        FsUnlink = 73 => "fs_unlink",
+        /// `fs_rename(old path, new path) -> 0`.
+        FsRename = 74 => "fs_rename",
+        /// `fs_fsync(fd) -> 0`.
+        FsFsync = 75 => "fs_fsync",
     }
 }
 
@@ -117,6 +147,8 @@ mod tests {
         assert_eq!(Hypercall::BlkFlush as u64, 35);
         assert_eq!(Hypercall::BlkRingSetup as u64, 36);
         assert_eq!(Hypercall::BlkSubmit as u64, 37);
+        assert_eq!(Hypercall::FsOpen as u64, 64);
+        assert_eq!(Hypercall::FsFsync as u64, 75);
     }
 
     #[test]

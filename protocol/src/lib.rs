@@ -6,6 +6,7 @@
 //! * [`shared`]: the activation shared area: per-vCPU state and upcall event queues, and the
 //!   guest-to-VMM requests (concurrency, idle vCPUs, upcall stacks).
 //! * [`blk`]: the block device behind the `blk_*` hypercalls.
+//! * [`fs`]: host directories mapped into the guest, behind the `fs_*` hypercalls.
 //! * [`arch`]: per-architecture constants and the saved user context.
 //!
 //! Every type that crosses the boundary is `#[repr(C)]` with its layout pinned by tests.
@@ -18,7 +19,9 @@ mod wire;
 pub mod arch;
 pub mod blk;
 pub mod boot;
+pub mod fs;
 pub mod hypercall;
+pub mod net;
 pub mod shared;
 
 use wire::wire_enum;

@@ -98,6 +98,10 @@ pub struct Guest {
     pub trace: Option<Arc<Trace>>,
     /// The block device (`--disk`).
     pub disk: Option<Disk>,
+    /// The host directories mapped into the guest (`--mount`) and its open files.
+    pub files: crate::devices::fs::FileSystem,
+    /// Sockets through host sockets (`--publish`, `--allow-connect`).
+    pub net: Option<crate::devices::net::Net>,
     pub tsc_khz: u64,
     pub phases: Vec<(&'static str, u64)>,
     outcome: Mutex<Option<Outcome>>,
@@ -154,6 +158,11 @@ impl Guest {
         let mut phases = Vec::new();
         let image = loader::inspect(&config.image, config.mem_size)?;
         let disk = config.disk.as_ref().map(Disk::open).transpose()?;
+        let files = crate::devices::fs::FileSystem::open(&config.mounts)?;
+        let net = (!config.net.is_empty())
+            .then(|| crate::devices::net::Net::open(&config.net))
+            .transpose()
+            .map_err(|e| Error::Host(e.to_string()))?;
         phases.push(("image read and checked", arch::timestamp()));
         let kvm = open_kvm()?;
         let vm = kvm.create_vm().map_err(Error::kvm("KVM_CREATE_VM"))?;
@@ -233,6 +242,8 @@ impl Guest {
             stats: GuestStats::default(),
             trace,
             disk,
+            files,
+            net,
             tsc_khz,
             phases,
             outcome: Mutex::new(None),

@@ -42,6 +42,12 @@ pub enum Call {
     /// Start an asynchronous block request: the raw `(sector, gpa, op << 32 | count, tag)`,
     /// checked by `devices/blk_async.rs`.
     BlkSubmit { args: [u64; 4] },
+    /// A file call (`fs_*`, `devices/fs.rs`) with its raw arguments.
+    Fs { args: [u64; 4] },
+    /// A socket operation (`protocol::net`), checked by `devices/net.rs`.
+    Net { args: [u64; 4] },
+    /// Register the readiness ring of sockets (`protocol::net::NetRing`).
+    NetRingSetup { ring: u64 },
 }
 
 /// A load that is not a well-formed hypercall.
@@ -113,6 +119,20 @@ impl Call {
             Hypercall::BlkFlush => blk(Op::Flush),
             Hypercall::BlkRingSetup => Call::BlkRingSetup { ring: a[0] },
             Hypercall::BlkSubmit => Call::BlkSubmit { args: a },
+            Hypercall::FsOpen
+            | Hypercall::FsClose
+            | Hypercall::FsRead
+            | Hypercall::FsWrite
+            | Hypercall::FsSeek
+            | Hypercall::FsFstat
+            | Hypercall::FsStat
+            | Hypercall::FsGetdents
+            | Hypercall::FsMkdir
+            | Hypercall::FsUnlink
+            | Hypercall::FsRename
+            | Hypercall::FsFsync => Call::Fs { args: a },
+            Hypercall::Net => Call::Net { args: a },
+            Hypercall::NetRingSetup => Call::NetRingSetup { ring: a[0] },
         }
     }
 }

@@ -24,6 +24,9 @@ pub mod ctl;
 pub mod delivery;
 pub mod devices;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod guest;
 pub mod hostfile;
 pub mod hypercall;

@@ -35,7 +35,7 @@ enum Command {
     /// 2 for usage errors (with --config: also a file that cannot be read, is not TOML, has an
     /// unknown key, a value of the wrong type, a guest without an image or no guest; values
     /// of the right type get the status they get as flags).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Talk to a running activm through its control socket (see `activm run --ctl`).
     Ctl(CtlArgs),
 }
@@ -53,7 +53,8 @@ struct RunArgs {
     /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), host_sched. Then one
     /// [[guest]] table per guest: image (required), name (its label in output, --stats and
     /// `activm ctl`),
-    /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only,
+    /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only, mounts
+    /// (an array of "HOSTDIR:GUESTDIR[:ro]"),
     /// thread_stack, thread_stacks. Sizes are numbers of bytes or strings like "256M"; paths
     /// are relative to the file's directory. Unknown keys are errors.
     ///
@@ -111,6 +112,11 @@ struct RunArgs {
     /// --disk-read-only. The image is locked while activm runs.
     #[arg(long, value_name = "IMAGE")]
     disk: Vec<PathBuf>,
+    /// Map the host directory HOSTDIR at GUESTDIR (absolute) in every guest, for std::fs
+    /// (repeatable). Nothing outside HOSTDIR is reachable (`..`, symbolic links leading out
+    /// are refused). With `:ro`, writes fail with EROFS.
+    #[arg(long, value_name = "HOSTDIR:GUESTDIR[:ro]", value_parser = activm::devices::fs_path::parse_mount)]
+    mount: Vec<activm::devices::fs_path::MountConfig>,
     /// Attach the disks read-only (writes fail with BLK_ERR_READ_ONLY).
     #[arg(long)]
     disk_read_only: bool,
@@ -118,6 +124,13 @@ struct RunArgs {
     /// the vCPU in the VMM (BLOCKED / UNBLOCKED upcalls). At most 10 s.
     #[arg(long, default_value_t = 0, value_name = "MICROSECONDS")]
     io_latency: u64,
+    /// Publish a guest port: a guest listening on GUESTPORT is reached at 127.0.0.1:HOSTPORT
+    /// (repeatable; with several guests, the first guest's). Guests reach nothing otherwise.
+    #[arg(long, value_name = "HOSTPORT:GUESTPORT")]
+    publish: Vec<String>,
+    /// Let the guest connect to this loopback HOST:PORT (repeatable; the first guest's).
+    #[arg(long, value_name = "HOST:PORT")]
+    allow_connect: Vec<String>,
     /// Stop the guests after this many seconds (exit status 124).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
@@ -160,7 +173,7 @@ fn main() -> ExitCode {
                 .subcommand_matches("run")
                 .map(given_on_command_line)
                 .unwrap_or_default();
-            run(args, &given, start_tsc)
+            run(*args, &given, start_tsc)
         }
         Command::Ctl(args) => ctl(args),
     }
@@ -176,14 +189,17 @@ fn given_on_command_line(matches: &ArgMatches) -> Vec<String> {
 }
 
 /// Options that set something for each guest: refused together with a configuration file.
-const PER_GUEST_OPTIONS: [&str; 8] = [
+const PER_GUEST_OPTIONS: [&str; 11] = [
     "vcpus",
     "mem",
     "no_activations",
     "disk",
     "disk_read_only",
+    "mount",
     "thread_stack",
     "thread_stacks",
+    "publish",
+    "allow_connect",
     "args",
 ];
 
@@ -339,8 +355,19 @@ fn guests_from_flags(args: &RunArgs) -> Result<Vec<GuestSpec>, config::Problem> 
                 args.disk.get(i).cloned()
             },
             disk_read_only: args.disk_read_only,
+            mounts: args.mount.clone(),
             thread_stack: args.thread_stack,
             thread_stacks: args.thread_stacks,
+            publish: if i == 0 {
+                args.publish.clone()
+            } else {
+                Vec::new()
+            },
+            allow_connect: if i == 0 {
+                args.allow_connect.clone()
+            } else {
+                Vec::new()
+            },
         })
         .collect())
 }
@@ -434,6 +461,14 @@ fn allow_paths(plan: &config::RunPlan, source: &Source) {
             };
             allow_path(disk.path.clone(), access);
         }
+        for mount in &guest.mounts {
+            let access = if mount.read_only {
+                Access::Tree
+            } else {
+                Access::TreeWrite
+            };
+            allow_path(mount.host.clone(), access);
+        }
     }
     if let Some(trace) = &plan.options.trace {
         allow_path(trace.clone(), Access::Write);
@@ -518,7 +553,7 @@ mod tests {
         let Command::Run(run) = Cli::from_arg_matches(&matches).unwrap().command else {
             panic!("not run")
         };
-        (run, given)
+        (*run, given)
     }
 
     /// A configuration file in a fresh temporary directory, removed when dropped.

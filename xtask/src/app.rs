@@ -30,7 +30,13 @@ struct Options {
 
 /// The std guests of this repository (guests/apps/NAME, each its own workspace), built by
 /// `build-guests` into guests/target/x86_64-activm-std/PROFILE/NAME with one build of std.
-pub(crate) const STD_APPS: &[&str] = &["std-demo", "std-rayon", "std-threadbench"];
+pub(crate) const STD_APPS: &[&str] = &[
+    "std-demo",
+    "std-fs",
+    "std-rayon",
+    "std-threadbench",
+    "std-kv",
+];
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let usage = || {

@@ -7,6 +7,7 @@
 //! cargo with a clean environment (none of the outer rustup cargo's variables).
 
 mod app;
+mod fuzz;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -63,7 +64,7 @@ const USAGE: &str = "\
 usage: cargo xtask COMMAND
   demo [--vcpus N]               build everything and boot the demo guest (default 4 vCPUs)
   test                           build the guests, run the whole test suite (cargo test --workspace),
-                                 then aarch64-test
+                                 then aarch64-test, then each fuzz target for a few seconds
   bench [NAME]                   build the guests, then run the benchmarks (or only benches/NAME)
   build-guests [--release] [--arch x86_64|aarch64]
                                  install the guest toolchain if missing, build guests/ (x86_64: and
@@ -72,6 +73,7 @@ usage: cargo xtask COMMAND
                                  kernel when missing; exit status 77 = skipped)
   clippy-guests [--arch ARCH]    run clippy on the guest workspace for the guest target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
+  fuzz [TARGET] [--seconds N]    build the fuzz targets (fuzz/) and run each (or TARGET) for N s (default 60)
   app PATH [--release] [--bin NAME] [--target-dir DIR]
                                  build the ordinary `std` Rust program (cargo project) at PATH into an
                                  activm guest (see docs/std-guests.md) and print the ELF's path
@@ -100,6 +102,7 @@ fn main() -> ExitCode {
         Some("clippy-guests") => parse_arch(&args[1..]).and_then(clippy_guests),
         Some("guest-path") => guest_path(&args[1..]),
         Some("app") => app::app(&args[1..]),
+        Some("fuzz") => fuzz::command(&repo_root(), &args[1..]),
         Some("install-toolchain") => no_more(&args[1..]).and_then(|()| install_toolchain()),
         Some("help" | "-h" | "--help") => {
             println!("{USAGE}");
@@ -156,7 +159,9 @@ fn test() -> Result<(), String> {
             Ok(())
         }
         Err(aarch64::Failure::Failed(e)) => Err(e),
-    }
+    }?;
+    // A smoke run of every fuzz target from its committed seeds.
+    fuzz::run_targets(&repo_root(), fuzz::TARGETS, fuzz::SMOKE_SECONDS)
 }
 
 fn bench(args: &[String]) -> Result<(), String> {

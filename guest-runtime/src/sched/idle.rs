@@ -66,7 +66,11 @@ fn work_visible() -> bool {
 
 /// [`work_visible`] but for deferred interrupt work.
 pub(crate) fn work_queued() -> bool {
-    if upcall::queue_nonempty() || timer::sleepers_due() || crate::blk::completions_ready() {
+    if upcall::queue_nonempty()
+        || timer::sleepers_due()
+        || crate::blk::completions_ready()
+        || crate::net::completions_ready()
+    {
         return true;
     }
     let p = percpu::this();
@@ -136,7 +140,8 @@ pub(super) fn idle() {
             && config::use_halt()
             && upcall::activations_enabled()
             && !timer::has_sleepers()
-            && !crate::blk::requests_in_flight();
+            && !crate::blk::requests_in_flight()
+            && !crate::net::waits_armed();
         let halted_at = cpu::rdtsc();
         if may_yield {
             timer::arm_idle_deadline(halted_at + yield_after);

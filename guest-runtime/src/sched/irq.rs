@@ -59,7 +59,7 @@ fn on_current_thread_stack(at: usize) -> bool {
 /// The reschedule IPI: it only has to wake a halted vCPU (whose scheduler then looks for work).
 pub fn on_resched(frame: &mut IrqFrame) {
     if irq_prologue(frame) {
-        if crate::blk::completions_ready() {
+        if crate::blk::completions_ready() || crate::net::completions_ready() {
             // The VMM's nudge for block completions a busy vCPU left waiting: the scheduler
             // loop takes them.
             super::preempt_current();

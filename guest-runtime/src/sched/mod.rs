@@ -241,6 +241,7 @@ pub fn sched_loop() -> ! {
         let pending = cpu::take_pending();
         upcall::drain();
         crate::blk::poll_completions();
+        crate::net::poll_completions();
         if Pending::Timer.is_in(pending) || timer::sleepers_due() {
             timer::wake_due();
         }

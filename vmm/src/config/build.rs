@@ -160,6 +160,7 @@ pub fn build(
     }
     let mut configs = Vec::with_capacity(guests.len());
     for (i, guest) in guests.iter().enumerate() {
+        let net = net_config(guest).map_err(|(key, what)| fail(EXIT_USAGE, key, Some(i), &what))?;
         let config = VmConfig {
             image: guest.image.clone(),
             name: guest.name.clone(),
@@ -176,6 +177,8 @@ pub fn build(
                 read_only: guest.disk_read_only,
                 latency: Duration::from_micros(machine.io_latency_us),
             }),
+            mounts: guest.mounts.clone(),
+            net,
             activations: guest.activations,
         };
         if let Err((key, what)) = config.check() {
@@ -200,5 +203,26 @@ pub fn build(
             host_sched: machine.host_sched,
         },
         stats: machine.stats,
+    })
+}
+
+/// The guest's `publish` and `allow_connect` entries, parsed.
+fn net_config(guest: &GuestSpec) -> Result<crate::devices::net::NetConfig, (Key, String)> {
+    use crate::devices::net::{parse_allow_connect, parse_publish, NetConfig};
+    let publish = guest
+        .publish
+        .iter()
+        .map(|s| parse_publish(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| (Key::Publish, e))?;
+    let allow_connect = guest
+        .allow_connect
+        .iter()
+        .map(|s| parse_allow_connect(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| (Key::AllowConnect, e))?;
+    Ok(NetConfig {
+        publish,
+        allow_connect,
     })
 }

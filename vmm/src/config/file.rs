@@ -122,8 +122,14 @@ struct FileGuest {
     disk: Option<PathBuf>,
     #[serde(default)]
     disk_read_only: bool,
+    #[serde(default)]
+    mounts: Vec<String>,
     thread_stack: Option<Size>,
     thread_stacks: Option<u32>,
+    #[serde(default)]
+    publish: Vec<String>,
+    #[serde(default)]
+    allow_connect: Vec<String>,
 }
 
 /// Read the configuration file at `path`.
@@ -174,7 +180,17 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
         .into_iter()
         .map(|g| {
             let defaults = GuestSpec::new("");
-            GuestSpec {
+            let mounts = g
+                .mounts
+                .iter()
+                .map(|m| {
+                    let mut mount = crate::devices::fs_path::parse_mount(m)
+                        .map_err(|e| Problem::usage(format!("{}: mounts: {e}", path.display())))?;
+                    mount.host = here(mount.host);
+                    Ok(mount)
+                })
+                .collect::<Result<Vec<_>, Problem>>()?;
+            Ok(GuestSpec {
                 // An empty image stays empty, for `build` to refuse.
                 image: if g.image.as_os_str().is_empty() {
                     g.image
@@ -190,9 +206,12 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
                 disk_read_only: g.disk_read_only,
                 thread_stack: g.thread_stack.map_or(defaults.thread_stack, |s| s.0),
                 thread_stacks: g.thread_stacks,
-            }
+                mounts,
+                publish: g.publish,
+                allow_connect: g.allow_connect,
+            })
         })
-        .collect();
+        .collect::<Result<_, Problem>>()?;
     Ok((machine, guests))
 }
 

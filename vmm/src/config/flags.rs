@@ -17,6 +17,9 @@ pub enum Key {
     Mem,
     Disk,
     DiskReadOnly,
+    Mount,
+    Publish,
+    AllowConnect,
     ThreadStack,
 }
 
@@ -34,6 +37,9 @@ impl Key {
             Key::Mem => "--mem",
             Key::Disk => "--disk",
             Key::DiskReadOnly => "--disk-read-only",
+            Key::Mount => "--mount",
+            Key::Publish => "--publish",
+            Key::AllowConnect => "--allow-connect",
             Key::ThreadStack => "--thread-stack",
         }
     }
@@ -51,6 +57,9 @@ impl Key {
             Key::Mem => "mem",
             Key::Disk => "disk",
             Key::DiskReadOnly => "disk_read_only",
+            Key::Mount => "mounts",
+            Key::Publish => "publish",
+            Key::AllowConnect => "allow_connect",
             Key::ThreadStack => "thread_stack",
         }
     }
@@ -114,9 +123,15 @@ pub struct GuestSpec {
     pub activations: bool,
     pub disk: Option<PathBuf>,
     pub disk_read_only: bool,
+    /// Host directories mapped into the guest.
+    pub mounts: Vec<crate::devices::fs_path::MountConfig>,
     /// Usable bytes of each thread stack.
     pub thread_stack: u64,
     pub thread_stacks: Option<u32>,
+    /// `HOSTPORT:GUESTPORT` entries (`--publish`).
+    pub publish: Vec<String>,
+    /// `HOST:PORT` entries (`--allow-connect`).
+    pub allow_connect: Vec<String>,
 }
 
 impl GuestSpec {
@@ -131,8 +146,11 @@ impl GuestSpec {
             activations: true,
             disk: None,
             disk_read_only: false,
+            mounts: Vec::new(),
             thread_stack: DEFAULT_THREAD_STACK,
             thread_stacks: None,
+            publish: Vec::new(),
+            allow_connect: Vec::new(),
         }
     }
 }

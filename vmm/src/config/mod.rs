@@ -20,6 +20,7 @@
 //! args = ["blk", "blk-overlap"]
 //! disk = "disk.img"
 //! disk_read_only = false
+//! mounts = ["data:/data", "/usr/share/dict:/dict:ro"]  # HOSTDIR:GUESTDIR[:ro]
 //! thread_stack = "124K"
 //! thread_stacks = 256
 //!
@@ -127,6 +128,10 @@ pub struct VmConfig {
     pub thread_stacks: Option<u32>,
     /// The guest's block device, if any.
     pub disk: Option<crate::devices::blk::DiskConfig>,
+    /// Host directories mapped into the guest (`--mount HOSTDIR:GUESTDIR[:ro]`).
+    pub mounts: Vec<crate::devices::fs_path::MountConfig>,
+    /// What the guest's sockets may reach (nothing by default).
+    pub net: crate::devices::net::NetConfig,
     /// Whether this guest may use scheduler activations (`--no-activations`, or
     /// `no_activations` in a configuration file, clears it). Guests with and without share one
     /// budget of processors; `MonitorOptions::activations` turns them off for every guest.
@@ -148,6 +153,8 @@ impl VmConfig {
             thread_stack_size: DEFAULT_THREAD_STACK,
             thread_stacks: None,
             disk: None,
+            mounts: Vec::new(),
+            net: Default::default(),
             activations: true,
         }
     }

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use super::*;
+use crate::devices::fs_path::MountConfig;
 
 const FILE: &str = "/etc/activm/run.toml";
 
@@ -58,6 +59,7 @@ fn a_full_file_parses() {
         args = ["blk", "two words"]
         disk = "disk.img"
         disk_read_only = true
+        mounts = ["data:/data", "/srv/ro:/ro/:ro"]
         thread_stack = 65536
         thread_stacks = 64
 
@@ -93,8 +95,22 @@ fn a_full_file_parses() {
             activations: true,
             disk: Some("/etc/activm/disk.img".into()),
             disk_read_only: true,
+            mounts: vec![
+                MountConfig {
+                    host: "/etc/activm/data".into(),
+                    guest: "/data".into(),
+                    read_only: false,
+                },
+                MountConfig {
+                    host: "/srv/ro".into(),
+                    guest: "/ro".into(),
+                    read_only: true,
+                },
+            ],
             thread_stack: 64 << 10,
             thread_stacks: Some(64),
+            publish: Vec::new(),
+            allow_connect: Vec::new(),
         }
     );
     assert_eq!(

@@ -545,7 +545,7 @@ fn wake_one_running(guest: &Guest) {
 /// Interrupt one vCPU the guest marks idle, preferring one that holds a processor (whether
 /// there was one). (The guest sets its idle bit, then looks at the ring; the caller published,
 /// fenced, then calls this.)
-fn wake_one_idle(guest: &Guest) -> bool {
+pub(crate) fn wake_one_idle(guest: &Guest) -> bool {
     let idle = guest
         .ram
         .read_u64(guest.plan.shared_area.start + offset_of!(SharedHeader, idle_vcpus) as u64)

@@ -1,5 +1,6 @@
 //! Landlock: after setup, a thread may open only the files activm was given (guest images and
-//! the configuration to read, disks to read and write, the trace file to write) and create or
+//! the configuration to read, disks to read and write, the trace file to write, the trees of
+//! `--mount` directories) and create or
 //! remove only the control socket in its directory. Where the kernel lacks Landlock, nothing
 //! is confined and the main thread says so.
 
@@ -18,6 +19,10 @@ pub enum Access {
     Write,
     /// A directory where the control socket is made and removed.
     SocketDir,
+    /// A mounted directory tree, read-only (`--mount ...:ro`).
+    Tree,
+    /// A mounted directory tree: read, write, create, remove and rename in it.
+    TreeWrite,
 }
 
 /// How far Landlock confines this thread.
@@ -39,6 +44,17 @@ fn rights(access: Access) -> BitFlags<AccessFs> {
         Access::ReadWrite => file_read | file_write,
         Access::Write => file_write,
         Access::SocketDir => AccessFs::MakeSock | AccessFs::RemoveFile,
+        Access::Tree => file_read | AccessFs::ReadDir,
+        Access::TreeWrite => {
+            file_read
+                | file_write
+                | AccessFs::ReadDir
+                | AccessFs::MakeDir
+                | AccessFs::MakeReg
+                | AccessFs::RemoveDir
+                | AccessFs::RemoveFile
+                | AccessFs::Refer
+        }
     }
 }
 

@@ -29,6 +29,8 @@ pub enum ThreadKind {
     Disk,
     /// The control socket: accepts clients, one thread per client (bounded).
     Control,
+    /// A guest's net thread: waits for socket readiness, posts it, MSIs.
+    Net,
 }
 
 impl ThreadKind {
@@ -40,6 +42,7 @@ impl ThreadKind {
             ThreadKind::Io => "io",
             ThreadKind::Disk => "disk",
             ThreadKind::Control => "control",
+            ThreadKind::Net => "net",
         }
     }
 }

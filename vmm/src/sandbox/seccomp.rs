@@ -66,9 +66,30 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
             libc::SYS_timer_settime,
             libc::SYS_timer_gettime,
             libc::SYS_timer_delete,
+            // Files in the guest's mounts (devices/fs.rs).
+            libc::SYS_openat2,
+            libc::SYS_read,
+            libc::SYS_lseek,
+            libc::SYS_fstat,
+            libc::SYS_newfstatat,
+            libc::SYS_statx,
+            libc::SYS_getdents64,
+            libc::SYS_mkdirat,
+            libc::SYS_unlinkat,
+            libc::SYS_renameat2,
+            // Guest sockets (`devices/net.rs`); `socket` itself: see `allow_list`.
+            libc::SYS_connect,
+            libc::SYS_accept4,
+            libc::SYS_recvfrom,
+            libc::SYS_sendto,
+            libc::SYS_shutdown,
+            libc::SYS_setsockopt,
+            libc::SYS_getsockopt,
+            libc::SYS_epoll_ctl,
         ],
         ThreadKind::Dispatcher => &[libc::SYS_rt_sigtimedwait],
         ThreadKind::Io => &[libc::SYS_writev],
+        ThreadKind::Net => &[libc::SYS_epoll_pwait, libc::SYS_epoll_ctl],
         ThreadKind::Disk => &[
             libc::SYS_pread64,
             libc::SYS_pwrite64,
@@ -118,6 +139,25 @@ fn allow_list(kind: ThreadKind) -> Result<BpfProgram, seccompiler::Error> {
         rules.insert(
             libc::SYS_fcntl,
             vec![get(libc::F_GETFD)?, get(libc::F_GETFL)?],
+        );
+    }
+    if kind == ThreadKind::Vcpu {
+        // Outbound guest connections (`--allow-connect`): non-blocking IPv4 TCP sockets only.
+        let domain = SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            libc::AF_INET as u64,
+        )?;
+        let kind = SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            (libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64,
+        )?;
+        rules.insert(
+            libc::SYS_socket,
+            vec![SeccompRule::new(vec![domain, kind])?],
         );
     }
     // Signals to activm's own threads only (the kick; abort).
@@ -264,7 +304,9 @@ mod tests {
             ThreadKind::Vcpu,
             ThreadKind::Dispatcher,
             ThreadKind::Io,
+            ThreadKind::Disk,
             ThreadKind::Control,
+            ThreadKind::Net,
         ] {
             assert!(allow_list(kind).is_ok(), "{kind:?}");
         }

@@ -14,7 +14,9 @@ use crate::allocator::Slot;
 use crate::arch::current as arch;
 use crate::devices::blk::Request;
 use crate::devices::blk_async::AsyncQueue;
+use crate::devices::fs::GuestMem;
 use crate::hypercall::{Call, Malformed};
+use crate::memory::{GuestRam, Plan};
 use crate::vm::Outcome;
 
 /// A handler's result: the load's value, or what the run loop does instead.
@@ -89,6 +91,9 @@ impl VcpuThread {
             Call::BlkSubmit { args } => {
                 self.blk_async(kind, |queue| queue.submit(&self.guest, args))
             }
+            Call::Fs { args } => self.fs(kind, args),
+            Call::Net { args } => self.net(kind, |net| net.call(&self.guest, args)),
+            Call::NetRingSetup { ring } => self.net(kind, |net| net.setup(&self.guest, ring)),
         }
     }
 
@@ -103,6 +108,34 @@ impl VcpuThread {
         };
         call(&disk.queue)
             .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())))
+    }
+
+    /// A file call (`devices/fs.rs`), done inside the exit; `Err` there is a violation.
+    fn fs(&self, kind: Hypercall, args: [u64; 4]) -> Handled {
+        let mem = GuestMem {
+            ram: &self.guest.ram,
+            plan: &self.guest.plan,
+        };
+        match self.guest.files.call(&mem, kind, args) {
+            Ok(result) => Ok(result as u64),
+            Err(why) => Err(self.violation(format!("malformed hypercall {}: {why}", kind.name()))),
+        }
+    }
+
+    /// `net` and `net_ring_setup` (`devices/net.rs`; `Err` there is a violation). Without
+    /// `--publish` or `--allow-connect` every call is `-EACCES`.
+    fn net(
+        &self,
+        kind: Hypercall,
+        call: impl FnOnce(&crate::devices::net::Net) -> Result<u64, String>,
+    ) -> Handled {
+        let Some(net) = &self.guest.net else {
+            return Ok((-(libc::EACCES as i64)) as u64);
+        };
+        let result = call(net)
+            .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())));
+        crate::devices::net::after_call(&self.guest);
+        result
     }
 
     fn console_write(&self, kind: Hypercall, buf: u64, len: u64) -> Handled {
@@ -228,29 +261,41 @@ impl VcpuThread {
     }
 
     fn read_buffer(&self, kind: Hypercall, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
-        if len > MAX_WRITE_LEN {
-            return Err(format!(
-                "malformed hypercall {}: length {len} exceeds the limit of {MAX_WRITE_LEN}",
-                kind.name()
-            ));
-        }
-        // Not the VMM's supervisor-only pages (GDT, IDT, page tables, CPL0 stacks): the guest
-        // cannot read them itself, so no hypercall copies them out for it.
-        let end = gpa.saturating_add(len);
-        let low = &arch::layout::USER_LOW;
-        if gpa < self.guest.plan.image.start && !(low.start <= gpa && end <= low.end) {
-            return Err(format!(
-                "malformed hypercall {}: buffer {gpa:#x}+{len} lies in the VMM's pages below the \
-                 image ({:#x}), which the guest cannot read",
-                kind.name(),
-                self.guest.plan.image.start
-            ));
-        }
-        self.guest.ram.read_bytes(gpa, len).map_err(|e| {
-            format!(
-                "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",
-                kind.name()
-            )
-        })
+        read_buffer(&self.guest.ram, &self.guest.plan, kind, gpa, len)
     }
+}
+
+/// The `len`-byte buffer at guest-physical `gpa` that hypercall `kind` names (console text, a
+/// panic message): at most `MAX_WRITE_LEN` bytes, inside guest RAM and not in the VMM's pages.
+pub fn read_buffer(
+    ram: &GuestRam,
+    plan: &Plan,
+    kind: Hypercall,
+    gpa: u64,
+    len: u64,
+) -> Result<Vec<u8>, String> {
+    if len > MAX_WRITE_LEN {
+        return Err(format!(
+            "malformed hypercall {}: length {len} exceeds the limit of {MAX_WRITE_LEN}",
+            kind.name()
+        ));
+    }
+    // Not the VMM's supervisor-only pages (GDT, IDT, page tables, CPL0 stacks): the guest
+    // cannot read them itself, so no hypercall copies them out for it.
+    let end = gpa.saturating_add(len);
+    let low = &arch::layout::USER_LOW;
+    if gpa < plan.image.start && !(low.start <= gpa && end <= low.end) {
+        return Err(format!(
+            "malformed hypercall {}: buffer {gpa:#x}+{len} lies in the VMM's pages below the \
+             image ({:#x}), which the guest cannot read",
+            kind.name(),
+            plan.image.start
+        ));
+    }
+    ram.read_bytes(gpa, len).map_err(|e| {
+        format!(
+            "malformed hypercall {}: buffer {gpa:#x}+{len}: {e}",
+            kind.name()
+        )
+    })
 }

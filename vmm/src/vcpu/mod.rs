@@ -12,7 +12,7 @@
 
 mod exits;
 mod handoff;
-mod hypercalls;
+pub(crate) mod hypercalls;
 mod run;
 
 use std::sync::Arc;

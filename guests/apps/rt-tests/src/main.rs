@@ -8,6 +8,8 @@
 //! `chaos-soak SECONDS`: mutex and spinlock counters, condvar ping-pong, sleeps, spawns,
 //! messages (and disk I/O with `--disk`) for that long, meant to run under `activm run --chaos`
 //! (processors revoked and granted every 0.1-2 ms); every invariant is checked at the end.
+//! `blk-durable`, `blk-fill` and `blk-vanish` serve the host's durability and fault tests
+//! (`faults.rs`).
 //!
 //! The `upcall-*` tests use the runtime's simulated VMM, which needs the VMM's own activations
 //! off (`activm run --no-activations`); with activations on they are skipped, and `sa-real`
@@ -21,6 +23,7 @@
 extern crate alloc;
 
 mod bench;
+mod faults;
 mod regs;
 mod tests;
 
@@ -130,6 +133,9 @@ fn main(args: &[&str]) -> i32 {
                 }
             }
         }
+        Some("blk-durable") => faults::durable(&args[1..]),
+        Some("blk-fill") => faults::fill(),
+        Some("blk-vanish") => faults::vanish(),
         Some("list") => {
             for (name, _, _) in tests::ALL {
                 println!("{name}");

@@ -916,18 +916,18 @@ fn sleep_accuracy() -> TestResult {
         let (median, spin_median) = (lates[lates.len() / 2], spin_lates[spin_lates.len() / 2]);
         let spin_max = spin_lates[spin_lates.len() - 1];
         // Typically late by the timer's slack and a halted vCPU's wake-up (the host schedules
-        // its thread, which under load takes milliseconds): the median within a 10 ms quantum
-        // of the baseline's.
-        ensure(median <= spin_median + 10_000_000, || {
+        // its thread, which on a loaded host takes milliseconds: 16 ms medians were seen at a
+        // load average of 30 on 2 cores): the median within two 10 ms quanta of the baseline's.
+        ensure(median <= spin_median + 20_000_000, || {
             format!(
                 "{us} us sleeps: median {} us late, a yielding wait {} us",
                 median / 1000,
                 spin_median / 1000
             )
         })?;
-        // At worst by what the baseline also lost (quanta behind the guest's back) plus three
-        // 10 ms quanta.
-        ensure(max_err <= spin_max + 30_000_000, || {
+        // At worst by what the baseline also lost (quanta behind the guest's back) plus five
+        // 10 ms quanta (the host's wake-up of a halted vCPU thread is not in the baseline).
+        ensure(max_err <= spin_max + 50_000_000, || {
             format!(
                 "{us} us sleeps: {} us late at worst, a yielding wait {} us",
                 max_err / 1000,

@@ -1,0 +1,171 @@
+//! A key-value server on activm's socket proxy against Redis itself: guests/apps/std-kv (an
+//! ordinary std program, one thread per connection) driven by Debian's unmodified
+//! `redis-benchmark` (GET and SET, 50 clients, without and with 16-deep pipelining), in three
+//! modes: scheduler activations (the default), host-scheduled vCPUs (`--host-sched`, plain
+//! KVM threads) and activm's time slicer (`--no-activations`); and the native anchor, Debian's
+//! `redis-server` on the host (no persistence), measured in the same run. Throughput and
+//! p50/p99 latency from `redis-benchmark --csv`; ratios against redis-server.
+//!
+//! `cargo xtask bench kv`; `ACTIVM_BENCH_QUICK=1` for fewer requests. Installs redis-tools and
+//! redis-server with apt-get when missing. Everything stays on 127.0.0.1.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use activm_benches::repo_root;
+
+/// A server process, killed when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let probe = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    probe
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+fn ping(port: u16) -> bool {
+    Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "ping"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
+}
+
+fn start(mut cmd: Command, port: u16) -> Result<Server, String> {
+    let server = Server(
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{cmd:?}: {e}"))?,
+    );
+    let t = Instant::now();
+    while !ping(port) {
+        if t.elapsed() > Duration::from_secs(30) {
+            return Err(format!("{cmd:?} does not answer PING"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(server)
+}
+
+/// One redis-benchmark run: (requests/s, p50 ms, p99 ms).
+fn measure(port: u16, test: &str, pipeline: u32, requests: u32) -> Result<(f64, f64, f64), String> {
+    let out = Command::new("redis-benchmark")
+        .args(["-p", &port.to_string(), "-t", test, "-c", "50", "--csv"])
+        .args(["-n", &requests.to_string(), "-P", &pipeline.to_string()])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+    let row = text
+        .lines()
+        .find(|l| l.starts_with(&format!("\"{}\"", test.to_uppercase())))
+        .ok_or_else(|| format!("no {test} row in {text:?}"))?;
+    let f: Vec<f64> = row
+        .split(',')
+        .skip(1)
+        .map(|v| v.trim_matches('"').parse().unwrap_or(f64::NAN))
+        .collect();
+    match f.as_slice() {
+        [rps, _avg, _min, p50, _p95, p99, ..] => Ok((*rps, *p50, *p99)),
+        _ => Err(format!("short row {row:?}")),
+    }
+}
+
+fn ensure_tools() -> Result<(), String> {
+    let have = |t: &str| Command::new(t).arg("--version").output().is_ok();
+    if !(have("redis-benchmark") && have("redis-server")) {
+        let _ = Command::new("apt-get")
+            .args(["install", "-y", "redis-tools", "redis-server"])
+            .status();
+    }
+    if have("redis-benchmark") && have("redis-server") {
+        Ok(())
+    } else {
+        Err(
+            "redis-benchmark / redis-server missing (apt-get install -y redis-tools redis-server)"
+                .into(),
+        )
+    }
+}
+
+fn main() {
+    if let Err(e) = run() {
+        println!("kv: {e}");
+    }
+}
+
+fn run() -> Result<(), String> {
+    ensure_tools()?;
+    let quick = std::env::var_os("ACTIVM_BENCH_QUICK").is_some();
+    let requests = if quick { 20_000 } else { 100_000 };
+    let root = repo_root();
+    let activm = root.join("target/release/activm");
+    let kv = root.join("guests/target/x86_64-activm-std/release/std-kv");
+    if !kv.is_file() || !activm.is_file() {
+        return Err(
+            "build first: cargo build --release; cargo xtask build-guests --release".into(),
+        );
+    }
+    let vcpus = std::env::var("ACTIVM_KV_VCPUS").unwrap_or_else(|_| "2".into());
+    let modes: [(&str, &[&str]); 3] = [
+        ("activm, activations", &[]),
+        ("activm, --host-sched", &["--host-sched"]),
+        ("activm, --no-activations", &["--no-activations"]),
+    ];
+    let tests = [("get", 1), ("set", 1), ("get", 16), ("set", 16)];
+    println!("std-kv on activm ({vcpus} vCPUs) vs host redis-server; redis-benchmark -c 50 -n {requests} --csv; shared 2-CPU host");
+    println!(
+        "{:<26} {:<10} {:>12} {:>9} {:>9} {:>10} {:>10}",
+        "server", "test", "req/s", "p50 ms", "p99 ms", "x redis", "p99/redis"
+    );
+    let mut anchor = Vec::new();
+    {
+        let port = free_port()?;
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"]);
+        let _server = start(cmd, port)?;
+        for &(test, pipeline) in &tests {
+            let m = measure(port, test, pipeline, requests)?;
+            row("redis-server (host)", test, pipeline, m, m);
+            anchor.push(m);
+        }
+    }
+    for (name, flags) in modes {
+        let port = free_port()?;
+        let mut cmd = Command::new(&activm);
+        cmd.arg("run")
+            .arg(&kv)
+            .args(["--vcpus", &vcpus, "--timeout", "600"])
+            .args(["--publish", &format!("{port}:6379")])
+            .args(flags);
+        let _server = start(cmd, port)?;
+        for (i, &(test, pipeline)) in tests.iter().enumerate() {
+            let m = measure(port, test, pipeline, requests)?;
+            row(name, test, pipeline, m, anchor[i]);
+        }
+    }
+    Ok(())
+}
+
+fn row(name: &str, test: &str, pipeline: u32, m: (f64, f64, f64), base: (f64, f64, f64)) {
+    let label = format!("{} -P {pipeline}", test.to_uppercase());
+    println!(
+        "{name:<26} {label:<10} {:>12.0} {:>9.3} {:>9.3} {:>9.2}x {:>9.2}x",
+        m.0,
+        m.1,
+        m.2,
+        m.0 / base.0,
+        m.2 / base.2
+    );
+}

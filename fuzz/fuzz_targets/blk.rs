@@ -1,0 +1,106 @@
+//! Block-device requests as a guest sends them: a sequence of reads, writes and flushes with
+//! arbitrary sector, buffer and count, against a disk of fuzzer-chosen size (read-only or
+//! not). Checked against a model of the disk: what `check` accepts lies in guest RAM, the
+//! result codes are the protocol's, and a read returns what was written.
+
+#![no_main]
+
+use std::sync::atomic::AtomicBool;
+use std::sync::OnceLock;
+
+use activm::devices::blk::{Disk, DiskConfig, Op, Request};
+use activm_fuzz::{scratch_dir, Guest, Input};
+use libfuzzer_sys::fuzz_target;
+use protocol::blk::{
+    BLK_ERR_RANGE, BLK_ERR_READ_ONLY, BLK_INFO_SECTORS, BLK_MAX_SECTORS, BLK_OK, SECTOR_SIZE,
+};
+
+fuzz_target!(|data: &[u8]| {
+    static GUEST: OnceLock<Guest> = OnceLock::new();
+    let guest = GUEST.get_or_init(|| Guest::new(1));
+    let plan = &guest.plan;
+    let mut input = Input(data);
+    let sectors = 1 + input.u8() as u64 % 64;
+    let read_only = input.u8() % 4 == 0;
+    let mut model: Vec<u8> = (0..sectors * SECTOR_SIZE).map(|i| i as u8).collect();
+    let path = scratch_dir().join("blk-disk.img");
+    std::fs::write(&path, &model).expect("disk image");
+    let disk = Disk::open(&DiskConfig {
+        path,
+        read_only,
+        latency: Default::default(),
+    })
+    .expect("disk");
+    assert_eq!(disk.info(BLK_INFO_SECTORS), Some(sectors));
+    let stop = AtomicBool::new(false);
+    while !input.is_empty() {
+        let op = match input.u8() % 3 {
+            0 => Op::Read,
+            1 => Op::Write,
+            _ => Op::Flush,
+        };
+        let small = input.u8() % 4 != 0;
+        let req = Request {
+            op,
+            sector: if small {
+                input.u8() as u64 % 80
+            } else {
+                input.number()
+            },
+            gpa: if small {
+                plan.heap.start + input.u32() as u64 % (plan.mem_size - plan.heap.start + 4096)
+            } else {
+                input.number()
+            },
+            count: if small {
+                input.u8() as u64 % 300
+            } else {
+                input.number()
+            },
+        };
+        let checked = match disk.check(plan, &req) {
+            Err(_) => {
+                assert!(op != Op::Flush);
+                continue;
+            }
+            Ok(Err(code)) => {
+                assert!(code == BLK_ERR_RANGE || code == BLK_ERR_READ_ONLY);
+                continue;
+            }
+            Ok(Ok(())) => req,
+        };
+        if op == Op::Flush {
+            let result = disk.perform(&guest.ram, &checked, &stop);
+            assert_eq!(result, BLK_OK);
+            continue;
+        }
+        let len = checked.count * SECTOR_SIZE;
+        {
+            assert!((1..=BLK_MAX_SECTORS).contains(&checked.count));
+            assert!(checked.gpa >= plan.image.start && checked.gpa + len <= plan.mem_size);
+            assert!(checked.sector + checked.count <= sectors);
+            assert!(!(read_only && op == Op::Write));
+        }
+        if op == Op::Write {
+            let fill = input.u8();
+            guest
+                .ram
+                .write_bytes(checked.gpa, &vec![fill; len as usize])
+                .unwrap();
+        }
+        let result = match disk.try_now(&guest.ram, &checked) {
+            Some(result) => result,
+            None => disk.perform(&guest.ram, &checked, &stop),
+        };
+        assert_eq!(result, BLK_OK, "{checked:?}");
+        let range =
+            (checked.sector * SECTOR_SIZE) as usize..(checked.sector * SECTOR_SIZE + len) as usize;
+        match op {
+            Op::Write => {
+                model[range].copy_from_slice(&guest.ram.read_bytes(checked.gpa, len).unwrap())
+            }
+            Op::Read => assert!(guest.ram.read_bytes(checked.gpa, len).unwrap() == model[range]),
+            Op::Flush => unreachable!(),
+        }
+    }
+});

@@ -1,0 +1,185 @@
+//! Socket waits (`protocol::net::NetRing`): a thread whose socket operation would block parks
+//! here, not its vCPU.
+//!
+//! [`call`] takes a free tag, records its thread under it, marks itself waiting and makes the
+//! `net` hypercall with the tag. If the VMM answers `NET_WAITING` the thread parks; the VMM's
+//! net thread puts `(tag, events)` into the ring when the host socket is ready, and the
+//! operation is retried. Completions are taken like block completions (`blk_async.rs`): at
+//! the top of every scheduler loop and by idle vCPUs, which the VMM interrupts (only idle
+//! ones). Tags bound the ring: a tag is free again only after its thread was woken.
+
+use core::cell::UnsafeCell;
+use core::ptr;
+use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+
+use activm_stub::hypercall;
+use activm_stub::protocol::hypercall::Hypercall;
+use activm_stub::protocol::net::{NetCompletion, NetRing, NET_RING_CAPACITY, NET_WAITING};
+use activm_stub::sync::SpinLock;
+
+use crate::{sched, tcb};
+
+struct Ring(UnsafeCell<NetRing>);
+
+// SAFETY: `head` and `tail` are atomics; entries are read with volatile loads after an acquire
+// load of `head` (the VMM wrote them before its release store of `head`).
+unsafe impl Sync for Ring {}
+
+static RING: Ring = Ring(UnsafeCell::new(NetRing::new()));
+
+fn ring() -> &'static NetRing {
+    // SAFETY: only the atomics are accessed through this reference; entries go through `entry`.
+    unsafe { &*RING.0.get() }
+}
+
+fn entry(slot: usize) -> NetCompletion {
+    // SAFETY: `slot < NET_RING_CAPACITY`; the VMM finished writing it before publishing the
+    // head this slot is below.
+    unsafe { ptr::read_volatile(ptr::addr_of!((*RING.0.get()).entries[slot])) }
+}
+
+const UNSET: u8 = 0;
+const SETTING: u8 = 1;
+const READY: u8 = 2;
+const FAILED: u8 = 3;
+static STATE: AtomicU8 = AtomicU8::new(UNSET);
+
+const WORDS: usize = NET_RING_CAPACITY / 64;
+#[allow(clippy::declare_interior_mutable_const)]
+const ALL_FREE: AtomicU64 = AtomicU64::new(u64::MAX);
+static FREE_TAGS: [AtomicU64; WORDS] = [ALL_FREE; WORDS];
+
+#[allow(clippy::declare_interior_mutable_const)]
+const NO_THREAD: AtomicPtr<tcb::Tcb> = AtomicPtr::new(ptr::null_mut());
+static WAITERS: [AtomicPtr<tcb::Tcb>; NET_RING_CAPACITY] = [NO_THREAD; NET_RING_CAPACITY];
+
+static CONSUMER: SpinLock<()> = SpinLock::new(());
+
+/// Registers the ring once; whether waits are possible.
+fn ring_ready() -> bool {
+    loop {
+        match STATE.load(Ordering::Acquire) {
+            READY => return true,
+            FAILED => return false,
+            SETTING => core::hint::spin_loop(),
+            _ => {
+                if STATE
+                    .compare_exchange(UNSET, SETTING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    // SAFETY: the ring is a static, 64-byte aligned, for the guest's lifetime.
+                    let r = unsafe {
+                        hypercall::raw(Hypercall::NetRingSetup as u64, RING.0.get() as u64, 0, 0, 0)
+                    };
+                    STATE.store(if r == 0 { READY } else { FAILED }, Ordering::Release);
+                }
+            }
+        }
+    }
+}
+
+fn take_tag() -> Option<u32> {
+    for (w, word) in FREE_TAGS.iter().enumerate() {
+        let mut free = word.load(Ordering::Relaxed);
+        while free != 0 {
+            let bit = free.trailing_zeros();
+            match word.compare_exchange_weak(
+                free,
+                free & !(1 << bit),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(w as u32 * 64 + bit),
+                Err(now) => free = now,
+            }
+        }
+    }
+    None
+}
+
+fn free_tag(tag: u32) {
+    FREE_TAGS[tag as usize / 64].fetch_or(1 << (tag % 64), Ordering::Release);
+}
+
+/// Performs a socket operation: `op(tag)` makes the `net` hypercall with wait tag `tag`; while
+/// it answers `NET_WAITING` the thread parks until the VMM reports the socket ready, then the
+/// operation is retried. Returns the VMM's final answer (a value or `-errno`).
+///
+/// # Safety
+/// `op` upholds the `net` call's contract (buffers live and owned until this returns).
+pub unsafe fn call(mut op: impl FnMut(u64) -> u64) -> u64 {
+    loop {
+        if !ring_ready() {
+            return op(activm_stub::protocol::net::NET_NO_WAIT);
+        }
+        let Some(tag) = take_tag() else {
+            // Every tag in use: try without waiting, and give others a turn if it would block.
+            let r = op(activm_stub::protocol::net::NET_NO_WAIT);
+            if r != (-11i64) as u64 {
+                return r;
+            }
+            crate::thread::yield_now();
+            continue;
+        };
+        let me = sched::current();
+        WAITERS[tag as usize].store(me as *const tcb::Tcb as *mut tcb::Tcb, Ordering::Relaxed);
+        me.prepare_wait();
+        let r = op(u64::from(tag));
+        if r == NET_WAITING {
+            sched::wait(me);
+            free_tag(tag);
+            continue;
+        }
+        // Not waiting: nobody will wake this tag (the next wait prepares afresh).
+        free_tag(tag);
+        return r;
+    }
+}
+
+/// Whether threads wait for sockets (an idle vCPU then keeps its processor, as with block
+/// requests in flight: the VMM's report interrupts a halted vCPU that holds one).
+pub(crate) fn waits_armed() -> bool {
+    FREE_TAGS
+        .iter()
+        .any(|w| w.load(Ordering::Relaxed) != u64::MAX)
+}
+
+/// Whether readiness reports wait in the ring (looks only).
+pub(crate) fn completions_ready() -> bool {
+    STATE.load(Ordering::Relaxed) == READY
+        && ring().head.load(Ordering::Acquire) != ring().tail.load(Ordering::Relaxed)
+}
+
+/// Takes every report in the ring and wakes its thread (scheduler loop).
+pub(crate) fn poll_completions() {
+    if !completions_ready() {
+        return;
+    }
+    let Some(_consumer) = CONSUMER.try_lock() else {
+        return;
+    };
+    let r = ring();
+    let tail = r.tail.load(Ordering::Relaxed);
+    let head = r.head.load(Ordering::Acquire);
+    let n = head.wrapping_sub(tail) as usize;
+    if n > NET_RING_CAPACITY {
+        panic!(
+            "activm-rt: net ring: head {head} is more than {NET_RING_CAPACITY} past tail {tail}"
+        );
+    }
+    let mut threads = [ptr::null_mut::<tcb::Tcb>(); NET_RING_CAPACITY];
+    for (i, slot) in threads.iter_mut().take(n).enumerate() {
+        let e = entry(tail.wrapping_add(i as u32) as usize % NET_RING_CAPACITY);
+        let Some(waiter) = WAITERS.get(e.tag as usize) else {
+            panic!("activm-rt: net readiness with tag {} from the VMM", e.tag);
+        };
+        *slot = waiter.load(Ordering::Relaxed);
+    }
+    r.tail.store(head, Ordering::Release);
+    drop(_consumer);
+    for &thread in &threads[..n] {
+        // SAFETY: the thread waits for this very report (its tag is not free), so its TCB is
+        // live until it is woken; nothing touches it after the wake.
+        sched::wake(unsafe { &*thread });
+    }
+}

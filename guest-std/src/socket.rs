@@ -1,0 +1,417 @@
+//! Sockets (`std::net` TCP, IPv4): hermit-abi's `sys_socket` ... `sys_shutdown` on the VMM's
+//! socket proxy (`protocol::net`). A socket's descriptor is [`SOCKET_FD_BASE`] plus the
+//! VMM's socket number. A call that would block parks the calling thread in activm-rt
+//! (`activm_rt::net::call`) until the VMM reports the host socket ready, unless the socket is
+//! non-blocking (`set_nonblocking`: `-EAGAIN`). Errors are the VMM's Linux errno values; what
+//! the guest may reach is the VMM's decision (`--publish`, `--allow-connect`; else `EACCES`).
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use activm_stub::hypercall;
+use activm_stub::protocol::hypercall::Hypercall;
+use activm_stub::protocol::net::*;
+
+use crate::errno::{fail, EBADF, EINVAL};
+
+/// The first socket descriptor (below: the standard streams and files).
+pub const SOCKET_FD_BASE: i32 = 1 << 20;
+
+const EAFNOSUPPORT: i32 = 97;
+const EPROTONOSUPPORT: i32 = 93;
+const ENOPROTOOPT: i32 = 92;
+
+/// hermit-abi's constants (`hermit_abi::AF_INET` ...), which differ from Linux's.
+const AF_INET: i32 = 3;
+const SOCK_STREAM: i32 = 1;
+const SOCK_NONBLOCK: i32 = 0o4000;
+const IPPROTO_TCP: i32 = 6;
+const TCP_NODELAY: i32 = 1;
+const SOL_SOCKET: i32 = 4095;
+const SO_ERROR: i32 = 0x1007;
+const SO_RCVTIMEO: i32 = 0x1006;
+const SO_SNDTIMEO: i32 = 0x1005;
+const MSG_PEEK: i32 = 1;
+const FIONBIO: i32 = 0x8008667eu32 as i32;
+
+/// hermit-abi's `sockaddr_in` (BSD layout: a length byte, then the family byte).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct SockaddrIn {
+    len: u8,
+    family: u8,
+    port_be: u16,
+    addr_be: u32,
+    zero: [u8; 8],
+}
+
+/// Non-blocking sockets, one bit per socket number.
+static NONBLOCKING: [AtomicU64; NET_MAX_SOCKETS / 64] =
+    [const { AtomicU64::new(0) }; NET_MAX_SOCKETS / 64];
+
+/// Whether `fd` names a socket.
+pub fn is_socket(fd: i32) -> bool {
+    (SOCKET_FD_BASE..SOCKET_FD_BASE + NET_MAX_SOCKETS as i32).contains(&fd)
+}
+
+fn number(fd: i32) -> Option<u64> {
+    is_socket(fd).then(|| (fd - SOCKET_FD_BASE) as u64)
+}
+
+fn nonblocking(s: u64) -> bool {
+    NONBLOCKING[s as usize / 64].load(Ordering::Relaxed) & (1 << (s % 64)) != 0
+}
+
+fn set_nonblocking(s: u64, on: bool) {
+    let bit = 1u64 << (s % 64);
+    let word = &NONBLOCKING[s as usize / 64];
+    if on {
+        word.fetch_or(bit, Ordering::Relaxed);
+    } else {
+        word.fetch_and(!bit, Ordering::Relaxed);
+    }
+}
+
+fn net(op: u64, s: u64, a1: u64, a2: u64, a3: u64) -> i64 {
+    // SAFETY: callers pass buffers that stay live and unshared for the call.
+    unsafe { hypercall::raw(Hypercall::Net as u64, net_arg(op, s), a1, a2, a3) as i64 }
+}
+
+/// An operation that may wait: `op(tag)`, parked in the runtime while it would block.
+fn waiting(s: u64, mut op: impl FnMut(u64) -> i64) -> i64 {
+    if nonblocking(s) {
+        return op(NET_NO_WAIT);
+    }
+    // SAFETY: `op` makes the `net` call with buffers its caller keeps live until we return.
+    unsafe { activm_rt::net::call(|tag| op(tag) as u64) as i64 }
+}
+
+/// `-errno` results become the thread's `errno` too.
+fn done(r: i64) -> i64 {
+    if (-4095..0).contains(&r) {
+        fail(-r as i32) as i64
+    } else {
+        r
+    }
+}
+
+fn read_addr(name: *const u8, len: u32) -> Result<u64, i32> {
+    if name.is_null() || (len as usize) < core::mem::size_of::<SockaddrIn>() {
+        return Err(EINVAL);
+    }
+    // SAFETY: the caller passes `len` readable bytes, at least a sockaddr_in.
+    let sa = unsafe { core::ptr::read_unaligned(name.cast::<SockaddrIn>()) };
+    if i32::from(sa.family) != AF_INET {
+        return Err(EAFNOSUPPORT);
+    }
+    Ok(pack_addr(
+        u32::from_be(sa.addr_be),
+        u16::from_be(sa.port_be),
+    ))
+}
+
+fn write_addr(packed: u64, name: *mut u8, namelen: *mut u32) {
+    if name.is_null() || namelen.is_null() {
+        return;
+    }
+    let (ip, port) = unpack_addr(packed);
+    let sa = SockaddrIn {
+        len: core::mem::size_of::<SockaddrIn>() as u8,
+        family: AF_INET as u8,
+        port_be: port.to_be(),
+        addr_be: ip.to_be(),
+        zero: [0; 8],
+    };
+    // SAFETY: the caller passes `*namelen` writable bytes at `name`.
+    unsafe {
+        let room = (*namelen as usize).min(core::mem::size_of::<SockaddrIn>());
+        core::ptr::copy_nonoverlapping((&sa as *const SockaddrIn).cast::<u8>(), name, room);
+        *namelen = core::mem::size_of::<SockaddrIn>() as u32;
+    }
+}
+
+macro_rules! socket_or_ebadf {
+    ($fd:expr) => {
+        match number($fd) {
+            Some(s) => s,
+            None => return fail(EBADF) as _,
+        }
+    };
+}
+
+/// `int sys_network_init(void)`: nothing to do (the VMM's sockets are there).
+#[unsafe(no_mangle)]
+pub extern "C" fn sys_network_init() -> i32 {
+    0
+}
+
+/// `int sys_socket(int domain, int type, int protocol)`: IPv4 TCP only.
+#[unsafe(no_mangle)]
+pub extern "C" fn sys_socket(domain: i32, kind: i32, _protocol: i32) -> i32 {
+    if domain != AF_INET {
+        return fail(EAFNOSUPPORT);
+    }
+    if kind & 0xf != SOCK_STREAM {
+        return fail(EPROTONOSUPPORT);
+    }
+    let r = done(net(NET_OP_SOCKET, 0, NET_KIND_TCP, 0, 0));
+    if r < 0 {
+        return r as i32;
+    }
+    set_nonblocking(r as u64, kind & SOCK_NONBLOCK != 0);
+    SOCKET_FD_BASE + r as i32
+}
+
+/// `int sys_bind(int s, const sockaddr *name, socklen_t namelen)`.
+///
+/// # Safety
+/// `name` points to `namelen` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_bind(fd: i32, name: *const u8, namelen: u32) -> i32 {
+    let s = socket_or_ebadf!(fd);
+    match read_addr(name, namelen) {
+        Ok(addr) => done(net(NET_OP_BIND, s, addr, 0, 0)) as i32,
+        Err(e) => fail(e),
+    }
+}
+
+/// `int sys_listen(int s, int backlog)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn sys_listen(fd: i32, backlog: i32) -> i32 {
+    let s = socket_or_ebadf!(fd);
+    done(net(NET_OP_LISTEN, s, backlog as u64, 0, 0)) as i32
+}
+
+/// `int sys_accept(int s, sockaddr *addr, socklen_t *addrlen)`: waits for a connection.
+///
+/// # Safety
+/// `addr`/`addrlen` are null or writable as usual.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_accept(fd: i32, addr: *mut u8, addrlen: *mut u32) -> i32 {
+    let s = socket_or_ebadf!(fd);
+    let mut peer = 0u64;
+    let peer_gpa = &mut peer as *mut u64 as u64;
+    let r = done(waiting(s, |tag| net(NET_OP_ACCEPT, s, tag, peer_gpa, 0)));
+    if r < 0 {
+        return r as i32;
+    }
+    set_nonblocking(r as u64, false);
+    write_addr(peer, addr, addrlen);
+    SOCKET_FD_BASE + r as i32
+}
+
+/// `int sys_connect(int s, const sockaddr *name, socklen_t namelen)`: waits until connected.
+///
+/// # Safety
+/// `name` points to `namelen` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_connect(fd: i32, name: *const u8, namelen: u32) -> i32 {
+    let s = socket_or_ebadf!(fd);
+    match read_addr(name, namelen) {
+        Ok(addr) => done(waiting(s, |tag| net(NET_OP_CONNECT, s, addr, tag, 0))) as i32,
+        Err(e) => fail(e),
+    }
+}
+
+/// `isize sys_recv(int s, u8 *buf, usize len, int flags)`: `MSG_PEEK` only.
+///
+/// # Safety
+/// `buf` points to `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_recv(fd: i32, buf: *mut u8, len: usize, flags: i32) -> isize {
+    let s = socket_or_ebadf!(fd);
+    let peek = if flags & MSG_PEEK != 0 {
+        NET_MSG_PEEK << 32
+    } else {
+        0
+    };
+    done(waiting(s, |tag| {
+        net(NET_OP_RECV, s, buf as u64, len as u64, tag | peek)
+    })) as isize
+}
+
+/// `isize sys_recvfrom(...)`: `sys_recv`, with the peer's address.
+///
+/// # Safety
+/// As `sys_recv`; `addr`/`addrlen` null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_recvfrom(
+    fd: i32,
+    buf: *mut u8,
+    len: usize,
+    flags: i32,
+    addr: *mut u8,
+    addrlen: *mut u32,
+) -> isize {
+    // SAFETY: the caller's contract.
+    let r = unsafe { sys_recv(fd, buf, len, flags) };
+    if r >= 0 {
+        // SAFETY: the caller's contract.
+        unsafe { sys_getpeername(fd, addr, addrlen) };
+    }
+    r
+}
+
+/// `isize sys_send(int s, const void *mem, usize len, int flags)`.
+///
+/// # Safety
+/// `mem` points to `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_send(fd: i32, mem: *const u8, len: usize, _flags: i32) -> isize {
+    let s = socket_or_ebadf!(fd);
+    done(waiting(s, |tag| {
+        net(NET_OP_SEND, s, mem as u64, len as u64, tag)
+    })) as isize
+}
+
+/// `isize sys_sendto(...)`: `sys_send` (connected sockets only).
+///
+/// # Safety
+/// As `sys_send`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_sendto(
+    fd: i32,
+    mem: *const u8,
+    len: usize,
+    flags: i32,
+    _to: *const u8,
+    _tolen: u32,
+) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe { sys_send(fd, mem, len, flags) }
+}
+
+/// `int sys_shutdown(int s, int how)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn sys_shutdown(fd: i32, how: i32) -> i32 {
+    let s = socket_or_ebadf!(fd);
+    done(net(NET_OP_SHUTDOWN, s, how as u64, 0, 0)) as i32
+}
+
+/// `int sys_shutdown_socket(int s, int how)`: the old name of `sys_shutdown`.
+#[unsafe(no_mangle)]
+pub extern "C" fn sys_shutdown_socket(fd: i32, how: i32) -> i32 {
+    sys_shutdown(fd, how)
+}
+
+/// Closes socket `fd` (`sys_close` of a socket descriptor).
+pub fn close(fd: i32) -> i32 {
+    let s = socket_or_ebadf!(fd);
+    done(net(NET_OP_CLOSE, s, 0, 0, 0)) as i32
+}
+
+fn name_of(op: u64, fd: i32, name: *mut u8, namelen: *mut u32) -> i32 {
+    let s = socket_or_ebadf!(fd);
+    let r = net(op, s, 0, 0, 0);
+    if (-4095..0).contains(&r) {
+        return done(r) as i32;
+    }
+    write_addr(r as u64, name, namelen);
+    0
+}
+
+/// `int sys_getpeername(int s, sockaddr *name, socklen_t *namelen)`.
+///
+/// # Safety
+/// `name`/`namelen` writable as usual.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_getpeername(fd: i32, name: *mut u8, namelen: *mut u32) -> i32 {
+    name_of(NET_OP_PEERNAME, fd, name, namelen)
+}
+
+/// `int sys_getsockname(int s, sockaddr *name, socklen_t *namelen)`.
+///
+/// # Safety
+/// `name`/`namelen` writable as usual.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_getsockname(fd: i32, name: *mut u8, namelen: *mut u32) -> i32 {
+    name_of(NET_OP_SOCKNAME, fd, name, namelen)
+}
+
+/// `int sys_setsockopt(int s, int level, int optname, const void *optval, socklen_t optlen)`:
+/// `TCP_NODELAY`; zero (no) timeouts; other `SOL_SOCKET` options are accepted and ignored.
+///
+/// # Safety
+/// `optval` points to `optlen` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_setsockopt(
+    fd: i32,
+    level: i32,
+    optname: i32,
+    optval: *const u8,
+    optlen: u32,
+) -> i32 {
+    let s = socket_or_ebadf!(fd);
+    if optval.is_null() || optlen < 4 {
+        return fail(EINVAL);
+    }
+    // SAFETY: at least 4 readable bytes (checked above).
+    let first = unsafe { core::ptr::read_unaligned(optval.cast::<i32>()) };
+    match (level, optname) {
+        (IPPROTO_TCP, TCP_NODELAY) => {
+            done(net(NET_OP_SETOPT, s, NET_OPT_NODELAY, first as u64, 0)) as i32
+        }
+        (SOL_SOCKET, SO_RCVTIMEO | SO_SNDTIMEO) => {
+            // SAFETY: a timeval is `optlen` (16) readable bytes.
+            let bytes = unsafe { core::slice::from_raw_parts(optval, optlen as usize) };
+            if bytes.iter().all(|&b| b == 0) {
+                0
+            } else {
+                fail(ENOPROTOOPT)
+            }
+        }
+        (SOL_SOCKET, _) => 0,
+        _ => fail(ENOPROTOOPT),
+    }
+}
+
+/// `int sys_getsockopt(int s, int level, int optname, void *optval, socklen_t *optlen)`.
+///
+/// # Safety
+/// `optval` points to `*optlen` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sys_getsockopt(
+    fd: i32,
+    level: i32,
+    optname: i32,
+    optval: *mut u8,
+    optlen: *mut u32,
+) -> i32 {
+    let s = socket_or_ebadf!(fd);
+    if optval.is_null() || optlen.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: the caller's contract.
+    let room = unsafe { *optlen } as usize;
+    let value = match (level, optname) {
+        (IPPROTO_TCP, TCP_NODELAY) => net(NET_OP_GETOPT, s, NET_OPT_NODELAY, 0, 0),
+        (SOL_SOCKET, SO_ERROR) => net(NET_OP_GETOPT, s, NET_OPT_ERROR, 0, 0),
+        (SOL_SOCKET, SO_RCVTIMEO | SO_SNDTIMEO) => 0,
+        _ => return fail(ENOPROTOOPT),
+    };
+    if value < 0 {
+        return done(value) as i32;
+    }
+    // SAFETY: `room` writable bytes at `optval`; a timeval of zeroes for timeouts.
+    unsafe {
+        core::ptr::write_bytes(optval, 0, room);
+        if room >= 4 {
+            core::ptr::write_unaligned(optval.cast::<i32>(), value as i32);
+        }
+    }
+    0
+}
+
+/// `ioctl(FIONBIO)` on a socket; `None` for other descriptors.
+///
+/// # Safety
+/// `argp` is null or points to an `int` (`FIONBIO`).
+pub unsafe fn ioctl(fd: i32, cmd: i32, argp: *const u8) -> Option<i32> {
+    let s = number(fd)?;
+    if cmd != FIONBIO || argp.is_null() {
+        return Some(fail(EINVAL));
+    }
+    // SAFETY: FIONBIO's argument is an int.
+    let on = unsafe { core::ptr::read_unaligned(argp.cast::<i32>()) } != 0;
+    set_nonblocking(s, on);
+    Some(0)
+}

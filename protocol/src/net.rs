@@ -1,0 +1,152 @@
+//! Sockets through the VMM (a socket proxy): the guest names host sockets by small numbers,
+//! the VMM performs each operation on a non-blocking host socket and reports readiness through
+//! a ring in guest memory.
+//!
+//! One hypercall, `net(op << 32 | socket, a1, a2, a3)` ([`crate::hypercall::Hypercall::Net`]),
+//! returns a value or `-errno` (Linux numbers) as a two's-complement `u64`. An operation that
+//! would block and was given a wait tag (`tag < NET_RING_CAPACITY`) returns [`NET_WAITING`]:
+//! the VMM then watches the socket and, when it is ready, puts `(tag, events)` into the
+//! [`NetRing`] registered with `net_ring_setup(gpa)`; the guest retries the operation then.
+//! With [`NET_NO_WAIT`] as tag it returns `-EAGAIN` instead.
+//!
+//! Addresses are IPv4 only, packed in a `u64` as [`pack_addr`]: `ip << 16 | port`, the IP in
+//! host order (`127.0.0.1` is `0x7f00_0001`). What the guest may reach is the VMM's to decide
+//! (`--publish`, `--allow-connect`): anything else is `-EACCES`.
+
+use core::sync::atomic::AtomicU32;
+
+use crate::CacheAligned;
+
+/// `socket(kind)`: a new TCP socket (`kind` [`NET_KIND_TCP`]); returns its number.
+pub const NET_OP_SOCKET: u64 = 0;
+/// `bind(s, addr)`: the guest address; only a published port (`--publish`) may be bound.
+pub const NET_OP_BIND: u64 = 1;
+/// `listen(s, backlog)`.
+pub const NET_OP_LISTEN: u64 = 2;
+/// `accept(s, tag, peer_gpa)`: a new socket's number; its peer's packed address is written as
+/// a `u64` at `peer_gpa` (if not 0).
+pub const NET_OP_ACCEPT: u64 = 3;
+/// `connect(s, addr, tag)`: 0 once connected (retry after the wait gives the outcome).
+pub const NET_OP_CONNECT: u64 = 4;
+/// `recv(s, gpa, len, tag | flags << 32)`: bytes received, 0 at end of stream. Flags:
+/// [`NET_MSG_PEEK`].
+pub const NET_OP_RECV: u64 = 5;
+/// `send(s, gpa, len, tag)`: bytes sent.
+pub const NET_OP_SEND: u64 = 6;
+/// `shutdown(s, how)`: `how` 0 read, 1 write, 2 both.
+pub const NET_OP_SHUTDOWN: u64 = 7;
+/// `close(s)`.
+pub const NET_OP_CLOSE: u64 = 8;
+/// `getsockname(s)`: the packed local address (as the guest sees it).
+pub const NET_OP_SOCKNAME: u64 = 9;
+/// `getpeername(s)`: the packed peer address.
+pub const NET_OP_PEERNAME: u64 = 10;
+/// `setopt(s, opt, value)`: [`NET_OPT_NODELAY`].
+pub const NET_OP_SETOPT: u64 = 11;
+/// `getopt(s, opt)`: the value of [`NET_OPT_NODELAY`] or [`NET_OPT_ERROR`] (a pending
+/// error as a positive errno, 0 if none).
+pub const NET_OP_GETOPT: u64 = 12;
+
+/// `socket`'s kind: a TCP stream.
+pub const NET_KIND_TCP: u64 = 1;
+/// Options of `setopt` / `getopt`.
+pub const NET_OPT_NODELAY: u64 = 1;
+pub const NET_OPT_ERROR: u64 = 2;
+/// `recv` flag (in the high half of its fourth argument): look without consuming.
+pub const NET_MSG_PEEK: u64 = 1;
+
+/// The operation would block: the VMM reports readiness under the given tag.
+pub const NET_WAITING: u64 = 0x7fff_ffff_ffff_f000;
+/// A tag meaning "do not wait": the operation returns `-EAGAIN` instead.
+pub const NET_NO_WAIT: u64 = 0xffff_ffff;
+
+/// Readiness bits in a completion (Linux `EPOLLIN`, `EPOLLOUT`, `EPOLLERR`, `EPOLLHUP`).
+pub const NET_READABLE: u64 = 0x1;
+pub const NET_WRITABLE: u64 = 0x4;
+pub const NET_ERROR: u64 = 0x8;
+pub const NET_HANGUP: u64 = 0x10;
+
+/// Most sockets a guest may have open at once.
+pub const NET_MAX_SOCKETS: usize = 1024;
+
+/// Wait tags (`0..NET_RING_CAPACITY`) and completions in a [`NetRing`].
+pub const NET_RING_CAPACITY: usize = 256;
+
+/// `net(op << 32 | socket, ...)`'s first argument.
+pub const fn net_arg(op: u64, socket: u64) -> u64 {
+    (op << 32) | (socket & 0xffff_ffff)
+}
+
+/// An IPv4 address and port, packed: `ip << 16 | port` (`ip` in host order).
+pub const fn pack_addr(ip: u32, port: u16) -> u64 {
+    ((ip as u64) << 16) | port as u64
+}
+
+/// The IP (host order) and port of a packed address.
+pub const fn unpack_addr(packed: u64) -> (u32, u16) {
+    ((packed >> 16) as u32, packed as u16)
+}
+
+/// One readiness report.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetCompletion {
+    /// The tag the waiting operation was given.
+    pub tag: u64,
+    /// `NET_READABLE | NET_WRITABLE | NET_ERROR | NET_HANGUP` bits.
+    pub events: u64,
+}
+
+/// The readiness ring: guest memory registered with `net_ring_setup(gpa)` (64-byte aligned,
+/// in RAM at or above the image base). The same protocol as [`crate::blk::BlkRing`]: the VMM
+/// writes `entries[head % CAP]`, then `head + 1` with release; the guest takes
+/// `entries[tail..head]` and stores `tail`. A tag is in at most one wait or unconsumed
+/// completion, so the ring never overflows. After publishing, the VMM interrupts one vCPU the
+/// guest marks idle (`SharedHeader::idle_vcpus`), never a busy one.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct NetRing {
+    /// VMM writes: producer index (free-running).
+    pub head: CacheAligned<AtomicU32>,
+    /// Guest writes: consumer index (free-running).
+    pub tail: CacheAligned<AtomicU32>,
+    /// VMM writes.
+    pub entries: [NetCompletion; NET_RING_CAPACITY],
+}
+
+impl NetRing {
+    pub const fn new() -> NetRing {
+        NetRing {
+            head: CacheAligned(AtomicU32::new(0)),
+            tail: CacheAligned(AtomicU32::new(0)),
+            entries: [NetCompletion { tag: 0, events: 0 }; NET_RING_CAPACITY],
+        }
+    }
+}
+
+impl Default for NetRing {
+    fn default() -> NetRing {
+        NetRing::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{offset_of, size_of};
+
+    #[test]
+    fn ring_layout_and_values() {
+        assert_eq!(offset_of!(NetRing, head), 0);
+        assert_eq!(offset_of!(NetRing, tail), 64);
+        assert_eq!(offset_of!(NetRing, entries), 128);
+        assert_eq!(size_of::<NetRing>(), 128 + 16 * NET_RING_CAPACITY);
+        assert_eq!(net_arg(NET_OP_RECV, 7), (5 << 32) | 7);
+        assert_eq!(pack_addr(0x7f00_0001, 6379), 0x7f00_0001_18eb);
+        assert_eq!(unpack_addr(0x7f00_0001_18eb), (0x7f00_0001, 6379));
+        assert_eq!(
+            (NET_OP_SOCKET, NET_OP_CLOSE, NET_OP_GETOPT, NET_WAITING),
+            (0, 8, 12, 0x7fff_ffff_ffff_f000)
+        );
+    }
+}

@@ -1,0 +1,187 @@
+//! Sockets for std guests (`devices/net.rs`): guests/apps/std-kv, a RESP key-value server,
+//! driven by Debian's unmodified `redis-benchmark` and checked with `redis-cli`, with and
+//! without activations; an outbound connection allowed with `--allow-connect`; and a guest
+//! that reaches nothing it was not given.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Failed, Trial};
+
+use super::{activm_run, std_guests::std_guest, ACTIVM};
+
+/// Installs Debian's redis-tools if `redis-benchmark` is missing.
+fn redis_tools() -> Result<(), Failed> {
+    let have = |tool: &str| Command::new(tool).arg("--version").output().is_ok();
+    if have("redis-benchmark") && have("redis-cli") {
+        return Ok(());
+    }
+    let installed = Command::new("apt-get")
+        .args(["install", "-y", "redis-tools"])
+        .output()
+        .map_err(|e| format!("redis-benchmark is missing and apt-get failed: {e}"))?;
+    if have("redis-benchmark") {
+        Ok(())
+    } else {
+        Err(format!(
+            "redis-benchmark is missing (apt-get install -y redis-tools): {}",
+            String::from_utf8_lossy(&installed.stderr)
+        )
+        .into())
+    }
+}
+
+/// A loopback port nobody listens on now.
+fn free_port() -> Result<u16, Failed> {
+    let probe = TcpListener::bind("127.0.0.1:0")?;
+    Ok(probe.local_addr()?.port())
+}
+
+fn redis_cli(port: u16, args: &[&str]) -> Result<String, Failed> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The guest, killed when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_kv(port: u16, options: &[&str]) -> Result<Server, Failed> {
+    let publish = format!("{port}:6379");
+    let child = Command::new(ACTIVM)
+        .arg("run")
+        .arg(std_guest("std-kv")?)
+        .args(["--publish", &publish, "--timeout", "300"])
+        .args(options)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let server = Server(child);
+    let start = Instant::now();
+    while redis_cli(port, &["ping"])? != "PONG" {
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err("std-kv did not answer PING within 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(server)
+}
+
+fn benchmark_then_round_trip(options: &'static [&'static str]) -> Result<(), Failed> {
+    redis_tools()?;
+    let port = free_port()?;
+    let _server = start_kv(port, options)?;
+    let out = Command::new("redis-benchmark")
+        .args(["-p", &port.to_string()])
+        .args(["-t", "set,get", "-n", "20000", "-c", "50", "-q"])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    if !out.status.success() {
+        return Err(format!("redis-benchmark failed ({}): {text}", out.status).into());
+    }
+    for test in ["SET:", "GET:"] {
+        let done = text
+            .lines()
+            .any(|l| l.trim_start().starts_with(test) && l.contains("requests per second"));
+        if !done {
+            return Err(format!("no {test} result from redis-benchmark:\n{text}").into());
+        }
+    }
+    // The benchmark wrote `key:__rand_int__`; a round trip of our own.
+    if redis_cli(port, &["get", "key:__rand_int__"])?.len() != 3 {
+        return Err("redis-benchmark's SET left no 3-byte value".into());
+    }
+    if redis_cli(port, &["set", "activm", "proxy sockets"])? != "OK" {
+        return Err("SET did not answer OK".into());
+    }
+    let got = redis_cli(port, &["get", "activm"])?;
+    if got != "proxy sockets" {
+        return Err(format!("GET answered {got:?}").into());
+    }
+    if redis_cli(port, &["incr", "n"])? != "1" || redis_cli(port, &["incr", "n"])? != "2" {
+        return Err("INCR does not count".into());
+    }
+    Ok(())
+}
+
+/// `std-kv ping` against a listener of the test's own that answers `+PONG`.
+fn connects_only_where_allowed() -> Result<(), Failed> {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?.to_string();
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut conn, _) = listener.accept()?;
+        let mut request = [0u8; 64];
+        let _ = conn.read(&mut request)?;
+        conn.write_all(b"+PONG\r\n")
+    });
+    activm_run(
+        &std_guest("std-kv")?,
+        &["--allow-connect", &addr],
+        &["ping", &addr],
+    )?
+    .expect_code(0)?
+    .stdout_has(&format!("std-kv: {addr} answered +PONG"))?;
+    server
+        .join()
+        .map_err(|_| "the listener thread panicked")??;
+    // Not allowed: refused by the VMM before any host socket exists.
+    let elsewhere = format!("127.0.0.1:{}", free_port()?);
+    activm_run(
+        &std_guest("std-kv")?,
+        &["--allow-connect", &elsewhere],
+        &["ping", &addr],
+    )?
+    .expect_code(1)?
+    .stdout_has("Permission denied")?;
+    Ok(())
+}
+
+pub fn tests() -> Vec<Trial> {
+    vec![
+        Trial::test("std_kv_serves_redis_benchmark", || {
+            benchmark_then_round_trip(&["--vcpus", "2"])
+        }),
+        Trial::test("std_kv_serves_redis_benchmark_without_activations", || {
+            benchmark_then_round_trip(&["--vcpus", "2", "--no-activations"])
+        }),
+        Trial::test("a_guest_reaches_nothing_unpublished", || {
+            // No --publish: the bind is refused (EACCES).
+            activm_run(&std_guest("std-kv")?, &[], &[])?
+                .expect_code(1)?
+                .stdout_has("cannot listen on port 6379: Permission denied")?;
+            // Another port than the published one: refused as well.
+            let publish = format!("{}:7000", free_port()?);
+            activm_run(&std_guest("std-kv")?, &["--publish", &publish], &["6379"])?
+                .expect_code(1)?
+                .stdout_has("cannot listen on port 6379: Permission denied")?;
+            Ok(())
+        }),
+        Trial::test(
+            "a_guest_connects_only_where_allowed",
+            connects_only_where_allowed,
+        ),
+        Trial::test("publish_and_allow_connect_are_checked", || {
+            let out = Command::new(ACTIVM)
+                .arg("run")
+                .arg(std_guest("std-kv")?)
+                .args(["--allow-connect", "10.0.0.1:80"])
+                .output()?;
+            let err = String::from_utf8_lossy(&out.stderr);
+            if out.status.code() != Some(2) || !err.contains("only loopback addresses") {
+                return Err(format!("{:?}: {err}", out.status.code()).into());
+            }
+            Ok(())
+        }),
+    ]
+}

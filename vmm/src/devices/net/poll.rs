@@ -1,0 +1,187 @@
+//! The readiness side of guest sockets: one-shot epoll registrations, the guest's net thread,
+//! and publishing `(tag, events)` into its `NetRing` (the block ring's protocol).
+
+use std::io;
+use std::mem::offset_of;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Weak};
+
+use protocol::net::*;
+
+use super::{errno, Sock, Table};
+use crate::guest::Guest;
+use crate::vm::Outcome;
+
+/// (Re-)register `sock` for what its tags wait for, one-shot.
+pub(super) fn epoll_update(epoll: &OwnedFd, sock: &mut Sock, data: u64) -> Result<(), i32> {
+    let Some(fd) = &sock.fd else {
+        return Err(libc::ENOTCONN);
+    };
+    let mut events = libc::EPOLLONESHOT as u32 | libc::EPOLLRDHUP as u32;
+    if sock.read_tag.is_some() {
+        events |= libc::EPOLLIN as u32;
+    }
+    if sock.write_tag.is_some() {
+        events |= libc::EPOLLOUT as u32;
+    }
+    let mut ev = libc::epoll_event { events, u64: data };
+    let op = if sock.in_epoll {
+        libc::EPOLL_CTL_MOD
+    } else {
+        libc::EPOLL_CTL_ADD
+    };
+    // SAFETY: both descriptors are live; `ev` is a valid event.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd.as_raw_fd(), &mut ev) } < 0 {
+        return Err(errno());
+    }
+    sock.in_epoll = true;
+    Ok(())
+}
+
+/// Queue `(tag, events)` for the ring (the caller publishes with [`publish`]).
+pub(super) fn post(table: &mut Table, tag: u32, events: u64) {
+    table.waiting[tag as usize / 64] &= !(1u64 << (tag % 64));
+    PENDING.with(|p| p.borrow_mut().push((tag, events)));
+}
+
+thread_local! {
+    /// Completions taken under the table's lock, published before it is released.
+    static PENDING: std::cell::RefCell<Vec<(u32, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Write the queued completions into the guest's ring (under the table's lock); how many.
+fn publish(table: &mut Table, guest: &Guest) -> usize {
+    let pending: Vec<(u32, u64)> = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    let Some(ring) = table.ring else { return 0 };
+    for &(tag, events) in &pending {
+        let head = table.head;
+        let tail = guest
+            .ram
+            .read_bytes(ring + offset_of!(NetRing, tail) as u64, 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+        let written = tail.map_err(|e| e.to_string()).and_then(|tail| {
+            if head.wrapping_sub(tail) as usize >= NET_RING_CAPACITY {
+                return Err(format!(
+                    "the guest corrupted its net ring: no room (head {head}, tail {tail})"
+                ));
+            }
+            let slot = head as usize % NET_RING_CAPACITY;
+            let entry = ring
+                + offset_of!(NetRing, entries) as u64
+                + (slot * std::mem::size_of::<NetCompletion>()) as u64;
+            guest
+                .ram
+                .write_struct(
+                    entry,
+                    &NetCompletion {
+                        tag: u64::from(tag),
+                        events,
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+            fence(Ordering::Release);
+            guest
+                .ram
+                .write_u32(
+                    ring + offset_of!(NetRing, head) as u64,
+                    head.wrapping_add(1),
+                )
+                .map_err(|e| e.to_string())
+        });
+        if let Err(why) = written {
+            guest.finish(Outcome::fault(0, why));
+            return 0;
+        }
+        table.head = head.wrapping_add(1);
+    }
+    pending.len()
+}
+
+/// Publish what `close` queued (on a vCPU thread, after a net call).
+pub fn after_call(guest: &Guest) {
+    if PENDING.with(|p| p.borrow().is_empty()) {
+        return;
+    }
+    if let Some(net) = &guest.net {
+        let posted = publish(&mut net.lock(), guest);
+        if posted > 0 {
+            fence(Ordering::SeqCst);
+            crate::devices::blk_async::wake_one_idle(guest);
+        }
+    }
+}
+
+/// Start the guest's net thread (before the sandbox closes): it waits in `epoll_wait` and
+/// posts readiness.
+pub fn spawn_thread(guest: &Arc<Guest>) -> io::Result<()> {
+    if guest.net.is_none() {
+        return Ok(());
+    }
+    let weak = Arc::downgrade(guest);
+    std::thread::Builder::new()
+        .name(format!("g{}-net", guest.id))
+        .spawn(move || {
+            crate::sandbox::enter(crate::sandbox::ThreadKind::Net);
+            net_thread(&weak)
+        })
+        .map(|_| ())
+}
+
+fn net_thread(weak: &Weak<Guest>) {
+    let epoll = match weak
+        .upgrade()
+        .and_then(|g| g.net.as_ref().map(|n| n.epoll.as_raw_fd()))
+    {
+        // Kept open by `Net` while the guest lives; a dup would outlive it.
+        Some(fd) => fd,
+        None => return,
+    };
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
+    loop {
+        // SAFETY: `events` holds 64 entries; a closed `epoll` makes this fail and the loop end.
+        let n = unsafe { libc::epoll_pwait(epoll, events.as_mut_ptr(), 64, 200, std::ptr::null()) };
+        let Some(guest) = weak.upgrade() else { return };
+        if guest.outcome().is_some() {
+            return;
+        }
+        if n < 0 {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        let Some(net) = &guest.net else { return };
+        let mut table = net.lock();
+        for ev in &events[..n as usize] {
+            let (data, bits) = (ev.u64, u64::from(ev.events));
+            let s = (data & 0xffff_ffff) as usize;
+            let Some(Some(sock)) = table.socks.get_mut(s) else {
+                continue;
+            };
+            if sock.generation != (data >> 32) as u32 {
+                continue;
+            }
+            let bad = NET_ERROR | NET_HANGUP;
+            let mut ready = Vec::new();
+            if bits & (NET_READABLE | bad | libc::EPOLLRDHUP as u64) != 0 {
+                ready.extend(sock.read_tag.take());
+            }
+            if bits & (NET_WRITABLE | bad) != 0 {
+                ready.extend(sock.write_tag.take());
+            }
+            if sock.read_tag.is_some() || sock.write_tag.is_some() {
+                let _ = epoll_update(&net.epoll, sock, data);
+            }
+            for tag in ready {
+                post(&mut table, tag, bits & 0x1f);
+            }
+        }
+        let posted = publish(&mut table, &guest);
+        drop(table);
+        if posted > 0 {
+            fence(Ordering::SeqCst);
+            crate::devices::blk_async::wake_one_idle(&guest);
+        }
+    }
+}
