@@ -34,7 +34,7 @@ const HOST_PACKAGES: &[&str] = &[
 const RUST_TARGET: &str = "aarch64-unknown-linux-gnu";
 const CROSS_GCC: &str = "aarch64-linux-gnu-gcc";
 /// Guest apps that build for aarch64 so far.
-pub const APPS: &[&str] = &["demo", "archcheck"];
+pub const APPS: &[&str] = &["demo", "archcheck", "rt-demo", "rt-tests"];
 /// Whole QEMU run (boot + every case) under TCG on a shared machine.
 const QEMU_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -91,12 +91,74 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "rt-demo-1-noact",
+            command: "/activm run /guests/rt-demo --vcpus 1 --no-activations --stats -- 4 2000"
+                .into(),
+            status: 0,
+            expect: vec![
+                "4 threads x 2000 increments on 1 vCPUs: total 8000 (expected 8000)".into(),
+            ],
+        },
+        Case {
+            name: "rt-demo-2-noact",
+            command: "/activm run /guests/rt-demo --vcpus 2 --no-activations --stats -- 6 2000"
+                .into(),
+            status: 0,
+            expect: vec![
+                "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
+            ],
+        },
+        Case {
+            name: "rt-tests-1-noact",
+            command: "/activm run /guests/rt-tests --vcpus 1 --no-activations --timeout 150".into(),
+            status: 0,
+            expect: rt_tests_no_activations(),
+        },
+        Case {
+            name: "rt-tests-2-noact",
+            command: "/activm run /guests/rt-tests --vcpus 2 --no-activations --timeout 150".into(),
+            status: 0,
+            expect: rt_tests_no_activations(),
+        },
+        Case {
+            name: "rt-demo-2",
+            command: "/activm run /guests/rt-demo --vcpus 2 --stats --timeout 60 -- 6 2000".into(),
+            status: 0,
+            expect: vec![
+                "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
+            ],
+        },
+        Case {
+            name: "rt-tests-2",
+            command: "/activm run /guests/rt-tests --vcpus 2 --stats --timeout 150".into(),
+            status: 0,
+            expect: vec![
+                "test random-preemption ... ok".into(),
+                "test condvar-timeout ... ok".into(),
+                " passed, 0 failed".into(),
+            ],
+        },
+        Case {
             name: "archcheck-fault",
             command: "/activm run /guests/archcheck -- fault".into(),
             status: 125,
             expect: vec!["synchronous exception from EL0 on vCPU 0: data abort".into()],
         },
     ]
+}
+
+/// What `rt-tests --no-activations` must print (as on x86_64).
+fn rt_tests_no_activations() -> Vec<String> {
+    [
+        "test upcall-preempted ... ok",
+        "test upcall-continuation ... ok",
+        "test upcall-blocked ... ok",
+        "test condvar-timeout ... ok",
+        // ud-retry-decoder (x86_64 instructions) is skipped.
+        "23 passed, 0 failed",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// Why the run could not happen (reported as SKIPPED), or a real failure.

@@ -73,7 +73,7 @@ pub use signal::{set_signal_handler, set_user_hook, LAST_SIGNAL};
 pub use stacks::{release_act_stack, release_retired_stack, reserve_spare_stacks};
 
 /// The runtime's private vector for the simulated VMM (`sim`).
-pub const VECTOR_SIM: u8 = 0x41;
+pub const VECTOR_SIM: u8 = crate::arch::cpu::SIM_IRQ;
 
 /// Called first by the runtime's timer and simulated-VMM handlers (nothing without the
 /// simulated VMM).

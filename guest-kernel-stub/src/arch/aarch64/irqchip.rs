@@ -11,6 +11,7 @@ use protocol::arch::aarch64::{
 const GICD_CTLR: u64 = 0x0000;
 const GICD_IGROUPR: u64 = 0x0080;
 const GICD_ISENABLER: u64 = 0x0100;
+const GICD_ISPENDR: u64 = 0x0200;
 const GICD_ICFGR: u64 = 0x0C00;
 const GICD_IROUTER: u64 = 0x6000;
 /// GICD_CTLR: EnableGrp1 (non-secure view, single security state) and ARE.
@@ -75,6 +76,25 @@ pub(crate) fn enable() {
 }
 
 static GIC_LOCK: crate::sync::SpinLock<()> = crate::sync::SpinLock::new(());
+
+/// Enables SGI `intid` (0..16, group 1) on this vCPU, for a layer above's own SGIs.
+pub fn enable_sgi(intid: u32) {
+    let redist = GICR_BASE + u64::from(super::percpu::vcpu_id()) * GICR_STRIDE;
+    let bit = 1 << (intid & 0xf);
+    // The redistributor is this vCPU's own: nobody else writes its group register.
+    write32(redist + GICR_IGROUPR0, read32(redist + GICR_IGROUPR0) | bit);
+    write32(redist + GICR_ISENABLER0, bit);
+}
+
+/// Makes vCPU `vcpu`'s upcall SPI pending, as the VMM's `KVM_IRQ_LINE` does (one EL0 write of
+/// the distributor's set-pending register; no exit).
+pub fn raise_upcall(vcpu: u32) {
+    let spi = upcall_intid(vcpu);
+    write32(
+        GICD_BASE + GICD_ISPENDR + u64::from(spi / 32) * 4,
+        1 << (spi % 32),
+    );
+}
 
 /// Sends SGI `intid` (0..16) to vCPU `vcpu`: `svc #1` (ICC_SGI1R_EL1 is EL1-only).
 pub fn send_sgi(vcpu: u32, intid: u32) {

@@ -98,6 +98,9 @@ pub fn rdtsc() -> u64 {
     activm_stub::rdtsc()
 }
 
+/// The runtime's private vector for its simulated VMM (`upcall::sim`).
+pub const SIM_IRQ: u8 = 0x41;
+
 /// Programs this vCPU's APIC timer for one-shot interrupts on the runtime's timer vector.
 pub fn init_timer() {
     activm_stub::lapic::setup_oneshot_timer(TIMER_IRQ);

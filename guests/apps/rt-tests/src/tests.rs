@@ -810,6 +810,9 @@ fn park_unpark() -> TestResult {
 /// Which `#UD`s the exception handler retries: only valid FP/SSE control loads.
 fn ud_retry_decoder() -> TestResult {
     use activm_rt::fault::fp_control_load;
+    if cfg!(not(target_arch = "x86_64")) {
+        return Err("skipped: decodes x86_64 instructions".into());
+    }
     let cases: [([u8; 4], bool, &str); 9] = [
         ([0x0f, 0xae, 0x14, 0x24], true, "ldmxcsr (%rsp)"),
         ([0xd9, 0x6c, 0x24, 0x04], true, "fldcw 4(%rsp)"),
@@ -844,7 +847,7 @@ fn fp_preemption() -> TestResult {
                 let mut vcpu = rt::vcpu();
                 let mut x = 1.0f64;
                 for round in 0..40 {
-                    st.hold(50_000);
+                    st.hold(crate::regs::HOLD_SPINS);
                     st.check()
                         .map_err(|e| format!("thread {seed} round {round}: {e}"))?;
                     x = black_box(x * 1.000_001 + 1e-9);

@@ -1,0 +1,43 @@
+//! CPU exceptions (aarch64): what the runtime's exception handler would read from the stub's
+//! frame. The stub does not deliver exceptions at EL0 yet (they end the guest with the VMM's
+//! report, which names the exception class, ELR and FAR), so these only serve the shared code.
+
+use activm_stub::ExceptionFrame;
+
+/// ESR_EL1 exception class of a data abort from a lower exception level.
+const EC_DATA_ABORT_LOWER: u64 = 0x24;
+
+/// The exception's class (ESR_EL1.EC, for messages).
+pub fn number(frame: &ExceptionFrame) -> u64 {
+    frame.esr >> 26
+}
+
+/// The address a data abort was about, if the exception is one.
+pub fn page_fault_address(frame: &ExceptionFrame) -> Option<u64> {
+    (number(frame) == EC_DATA_ABORT_LOWER).then_some(frame.far)
+}
+
+/// The faulting instruction's address.
+pub fn pc(frame: &ExceptionFrame) -> u64 {
+    frame.pc
+}
+
+/// The stack pointer at the fault.
+pub fn sp(frame: &ExceptionFrame) -> u64 {
+    frame.sp
+}
+
+/// The faulting-address register (diagnostics: meaningful for aborts only).
+pub fn fault_address(frame: &ExceptionFrame) -> u64 {
+    frame.far
+}
+
+/// x86_64 retries spurious faults of FP control loads; aarch64 has none.
+pub fn fp_control_fault(_frame: &ExceptionFrame, _readable: impl Fn(u64) -> bool) -> Option<u64> {
+    None
+}
+
+/// No aarch64 instruction is treated as a spurious FP-control fault.
+pub fn fp_control_load(_b: [u8; 4]) -> bool {
+    false
+}
