@@ -2,10 +2,11 @@
 //! re-exported here: `cpu` (per-vCPU words, time, timer, IPIs), `context` (switches, new threads,
 //! full contexts and their accessors), `rseq` (restartable sequences), `entry` (a new
 //! activation's first instructions), `fault` (reading a CPU exception's frame), and the protocol's context type and interrupt vectors.
-//! `current` is the architecture being built; `aarch64/mod.rs` holds the plan of its port.
+//! `current` is the architecture being built; `word` (the per-vCPU words' layout) is shared by both.
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
+mod word;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;
 

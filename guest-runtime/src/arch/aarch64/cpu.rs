@@ -13,29 +13,7 @@ use activm_stub::arch::aarch64::percpu::{self, HOLD_OFFSET, PENDING_OFFSET, RT_O
 use activm_stub::protocol::arch::aarch64::UPCALL_IRQ;
 use core::sync::atomic::{AtomicU64, Ordering};
 
-/// A runtime word of the per-vCPU block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(usize)]
-pub enum Word {
-    /// `*const Pcpu`: the runtime's per-vCPU structure (run queue, caches).
-    Pcpu = 0,
-    /// `*const Tcb` of the thread running on this vCPU; 0 while the scheduler runs.
-    Current = 1,
-    /// 1 while this vCPU runs scheduler code (its activation stack), or is between
-    /// `switch_out` and `switch_in`: interrupt handlers must not switch threads.
-    InSched = 2,
-    /// Top of this activation's stack, where the scheduler starts afresh.
-    SchedTop = 3,
-    /// Counter deadline the one-shot timer is armed for; 0 = not armed.
-    Armed = 4,
-    /// Id of the activation now running on this vCPU.
-    Activation = 5,
-    /// 1 while the scheduler idles with nothing in flight (a preempted context taken here can
-    /// be dropped).
-    SchedIdle = 6,
-    /// `*const VcpuArea`: this vCPU's part of the activation shared area.
-    Area = 7,
-}
+pub use crate::arch::word::Word;
 
 /// Offset of `word` in the per-vCPU block (for assembly).
 pub const fn offset(word: Word) -> usize {
