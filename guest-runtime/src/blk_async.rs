@@ -77,17 +77,25 @@ static CONSUMER: SpinLock<()> = SpinLock::new(());
 
 /// Whether the ring is in use; sets it up on the first call.
 fn async_on() -> bool {
-    match MODE.load(Ordering::Acquire) {
-        ON => return true,
-        OFF | DECIDING => return false,
-        _ => {}
-    }
-    if MODE
-        .compare_exchange(UNDECIDED, DECIDING, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        // Another thread decides: this request takes the synchronous path.
-        return MODE.load(Ordering::Acquire) == ON;
+    loop {
+        match MODE.load(Ordering::Acquire) {
+            ON => return true,
+            OFF => return false,
+            // Another thread decides (two hypercalls): wait for its answer rather than take
+            // the synchronous path, which blocks this vCPU in the VMM.
+            DECIDING => {
+                sched::yield_current();
+                core::hint::spin_loop();
+            }
+            _ => {
+                if MODE
+                    .compare_exchange(UNDECIDED, DECIDING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    break;
+                }
+            }
+        }
     }
     ring()
         .nudge_us
