@@ -106,7 +106,7 @@ fuzz_target!(|data: &[u8]| {
         | Call::VcpuStop
         | Call::Halt
         | Call::SaEnable
-        | Call::SaYield
+        | Call::SaYield { .. }
         | Call::SaPreempt { .. } => {}
         // The asynchronous queue keeps its state in a live guest (`Arc<Guest>`, a VM): only
         // its decoding is fuzzed here; its requests' checks are `Disk::check`, as above.
