@@ -2,10 +2,12 @@
 //! re-exported here: `cpu` (per-vCPU words, time, timer, IPIs), `context` (switches, new threads,
 //! full contexts and their accessors), `rseq` (restartable sequences), `entry` (a new
 //! activation's first instructions), `fault` (reading a CPU exception's frame), and the protocol's context type and interrupt vectors.
-//! `current` is the architecture being built; `word` (the per-vCPU words' layout) is shared by both.
+//! `current` is the architecture being built; `word` (the per-vCPU words' layout) and `sequences`
+//! (the restartable sequences' Rust wrappers) are shared by both.
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
+mod sequences;
 mod word;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;

@@ -13,7 +13,6 @@ use activm_stub::protocol::shared::{UpcallRecord, VcpuArea, UPCALL_QUEUE_CAPACIT
 
 use super::cpu::{offset, Word};
 use crate::percpu::{Pcpu, RQ_CAP};
-use crate::tcb::Tcb;
 
 const _: () = assert!(RQ_CAP.is_power_of_two());
 const _: () = assert!(size_of::<UpcallRecord>().is_multiple_of(8));
@@ -172,78 +171,4 @@ core::arch::global_asm!(
     rec_words = const size_of::<UpcallRecord>() / 8,
 );
 
-extern "C" {
-    fn __rt_rq_push(t: *const u8) -> bool;
-    fn __rt_rq_pop() -> *const u8;
-    fn __rt_take_record(dst: *mut UpcallRecord) -> bool;
-    fn __rt_idle_halt();
-    fn __rt_probe_increment(spins: u64);
-    static __rt_rseq_table: [RseqEntry; 0];
-    static __rt_rseq_table_end: [RseqEntry; 0];
-}
-
-/// One registered sequence.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct RseqEntry {
-    start: u64,
-    end: u64,
-    abort: u64,
-}
-
-fn table() -> &'static [RseqEntry] {
-    let start = core::ptr::addr_of!(__rt_rseq_table) as *const RseqEntry;
-    let end = core::ptr::addr_of!(__rt_rseq_table_end) as *const RseqEntry;
-    // SAFETY: the assembly above emits the entries contiguously between the two labels.
-    unsafe { core::slice::from_raw_parts(start, end.offset_from(start) as usize) }
-}
-
-/// If `rip` is inside a restartable sequence (not yet committed), the address to continue at
-/// instead.
-#[inline]
-pub fn fixup(rip: u64) -> Option<u64> {
-    table()
-        .iter()
-        .find(|e| e.start <= rip && rip < e.end)
-        .map(|e| e.abort)
-}
-
-/// Pushes `t` on this vCPU's run queue; false if the ring is full.
-///
-/// # Safety
-/// `t` is a live TCB that is runnable and in no queue; the runtime's per-vCPU word is set.
-#[inline(always)]
-pub unsafe fn rq_push(t: *const Tcb) -> bool {
-    // SAFETY: the caller guarantees `t`; the sequence only touches this vCPU's ring.
-    unsafe { __rt_rq_push(t as *const u8) }
-}
-
-/// Pops the oldest thread of this vCPU's run queue (null if empty).
-#[inline(always)]
-pub fn rq_pop() -> *const Tcb {
-    // SAFETY: the sequence only touches this vCPU's ring, set up before any thread runs.
-    unsafe { __rt_rq_pop() as *const Tcb }
-}
-
-/// Takes the next record of this vCPU's upcall queue into `dst`; false if it is empty.
-#[inline]
-pub fn take_record(dst: &mut UpcallRecord) -> bool {
-    // SAFETY: `dst` is a whole record; the sequence reads this vCPU's queue in the shared area.
-    unsafe { __rt_take_record(dst) }
-}
-
-/// Sleeps (`wfi` at EL0: KVM blocks the vCPU, no exit) until an interrupt, unless work is
-/// already pending.
-#[inline]
-pub fn idle_halt() {
-    // SAFETY: the sequence reads this vCPU's pending word and waits; it clobbers only
-    // caller-saved registers, as the C ABI allows.
-    unsafe { __rt_idle_halt() }
-}
-
-/// Adds one to this vCPU's probe counter with a body of `spins` `yield`s (for tests).
-#[inline(never)]
-pub fn probe_increment(spins: u64) {
-    // SAFETY: only this vCPU's probe counter is written.
-    unsafe { __rt_probe_increment(spins.max(1)) }
-}
+pub use crate::arch::sequences::{fixup, idle_halt, probe_increment, rq_pop, rq_push, take_record};
