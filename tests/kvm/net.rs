@@ -5,30 +5,45 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Failed, Trial};
 
 use super::{activm_run, std_guests::std_guest, ACTIVM};
 
-/// Installs Debian's redis-tools if `redis-benchmark` is missing.
+/// Installs Debian's redis-tools if `redis-benchmark` is missing: once per test process (the
+/// tests that need it run in parallel, and two `apt-get`s at once fight over dpkg's lock), and
+/// again while another process holds that lock, for up to a minute.
 fn redis_tools() -> Result<(), Failed> {
+    static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
+    INSTALLED
+        .get_or_init(install_redis_tools)
+        .clone()
+        .map_err(Failed::from)
+}
+
+fn install_redis_tools() -> Result<(), String> {
     let have = |tool: &str| Command::new(tool).arg("--version").output().is_ok();
-    if have("redis-benchmark") && have("redis-cli") {
-        return Ok(());
-    }
-    let installed = Command::new("apt-get")
-        .args(["install", "-y", "redis-tools"])
-        .output()
-        .map_err(|e| format!("redis-benchmark is missing and apt-get failed: {e}"))?;
-    if have("redis-benchmark") {
-        Ok(())
-    } else {
-        Err(format!(
-            "redis-benchmark is missing (apt-get install -y redis-tools): {}",
-            String::from_utf8_lossy(&installed.stderr)
-        )
-        .into())
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if have("redis-benchmark") && have("redis-cli") {
+            return Ok(());
+        }
+        let installed = Command::new("apt-get")
+            .args(["install", "-y", "redis-tools"])
+            .output()
+            .map_err(|e| format!("redis-benchmark is missing and apt-get failed: {e}"))?;
+        let stderr = String::from_utf8_lossy(&installed.stderr);
+        if have("redis-benchmark") {
+            return Ok(());
+        }
+        if !stderr.contains("lock") || Instant::now() >= deadline {
+            return Err(format!(
+                "redis-benchmark is missing (apt-get install -y redis-tools): {stderr}"
+            ));
+        }
+        std::thread::sleep(Duration::from_secs(2));
     }
 }
 
