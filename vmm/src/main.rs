@@ -8,157 +8,11 @@ use std::time::Duration;
 use activm::config::{self, GuestSpec, Key, Machine, Source};
 use activm::console::{self, ConsoleBuffer};
 use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use serde_json::json;
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "activm",
-    version,
-    about = "A KVM virtual machine monitor whose vCPUs are scheduler activations"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Boot one or more guest ELFs on a shared budget of physical CPUs and run them to their end.
-    ///
-    /// Exit status: the guest's exit code (with several guests: 0 if all exited 0, else the
-    /// first failing guest's status); 101 if a guest panicked; 125 if it faulted or broke the
-    /// hypercall protocol (the report and registers go to stderr); 124 on --timeout; 128+N when
-    /// stopped by signal N; 159 if a VMM thread made a system call its seccomp filter forbids
-    /// (docs/security.md); 1 if activm could not start it (bad image, no KVM, bad options, a
-    /// --ctl path holding anything but a stale socket);
-    /// 2 for usage errors (with --config: also a file that cannot be read, is not TOML, has an
-    /// unknown key, a value of the wrong type, a guest without an image or no guest; values
-    /// of the right type get the status they get as flags).
-    Run(Box<RunArgs>),
-    /// Talk to a running activm through its control socket (see `activm run --ctl`).
-    Ctl(CtlArgs),
-}
-
-#[derive(clap::Args, Debug)]
-struct RunArgs {
-    /// The guest images: static x86_64 ELFs built against activm's guest stub. Every guest
-    /// gets the same options and arguments (per-guest settings: --config). A lone GUEST whose
-    /// name ends in .toml is read as --config GUEST.
-    #[arg(required_unless_present = "config", value_name = "GUEST")]
-    guests: Vec<PathBuf>,
-    /// Read the guests and the machine-wide settings from a TOML file.
-    ///
-    /// At the top, the machine-wide keys, as the flags: pcpus, quantum (ms), chaos (seed),
-    /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), host_sched. Then one
-    /// [[guest]] table per guest: image (required), name (its label in output, --stats and
-    /// `activm ctl`),
-    /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only, mounts
-    /// (an array of "HOSTDIR:GUESTDIR[:ro]"),
-    /// thread_stack, thread_stacks. Sizes are numbers of bytes or strings like "256M"; paths
-    /// are relative to the file's directory. Unknown keys are errors.
-    ///
-    /// Machine-wide flags given with --config (--pcpus, --quantum, --chaos, --timeout, --stats,
-    /// --boot-timing, --trace, --ctl, --io-latency, --host-sched) override the file. Per-guest
-    /// ones (GUEST, --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
-    /// --thread-stacks, GUEST_ARGS) are refused: set them in the [[guest]] tables.
-    #[arg(long, value_name = "FILE.toml")]
-    config: Option<PathBuf>,
-    /// Number of vCPUs per guest (1 to 64; more than host cores is fine).
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    vcpus: u32,
-    /// Guest RAM, a multiple of 2 MiB: bytes or with a K/M/G suffix.
-    #[arg(long, default_value = "256M", value_name = "SIZE", value_parser = config::parse_size)]
-    mem: u64,
-    /// Physical CPUs shared by all guests (default: every host CPU).
-    #[arg(long, value_name = "N")]
-    pcpus: Option<usize>,
-    /// The allocator's time slice, in milliseconds.
-    #[arg(long, default_value_t = 10.0, value_name = "MS")]
-    quantum: f64,
-    /// Oblivious mode: no upcalls; vCPUs are time-sliced behind the guests' backs.
-    #[arg(long)]
-    no_activations: bool,
-    /// Host-scheduled, as plain KVM: no allocator, every vCPU thread is left to the host's
-    /// scheduler (Linux). Implies --no-activations for every guest; --pcpus and --quantum do
-    /// not apply. To confine activm to some host CPUs, run it under `taskset -c LIST`.
-    #[arg(long, conflicts_with = "chaos")]
-    host_sched: bool,
-    /// Report process start → first guest instruction → guest main on stderr.
-    #[arg(long)]
-    boot_timing: bool,
-    /// Print per-guest counts (upcalls by type, preemptions, exits) and latencies on stderr.
-    #[arg(long)]
-    stats: bool,
-    /// Write vCPU state changes, upcalls and hypercalls as Chrome trace-event JSON.
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    /// Serve the control socket (JSON lines over a Unix socket) at this path.
-    #[arg(long, value_name = "SOCKET")]
-    ctl: Option<PathBuf>,
-    /// Chaos testing: change the budget of physical CPUs (1 to --pcpus) to a random value every
-    /// 100 us - 2 ms, from this seed, so processors are revoked and granted all the time.
-    #[arg(long, value_name = "SEED")]
-    chaos: Option<u64>,
-    /// Usable size of each guard-paged thread stack the VMM maps for the guest runtime.
-    #[arg(long, default_value = "124K", value_name = "SIZE", value_parser = config::parse_size)]
-    thread_stack: u64,
-    /// Number of guard-paged thread stacks (default: as many as fit in a quarter of RAM,
-    /// at most 256 MiB and 4096).
-    #[arg(long, value_name = "N")]
-    thread_stacks: Option<u32>,
-    /// A disk image (a file of whole 512-byte sectors) for the guest's block device. Give it
-    /// once per guest, in guest order; one image is shared by several guests only with
-    /// --disk-read-only. The image is locked while activm runs.
-    #[arg(long, value_name = "IMAGE")]
-    disk: Vec<PathBuf>,
-    /// Map the host directory HOSTDIR at GUESTDIR (absolute) in every guest, for std::fs
-    /// (repeatable). Nothing outside HOSTDIR is reachable (`..`, symbolic links leading out
-    /// are refused). With `:ro`, writes fail with EROFS.
-    #[arg(long, value_name = "HOSTDIR:GUESTDIR[:ro]", value_parser = activm::devices::fs_path::parse_mount)]
-    mount: Vec<activm::devices::fs_path::MountConfig>,
-    /// Attach the disks read-only (writes fail with BLK_ERR_READ_ONLY).
-    #[arg(long)]
-    disk_read_only: bool,
-    /// Emulate a slow device: every disk read and write takes at least this long, and blocks
-    /// the vCPU in the VMM (BLOCKED / UNBLOCKED upcalls). At most 10 s.
-    #[arg(long, default_value_t = 0, value_name = "MICROSECONDS")]
-    io_latency: u64,
-    /// Publish a guest port: a guest listening on GUESTPORT is reached at 127.0.0.1:HOSTPORT
-    /// (repeatable; with several guests, the first guest's). Guests reach nothing otherwise.
-    #[arg(long, value_name = "HOSTPORT:GUESTPORT")]
-    publish: Vec<String>,
-    /// Let the guest connect to this loopback HOST:PORT (repeatable; the first guest's).
-    #[arg(long, value_name = "HOST:PORT")]
-    allow_connect: Vec<String>,
-    /// Stop the guests after this many seconds (exit status 124).
-    #[arg(long, value_name = "SECONDS")]
-    timeout: Option<f64>,
-    /// Debugging: run without the seccomp filters and the Landlock rules (docs/security.md).
-    #[arg(long)]
-    no_sandbox: bool,
-    /// Arguments passed to the guests.
-    #[arg(last = true, value_name = "GUEST_ARGS")]
-    args: Vec<String>,
-}
-
-#[derive(clap::Args, Debug)]
-struct CtlArgs {
-    /// The control socket of a running `activm run --ctl SOCKET`.
-    socket: PathBuf,
-    #[command(subcommand)]
-    action: CtlAction,
-}
-
-#[derive(Subcommand, Debug)]
-enum CtlAction {
-    /// List the guests and the state of every vCPU.
-    List,
-    /// Change the number of physical CPUs shared by all guests.
-    SetPcpus { pcpus: u64 },
-    /// Cap how many vCPUs guest GUEST (an id from `list`) may run at once.
-    SetVcpus { guest: u64, vcpus: u64 },
-}
+mod cli;
+use cli::{Cli, Command, CtlAction, CtlArgs, RunArgs};
 
 /// How long the end of a run waits for console output that makes no progress.
 const CONSOLE_PATIENCE: Duration = Duration::from_secs(2);
@@ -513,6 +367,7 @@ fn ctl(args: CtlArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     #[test]
     fn cli_parses_guests_and_guest_args() {
