@@ -61,6 +61,17 @@ impl Processors {
     }
 }
 
+impl Processors {
+    /// Kick vCPU `victim` at `at` (see [`Allocator::yield_until`]).
+    pub fn kick_at(&self, (guest, vcpu): (GuestId, usize), at: std::time::Instant) -> bool {
+        let table = self.controls.read().unwrap_or_else(|e| e.into_inner());
+        table
+            .get(guest)
+            .and_then(|g| g.get(vcpu))
+            .is_some_and(|control| control.kick_at(at))
+    }
+}
+
 /// Per-guest counters for `--stats`.
 #[derive(Debug, Default)]
 pub struct GuestStats {

@@ -28,6 +28,10 @@ pub struct VcpuControl {
     /// The guest halted (`halt` hypercall) and has not run an instruction since as far as the
     /// VMM knows: KVM may still hold the vCPU halted.
     pub(crate) maybe_halted: AtomicBool,
+    /// A timer that kicks this vCPU's thread, for other threads to arm: the thread of a running
+    /// vCPU is the one that can act at once when a yielded vCPU's wake-up time comes
+    /// ([`Allocator::yield_until`](crate::allocator::Allocator::yield_until)).
+    wake_timer: OnceLock<KickTimer>,
 }
 
 /// Indices into `VcpuControl::exits`.
@@ -41,6 +45,24 @@ impl VcpuControl {
         KVM_RUN_PTR.with(|p| p.set(run));
         // SAFETY: pthread_self has no preconditions.
         let _ = self.thread.set(unsafe { libc::pthread_self() });
+        if let Some(timer) = KickTimer::new() {
+            let _ = self.wake_timer.set(timer);
+        }
+    }
+
+    /// Kick this vCPU's thread at `at` (re-arming replaces an earlier time); a time a second or
+    /// more away is not armed. Says whether it was armed.
+    pub(crate) fn kick_at(&self, at: std::time::Instant) -> bool {
+        let micros = at
+            .saturating_duration_since(std::time::Instant::now())
+            .as_micros();
+        match self.wake_timer.get() {
+            Some(timer) if micros < 1_000_000 => {
+                timer.arm((micros as i64).max(1));
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The vCPU thread is done with its `kvm_run`.
@@ -110,9 +132,17 @@ pub fn install_kick_handler() -> Result<(), crate::error::Error> {
     result
 }
 
-/// A per-thread one-shot timer that kicks this thread: used to run a vCPU forward a few
-/// microseconds at a time until it is back at CPL3.
+/// A one-shot timer that kicks the thread that created it: used to run a vCPU forward a few
+/// microseconds at a time until it is back at CPL3, and to wake a yielded vCPU on time.
+#[derive(Debug)]
 pub(crate) struct KickTimer(libc::timer_t);
+
+// SAFETY: a `timer_t` is a process-wide timer id, not a pointer to thread-local state; the
+// kernel serialises `timer_settime` calls on one timer from any thread, and the timer is
+// deleted only on drop, when no other reference can exist.
+unsafe impl Send for KickTimer {}
+// SAFETY: as above: `arm` from several threads at once is a race on the expiry time only.
+unsafe impl Sync for KickTimer {}
 
 impl KickTimer {
     pub(crate) fn new() -> Option<KickTimer> {

@@ -81,12 +81,13 @@ pub fn render(guest: &Guest) -> String {
     }
     let _ = write!(
         out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer={}) deferred={} waits for an upcall stack={} canceled activations={}",
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}) deferred={} waits for an upcall stack={} canceled activations={}",
         n(&s.preemptions),
         n(&s.deschedules),
         n(&s.run_forwards),
         n(&s.yields),
         n(&s.yield_wakes),
+        guest.procs.alloc.view(guest.id).wakes_fired,
         n(&s.deferrals),
         n(&s.stack_waits),
         n(&s.canceled)

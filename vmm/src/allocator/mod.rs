@@ -12,6 +12,7 @@
 //! allocator marks the vCPU `Revoking` and returns it from [`Allocator::rebalance`] for the
 //! caller to kick; the vCPU thread hands its state over and calls [`Allocator::release`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -124,6 +125,9 @@ struct GuestState {
     wake: Vec<Arc<Condvar>>,
     /// Served before the others ([`tiered_shares`]).
     latency_critical: bool,
+    /// Timed wake-ups of this guest's yielded vCPUs carried out on another guest's running
+    /// vCPU thread ([`Allocator::fire_due_wakes`]).
+    wakes_fired: u64,
 }
 
 impl GuestState {
@@ -177,6 +181,9 @@ struct State {
     prefer_new: Option<(GuestId, usize)>,
     /// Threads in [`Allocator::wait_settled`].
     settle_waiters: usize,
+    /// Yielded vCPUs of latency-critical guests and when they want a processor again
+    /// ([`Allocator::yield_until`]).
+    timed_wakes: Vec<(Instant, GuestId, usize)>,
 }
 
 /// The processor allocator (see the module comment).
@@ -186,6 +193,8 @@ pub struct Allocator {
     /// Signalled when a grant is picked up or a revoked processor comes back, for
     /// [`Allocator::wait_settled`].
     settling: Condvar,
+    /// `State::timed_wakes` is not empty: a kicked vCPU thread looks at it only then.
+    wakes_pending: AtomicBool,
 }
 
 /// A snapshot of one guest, for `activm ctl` and `--stats`.
@@ -197,6 +206,8 @@ pub struct GuestView {
     /// Activation guests: processors wanted now (see `GuestState::wanted`).
     pub wanted: usize,
     pub share: usize,
+    /// Timed wake-ups carried out by another guest's running vCPU thread.
+    pub wakes_fired: u64,
 }
 
 impl Allocator {
@@ -209,7 +220,9 @@ impl Allocator {
                 rotation: 0,
                 prefer_new: None,
                 settle_waiters: 0,
+                timed_wakes: Vec::new(),
             }),
+            wakes_pending: AtomicBool::new(false),
             settling: Condvar::new(),
         }
     }
@@ -231,6 +244,7 @@ impl Allocator {
             removed: false,
             wake: (0..nr_vcpus).map(|_| Arc::new(Condvar::new())).collect(),
             latency_critical: false,
+            wakes_fired: 0,
         });
         state.guests.len() - 1
     }
@@ -422,6 +436,89 @@ impl Allocator {
         kicks
     }
 
+    /// `vcpu` of `guest` was just given back (`sa_yield`) until `at`, when the guest's earliest
+    /// timer is due. A latency-critical guest must get a processor then without waiting for
+    /// the host to schedule the parked vCPU's thread (on a busy host, a sleeping thread's
+    /// wake-up can wait milliseconds behind running vCPU threads). So the wake-up is
+    /// recorded, and the vCPU of another guest that would lose its processor for it is
+    /// returned, for the caller to kick at `at` ([`VcpuControl::kick_at`]): that thread is
+    /// running, so it acts at once ([`Allocator::fire_due_wakes`]) and frees its own
+    /// processor. `None`: nothing to arm (not latency-critical, or nobody to take from); the
+    /// parked vCPU's own deadline does it ([`Allocator::acquire_until`]).
+    ///
+    /// [`VcpuControl::kick_at`]: crate::kick::VcpuControl::kick_at
+    pub fn yield_until(
+        &self,
+        guest: GuestId,
+        vcpu: usize,
+        at: Instant,
+    ) -> Option<(GuestId, usize)> {
+        let mut state = self.lock();
+        let g = &state.guests[guest];
+        if !g.latency_critical || !g.activations || g.vcpus[vcpu] != Slot::Parked {
+            return None;
+        }
+        // The processor the shares would take: a best-effort guest's most recently started.
+        let victim = state
+            .guests
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !g.latency_critical)
+            .flat_map(|(id, g)| {
+                g.vcpus
+                    .iter()
+                    .enumerate()
+                    .filter_map(move |(v, s)| match s {
+                        Slot::Running(t) => Some((*t, id, v)),
+                        _ => None,
+                    })
+            })
+            .max_by_key(|(t, _, _)| *t)
+            .map(|(_, id, v)| (id, v))?;
+        state.timed_wakes.retain(|w| (w.1, w.2) != (guest, vcpu));
+        state.timed_wakes.push((at, guest, vcpu));
+        self.wakes_pending.store(true, Ordering::Release);
+        Some(victim)
+    }
+
+    /// On a kicked vCPU thread: the yielded vCPUs whose wake-up time has come get their
+    /// processor back ([`Allocator::wake_for_timer`]). Returns the vCPUs to kick (perhaps the
+    /// caller's own).
+    pub fn fire_due_wakes(&self) -> Vec<(GuestId, usize)> {
+        if !self.wakes_pending.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let due: Vec<(GuestId, usize)> = {
+            let mut state = self.lock();
+            let mut due = Vec::new();
+            let state = &mut *state;
+            let guests = &mut state.guests;
+            state.timed_wakes.retain(|&(at, g, v)| {
+                if at <= now {
+                    if guests[g].vcpus[v] == Slot::Parked {
+                        guests[g].wakes_fired += 1;
+                    }
+                    due.push((g, v));
+                    false
+                } else {
+                    true
+                }
+            });
+            // Drop the wake-ups of vCPUs that got a processor some other way.
+            let guests = &state.guests;
+            state
+                .timed_wakes
+                .retain(|&(_, g, v)| guests[g].vcpus[v] == Slot::Parked);
+            self.wakes_pending
+                .store(!state.timed_wakes.is_empty(), Ordering::Release);
+            due
+        };
+        due.into_iter()
+            .flat_map(|(g, v)| self.wake_for_timer(g, v))
+            .collect()
+    }
+
     /// Recompute the shares and act on them; call every quantum. Returns the vCPUs to kick.
     pub fn rebalance(&self) -> Vec<(GuestId, usize)> {
         let mut state = self.lock();
@@ -483,6 +580,7 @@ impl Allocator {
             concurrency: g.concurrency,
             wanted: g.wanted,
             share: g.share,
+            wakes_fired: g.wakes_fired,
         }
     }
 

@@ -283,6 +283,43 @@ fn a_latency_critical_guest_is_served_first() {
 }
 
 #[test]
+fn a_running_best_effort_vcpu_fires_a_latency_critical_wake_up() {
+    let alloc = Allocator::new(1, Duration::from_millis(10));
+    let server = alloc.add_guest(1);
+    let batch = alloc.add_guest(1);
+    alloc.set_latency_critical(server, true);
+    alloc.set_activations(server, true);
+    alloc.set_activations(batch, true);
+    if alloc.view(server).vcpus[0] == Slot::GrantedResume {
+        alloc.acquire(server, 0);
+    }
+    if alloc.view(batch).vcpus[0] == Slot::HandOff {
+        assert_eq!(alloc.acquire(batch, 0), Acquired::HandOff);
+        alloc.release(batch, 0, Release::Preempted);
+    }
+    // The server yields until its timer: the batch guest's vCPU runs meanwhile.
+    alloc.release(server, 0, Release::Yielded);
+    match alloc.view(batch).vcpus[0] {
+        Slot::GrantedResume => assert_eq!(alloc.acquire(batch, 0), Acquired::Resume),
+        Slot::GrantedNew => assert_eq!(alloc.acquire(batch, 0), Acquired::NewActivation),
+        other => panic!("batch vCPU {other:?}"),
+    }
+    let at = Instant::now() + Duration::from_millis(1);
+    assert_eq!(alloc.yield_until(server, 0, at), Some((batch, 0)));
+    // Kicked early (by something else): nothing is due yet.
+    assert!(alloc.fire_due_wakes().is_empty());
+    std::thread::sleep(Duration::from_millis(2));
+    // Kicked at the time: the batch vCPU's own thread revokes itself for the server.
+    assert_eq!(alloc.fire_due_wakes(), vec![(batch, 0)]);
+    alloc.release(batch, 0, Release::Preempted);
+    assert_eq!(alloc.acquire(server, 0), Acquired::NewActivation);
+    // Done: later kicks find nothing to do.
+    assert!(alloc.fire_due_wakes().is_empty());
+    // A best-effort guest's yields are not timed this way.
+    assert_eq!(alloc.yield_until(batch, 0, at), None);
+}
+
+#[test]
 fn stopped_guest_exits_its_threads() {
     let alloc = Allocator::new(1, Duration::from_millis(10));
     let g = alloc.add_guest(2);

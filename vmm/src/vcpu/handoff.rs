@@ -263,6 +263,15 @@ impl VcpuThread {
             .acts
             .yield_activation(self.guest.shared(), self.index);
         self.release(Release::Yielded);
+        if let Some(at) = self.wake_at {
+            let procs = &self.guest.procs;
+            if let Some(victim) = procs
+                .alloc
+                .yield_until(self.guest.id, self.index as usize, at)
+            {
+                procs.kick_at(victim, at);
+            }
+        }
         // Records that reached its queue after the guest decided to yield were taken back:
         // they go to a running vCPU, or make the guest want a processor to receive them.
         if self.guest.acts.pending() > 0 {
