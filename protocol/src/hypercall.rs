@@ -44,7 +44,8 @@ wire_enum! {
         /// `sa_yield(wake_ns) -> 0`: this vCPU has no work; the VMM may give its processor
         /// away. With `SHARED_FEATURE_YIELD_WAKE`, a non-zero `wake_ns` asks for a processor
         /// back that many ns later (a timer is due); 0: only when the guest asks or an event
-        /// comes.
+        /// comes. Returns only if the processor was kept: `SA_YIELD_DECLINED` (see
+        /// `SHARED_FEATURE_YIELD_IO`), or 0.
         SaYield = 18 => "sa_yield",
         /// `sa_preempt(vcpu) -> 0`: deliver a USER upcall to one of the guest's vCPUs.
         SaPreempt = 19 => "sa_preempt",
@@ -126,6 +127,10 @@ pub const fn decode(gpa: u64, hypercall_base: u64) -> Option<Result<u64, u64>> {
 
 /// Returned by a call this VMM does not implement (yet); the guest may fall back.
 pub const HC_UNSUPPORTED: u64 = u64::MAX;
+
+/// `sa_yield` with block requests in flight, and no other guest wants the processor: kept
+/// (see [`crate::shared::SHARED_FEATURE_YIELD_IO`]).
+pub const SA_YIELD_DECLINED: u64 = 2;
 
 /// Largest buffer `console_write` and `panic` accept in one call.
 pub const MAX_WRITE_LEN: u64 = 64 * 1024;

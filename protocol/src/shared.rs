@@ -150,6 +150,14 @@ pub struct VcpuAreaOf<C> {
 /// ignored.
 pub const SHARED_FEATURE_YIELD_WAKE: u32 = 1 << 0;
 
+/// [`SharedHeader::features`]: `sa_yield` may give the processor back while asynchronous block
+/// requests are in flight, even the guest's last one: when a completion is due the VMM starts
+/// a new activation of the guest (preempting another guest if the shares say so), with the
+/// completion already in the ring. When no other guest wants the processor, the VMM declines
+/// such a yield: `sa_yield` returns [`crate::hypercall::SA_YIELD_DECLINED`] at once, and the
+/// vCPU should rather halt (cheaper than a new activation) for a while.
+pub const SHARED_FEATURE_YIELD_IO: u32 = 1 << 1;
+
 /// The first page of the shared area.
 #[repr(C, align(4096))]
 #[derive(Debug)]

@@ -7,8 +7,8 @@ use protocol::boot::{
     MAX_MEM_REGIONS,
 };
 use protocol::shared::{
-    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_WAKE, SHARED_MAGIC,
-    UPCALL_QUEUE_CAPACITY, VCPU_AREA_SIZE,
+    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_IO, SHARED_FEATURE_YIELD_WAKE,
+    SHARED_MAGIC, UPCALL_QUEUE_CAPACITY, VCPU_AREA_SIZE,
 };
 use protocol::{ABI_VERSION, MAX_VCPUS};
 
@@ -153,7 +153,7 @@ fn write_shared_area(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
     )?;
     ram.write_u32(
         base + offset_of!(SharedHeader, features) as u64,
-        SHARED_FEATURE_YIELD_WAKE,
+        SHARED_FEATURE_YIELD_WAKE | SHARED_FEATURE_YIELD_IO,
     )?;
     ram.write_u32(
         base + offset_of!(SharedHeader, granted_vcpus) as u64,

@@ -139,6 +139,22 @@ pub(super) fn idle() {
             cpu::set(Word::SchedIdle, 0);
             return;
         }
+        // Only block requests in flight (and maybe sleepers): offer the processor to the VMM,
+        // which brings it back for the first completion (or declines when nobody else wants
+        // it: then halt, below).
+        if let Some(wake_ns) = yield_for_io() {
+            upcall::set_idle(me, false);
+            HALTED.fetch_and(!bit, Ordering::AcqRel);
+            upcall::yield_idle_vcpu_for_io(me, wake_ns);
+            upcall::set_idle(me, true);
+            HALTED.fetch_or(bit, Ordering::SeqCst);
+            if work_visible() || watch_next(cpu::rdtsc()).is_some() {
+                upcall::set_idle(me, false);
+                HALTED.fetch_and(!bit, Ordering::AcqRel);
+                cpu::set(Word::SchedIdle, 0);
+                return;
+            }
+        }
         timer::arm_for_sleepers();
         // With activations, a vCPU idle for long enough gives its processor back (Anderson et al. 1992:
         // "this processor is idle"); the guest asks again when work needs it (see
@@ -208,6 +224,25 @@ fn yield_until_sleeper() -> Option<u64> {
     }
     let gap = timer::ns_until_earliest()?;
     (gap >= YIELD_WAKE_MIN_NS).then(|| gap - YIELD_WAKE_LEAD_NS)
+}
+
+/// With block requests in flight and nothing else to wait for but sleepers, on a VMM that
+/// wakes a guest for its completions (`SHARED_FEATURE_YIELD_IO`): the wake-up to ask for (the
+/// earliest sleeper, a little early; 0 for none or one too close to bother).
+fn yield_for_io() -> Option<u64> {
+    if config::idle_yield_ticks() == 0
+        || !config::use_halt()
+        || !upcall::io_yield_supported()
+        || !crate::blk::requests_in_flight()
+        || crate::net::waits_armed()
+    {
+        return None;
+    }
+    match timer::ns_until_earliest() {
+        Some(gap) if gap < YIELD_WAKE_MIN_NS => None,
+        Some(gap) => Some(gap - YIELD_WAKE_LEAD_NS),
+        None => Some(0),
+    }
 }
 
 /// Forgets vCPU `vcpu`'s idle bits (its activation is gone).

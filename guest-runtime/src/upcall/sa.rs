@@ -3,9 +3,9 @@
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
+use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED, SA_YIELD_DECLINED};
 use activm_stub::protocol::shared::{
-    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_WAKE,
+    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_IO, SHARED_FEATURE_YIELD_WAKE,
 };
 
 use super::stacks;
@@ -138,8 +138,43 @@ pub fn yield_wake_supported() -> bool {
 /// activation ends there; the next NEWPROC on this vCPU names it and its stack is recycled
 /// then (see `drain::new_proc`). Returns if it did not yield.
 pub fn yield_idle_vcpu(me: u32, wake_ns: u64) {
-    if !activations_enabled() || (wake_ns == 0 && granted_vcpus() < 2) || queue_nonempty() {
+    if wake_ns == 0 && granted_vcpus() < 2 {
         return;
+    }
+    give_back(me, wake_ns);
+}
+
+/// Whether the VMM takes a processor back while block requests are in flight and wakes the
+/// guest for their completions (`SHARED_FEATURE_YIELD_IO`).
+pub fn io_yield_supported() -> bool {
+    activations_enabled() && header().features & SHARED_FEATURE_YIELD_IO != 0
+}
+
+/// When the VMM last declined an I/O yield (nobody else wanted the processor), in TSC ticks.
+static DECLINED_AT: AtomicU64 = AtomicU64::new(0);
+/// After a declined I/O yield, idle vCPUs halt for this long before they offer again.
+const DECLINED_FOR_NS: u64 = 2_000_000;
+
+/// Scheduler of a vCPU idle while block requests are in flight (`SHARED_FEATURE_YIELD_IO`):
+/// offers its processor to the VMM, to be back when a completion is due or after `wake_ns`
+/// (0: no sleeper). Returns if it did not yield; the caller halts then.
+pub fn yield_idle_vcpu_for_io(me: u32, wake_ns: u64) {
+    let declined = DECLINED_AT.load(Ordering::Relaxed);
+    if declined != 0
+        && cpu::rdtsc().saturating_sub(declined) < crate::timer::ns_to_ticks(DECLINED_FOR_NS)
+    {
+        return;
+    }
+    if give_back(me, wake_ns) == SA_YIELD_DECLINED {
+        DECLINED_AT.store(cpu::rdtsc().max(1), Ordering::Relaxed);
+    }
+}
+
+/// `sa_yield(wake_ns)` unless records wait or work appeared; the hypercall's result (0 if not
+/// made).
+fn give_back(me: u32, wake_ns: u64) -> u64 {
+    if !activations_enabled() || queue_nonempty() {
+        return 0;
     }
     let bit = 1u64 << me;
     YIELDED.fetch_or(bit, Ordering::SeqCst);
@@ -148,12 +183,13 @@ pub fn yield_idle_vcpu(me: u32, wake_ns: u64) {
     // sides store, then load, with a full barrier between).
     if sched::work_queued() {
         YIELDED.fetch_and(!bit, Ordering::AcqRel);
-        return;
+        return 0;
     }
     percpu::bump(&percpu::this().counters.idle_yields);
-    hypercall(Hypercall::SaYield, wake_ns);
-    // Still here: upcalls are off after all.
+    let result = hypercall(Hypercall::SaYield, wake_ns);
+    // Still here: the VMM kept the processor (declined, or upcalls are off after all).
     YIELDED.fetch_and(!bit, Ordering::AcqRel);
+    result
 }
 
 /// Work is waiting and no vCPU idles here to take it: if some gave their processors back,

@@ -66,7 +66,7 @@ pub enum Slot {
 
 impl Slot {
     /// Whether a vCPU in this state holds (or is about to take) a processor.
-    fn holds_processor(&self) -> bool {
+    pub fn holds_processor(&self) -> bool {
         matches!(
             self,
             Slot::Running(_) | Slot::Revoking | Slot::GrantedNew | Slot::GrantedResume
@@ -350,6 +350,17 @@ impl Allocator {
                 }
             }
         }
+    }
+
+    /// Whether another guest than `guest` wants more processors than it holds (a processor
+    /// given back now would go to it).
+    pub fn others_want_more(&self, guest: GuestId) -> bool {
+        let state = self.lock();
+        state
+            .guests
+            .iter()
+            .enumerate()
+            .any(|(id, g)| id != guest && g.demand() > g.holding())
     }
 
     /// Whether the allocator wants this vCPU's processor back.

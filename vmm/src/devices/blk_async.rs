@@ -285,6 +285,28 @@ impl AsyncQueue {
         }
     }
 
+    /// When the earliest completion whose data already moved is due (it waits only for the
+    /// device's latency).
+    pub fn earliest_due(&self) -> Option<Instant> {
+        self.shared
+            .lock()
+            .delayed
+            .peek()
+            .map(|&Reverse((due, _, _))| due)
+    }
+
+    /// Post the completions due by now (a new activation of the guest is about to start: it
+    /// finds them at once, not when the timer thread gets to run).
+    pub fn post_due_now(&self, guest: &Guest) {
+        let mut state = self.shared.lock();
+        post_due(&mut state, guest, Instant::now() + Duration::from_micros(2));
+        let tell_timer = timer_must_wake(&state);
+        drop(state);
+        if tell_timer {
+            self.shared.timer.notify_one();
+        }
+    }
+
     /// Requests in flight (for the stall report and tests).
     pub fn in_flight(&self) -> u32 {
         self.shared.lock().in_flight.count_ones()
@@ -330,7 +352,7 @@ fn io_thread(shared: &Shared, guest: &Weak<Guest>) {
         }
         if posted {
             fence(Ordering::SeqCst);
-            wake_one_idle(&guest);
+            wake_for_completions(&guest);
         }
     }
 }
@@ -386,7 +408,7 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
             }
         } else if posted {
             fence(Ordering::SeqCst);
-            wake_one_idle(&guest);
+            wake_for_completions(&guest);
         }
         drop(guest);
         state = shared.lock();
@@ -545,6 +567,19 @@ fn wake_one_running(guest: &Guest) {
 /// Interrupt one vCPU the guest marks idle, preferring one that holds a processor (whether
 /// there was one). (The guest sets its idle bit, then looks at the ring; the caller published,
 /// fenced, then calls this.)
+/// Completions were posted: interrupt an idle vCPU of the guest if one is idle; if the guest
+/// gave every processor back (`SHARED_FEATURE_YIELD_IO`), it wants one again. Busy vCPUs find
+/// the completions when they schedule.
+fn wake_for_completions(guest: &Guest) {
+    if wake_one_idle(guest) || !guest.acts.enabled() {
+        return;
+    }
+    let view = guest.procs.alloc.view(guest.id);
+    if !view.vcpus.iter().any(|s| s.holds_processor()) {
+        guest.procs.revoke(guest.procs.alloc.want_one(guest.id));
+    }
+}
+
 pub(crate) fn wake_one_idle(guest: &Guest) -> bool {
     let idle = guest
         .ram

@@ -257,6 +257,16 @@ impl VcpuThread {
         self.guest.stats.yields.fetch_add(1, Ordering::Relaxed);
         self.wake_at = (wake_ns != 0)
             .then(|| std::time::Instant::now() + std::time::Duration::from_nanos(wake_ns));
+        // Given back with block requests in flight (`SHARED_FEATURE_YIELD_IO`): back when the
+        // earliest completion is due, if sooner.
+        if let Some(due) = self
+            .guest
+            .disk
+            .as_ref()
+            .and_then(|d| d.queue.earliest_due())
+        {
+            self.wake_at = Some(self.wake_at.map_or(due, |at| at.min(due)));
+        }
         self.complete_pending_io();
         self.fresh = None;
         self.guest

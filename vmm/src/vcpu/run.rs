@@ -211,6 +211,10 @@ impl VcpuThread {
                 ));
             }
         }
+        // Block completions already due go into the ring now: the activation sees them first.
+        if let Some(disk) = &self.guest.disk {
+            disk.queue.post_due_now(&self.guest);
+        }
         // A zero return address above the entry's stack frame.
         let _ = self.guest.ram.write_u64(start.stack_top - 8, 0);
         arch::enter_activation(
