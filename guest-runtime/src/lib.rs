@@ -38,6 +38,7 @@ pub mod sync;
 pub(crate) mod tcb;
 pub mod thread;
 pub(crate) mod timer;
+pub(crate) mod timeline;
 mod tls;
 pub mod upcall;
 mod watchdog;

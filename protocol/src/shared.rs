@@ -149,6 +149,9 @@ pub struct VcpuAreaOf<C> {
 /// may give back its last processor while threads sleep. Without the bit the argument is
 /// ignored.
 pub const SHARED_FEATURE_YIELD_WAKE: u32 = 1 << 0;
+/// [`SharedHeader::features`]: the VMM records a trace and merges the runtime's timeline into
+/// it: the runtime may register its rings with `timeline_setup` ([`crate::timeline`]).
+pub const SHARED_FEATURE_TIMELINE: u32 = 1 << 1;
 
 /// The first page of the shared area.
 #[repr(C, align(4096))]

@@ -6,6 +6,7 @@ use core::sync::atomic::Ordering;
 
 use activm_stub::println;
 use activm_stub::protocol::shared::{UpcallKind, UpcallRecord};
+use activm_stub::protocol::timeline::RecordAction;
 
 use super::bag::Bag;
 use super::drain::later;
@@ -14,7 +15,7 @@ use super::state::{file_old_state, take_state, ActState, TABLE};
 use crate::arch::cpu::{self, Word};
 use crate::arch::entry::{self, CLAIMING, ENTRY_MARK_OFFSET};
 use crate::arch::{context, rseq, UserContext};
-use crate::percpu;
+use crate::{percpu, timeline};
 use crate::sched::{self, Pending};
 use crate::tcb::{self, Tcb};
 
@@ -141,6 +142,7 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
             return;
         }
         percpu::trace(percpu::T_LATER, r.seq);
+        timeline::record_handled(r, None, RecordAction::Later);
         later(r);
         return;
     };
@@ -197,6 +199,14 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
     percpu::bump(&percpu::this().counters.resumed_contexts);
     tcb::event(t, tcb::EV_RESUMED);
     percpu::trace(percpu::T_RESUME, context::pc(&ctx));
+    let action = if st.hold > 0 {
+        RecordAction::Continued
+    } else if r.kind == UpcallKind::Unblocked as u32 {
+        RecordAction::RunNext
+    } else {
+        RecordAction::Requeued
+    };
+    timeline::record_handled(r, Some(t), action);
     if st.hold > 0 {
         tcb::event(t, tcb::EV_CONTINUED);
         if !nested {

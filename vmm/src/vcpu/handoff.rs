@@ -152,6 +152,8 @@ impl VcpuThread {
         };
         let activation = self.guest.acts.current(self.index);
         self.guest
+            .timeline_handed_over(self.index, UpcallKind::Preempted, kicked_at);
+        self.guest
             .acts
             .end_activation(self.guest.shared(), self.index, VcpuRunState::Preempted);
         let mut event = Event::new(UpcallKind::Preempted, activation, self.index, 0);
@@ -188,6 +190,8 @@ impl VcpuThread {
         let handing_over = self.guest.acts.enabled() && arch::at_user_level(&self.fd);
         let activation = self.guest.acts.current(self.index);
         if handing_over {
+            self.guest
+                .timeline_handed_over(self.index, UpcallKind::Blocked, arch::timestamp());
             self.fresh = None;
             self.guest
                 .acts
