@@ -47,7 +47,15 @@ pub fn init() {
         return;
     }
     // SAFETY: `rings` is n 64-byte aligned rings in guest RAM, leaked for the guest's lifetime.
-    let r = unsafe { hypercall::raw(Hypercall::TimelineSetup as u64, rings as u64, n as u64, 0, 0) };
+    let r = unsafe {
+        hypercall::raw(
+            Hypercall::TimelineSetup as u64,
+            rings as u64,
+            n as u64,
+            0,
+            0,
+        )
+    };
     if r == 0 {
         RINGS.store(rings as u64, Ordering::Release);
     }
@@ -115,8 +123,7 @@ fn push(kind: TimelineKind, vcpu: u32, thread: u64, arg: u64) {
     // SAFETY: `ring` is this vCPU's ring of the array `init` registered (index < nr_vcpus),
     // leaked for the guest's lifetime; its indices are atomics, read through shared references
     // to those fields only.
-    let (head_ref, tail_ref, dropped) =
-        unsafe { (&(*ring).head, &(*ring).tail, &(*ring).dropped) };
+    let (head_ref, tail_ref, dropped) = unsafe { (&(*ring).head, &(*ring).tail, &(*ring).dropped) };
     let head = head_ref.load(Ordering::Relaxed);
     if head.wrapping_sub(tail_ref.load(Ordering::Acquire)) as usize >= TIMELINE_RING_CAPACITY {
         dropped.fetch_add(1, Ordering::Relaxed);

@@ -348,19 +348,6 @@ impl<W: Write> Write for PrefixedConsole<W> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefixed_console_prefixes_lines() {
-        let mut console = PrefixedConsole::new("[a] ".into(), Vec::new());
-        console.write_all(b"one\ntw").unwrap();
-        console.write_all(b"o\n").unwrap();
-        assert_eq!(console.inner, b"[a] one\n[a] two\n");
-    }
-}
-
 /// The runtime's timeline (`timeline.rs`), when a trace is recorded.
 impl Guest {
     /// Merge what the guest's timeline rings hold into the trace.
@@ -382,5 +369,18 @@ impl Guest {
         if let (Some(timeline), Some(trace)) = (&self.timeline, &self.trace) {
             timeline.finish(&self.ram, trace, self.id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixed_console_prefixes_lines() {
+        let mut console = PrefixedConsole::new("[a] ".into(), Vec::new());
+        console.write_all(b"one\ntw").unwrap();
+        console.write_all(b"o\n").unwrap();
+        assert_eq!(console.inner, b"[a] one\n[a] two\n");
     }
 }

@@ -187,9 +187,12 @@ impl Timeline {
         }
     }
 
-    /// Events the guest dropped because a ring was full (as last seen).
-    pub fn dropped(&self) -> u64 {
-        self.lock().dropped.iter().sum()
+    /// Once the rings are registered: events the guest dropped because a ring was full (as
+    /// last seen), and events the VMM skipped as malformed.
+    pub fn losses(&self) -> Option<(u64, u64)> {
+        let state = self.lock();
+        state.rings?;
+        Some((state.dropped.iter().sum(), state.skipped))
     }
 }
 
