@@ -215,7 +215,13 @@ impl State {
         } else {
             "preempted by the VMM"
         };
-        let end = tsc.max(slice.start);
+        // A thread switched in after the kick (the VMM let the vCPU run on: a deferral, a run
+        // forward) ran until now.
+        let end = if slice.start > tsc {
+            crate::rdtsc()
+        } else {
+            tsc
+        };
         let Some((start, end)) = self.emit_slice(trace, guest, vcpu, slice, end, reason) else {
             return;
         };
