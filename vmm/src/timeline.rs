@@ -380,6 +380,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::mem::size_of;
 
     fn event(kind: TimelineKind, tsc: u64, thread: u64, arg: u64) -> TimelineEvent {
         TimelineEvent {
@@ -515,5 +516,57 @@ mod tests {
         s.apply(&trace, 0, 0, &bad);
         assert_eq!(s.skipped, 1);
         trace.finish().unwrap();
+    }
+
+    #[test]
+    fn drain_reads_published_events_moves_the_tail_and_counts_drops() {
+        let ram = GuestRam::new(1 << 20).unwrap();
+        let rings = 0x1_0000u64;
+        let timeline = Timeline::new(2);
+        timeline.lock().rings = Some(rings);
+        let path = crate::testing::TempPath::new("timeline-drain.json");
+        let trace = Trace::create(&path, 1_000_000).unwrap();
+        let t0 = crate::rdtsc();
+        let ring = ring_addr(rings, 1);
+        let events = ring + offset_of!(TimelineRing, events) as u64;
+        // The tail starts at 4094: the two events wrap around the end of the ring.
+        let tail = TIMELINE_RING_CAPACITY as u32 - 2;
+        let ins = [
+            event(TimelineKind::SwitchIn, t0 + 10, 3, 0),
+            event(
+                TimelineKind::SwitchOut,
+                t0 + 20,
+                3,
+                SwitchReason::Park as u64,
+            ),
+        ];
+        for (i, e) in ins.iter().enumerate() {
+            let slot = (tail as usize + i) % TIMELINE_RING_CAPACITY;
+            ram.write_struct(events + (slot * size_of::<TimelineEvent>()) as u64, e)
+                .unwrap();
+        }
+        ram.write_u32(ring + offset_of!(TimelineRing, tail) as u64, tail)
+            .unwrap();
+        ram.write_u32(
+            ring + offset_of!(TimelineRing, head) as u64,
+            tail.wrapping_add(2),
+        )
+        .unwrap();
+        ram.write_u64(ring + offset_of!(TimelineRing, dropped) as u64, 5)
+            .unwrap();
+        timeline.drain(&ram, &trace, 0);
+        assert_eq!(
+            read_u32(&ram, ring + offset_of!(TimelineRing, tail) as u64),
+            Some(tail.wrapping_add(2))
+        );
+        assert_eq!(timeline.losses(), Some((5, 0)));
+        // Drained once: a second drain finds nothing new.
+        timeline.drain(&ram, &trace, 0);
+        assert_eq!(trace.finish().unwrap(), 1);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains("\"tid\":1001") && text.contains("\"left\":\"park\""),
+            "{text}"
+        );
     }
 }
