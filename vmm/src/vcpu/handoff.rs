@@ -152,8 +152,6 @@ impl VcpuThread {
         };
         let activation = self.guest.acts.current(self.index);
         self.guest
-            .timeline_handed_over(self.index, UpcallKind::Preempted, kicked_at);
-        self.guest
             .acts
             .end_activation(self.guest.shared(), self.index, VcpuRunState::Preempted);
         let mut event = Event::new(UpcallKind::Preempted, activation, self.index, 0);
@@ -166,6 +164,10 @@ impl VcpuThread {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(arch::timestamp().saturating_sub(kicked_at));
+        // Before the record goes out (its thread must not be seen resumed first); after the
+        // latency sample, which tracing must not change.
+        self.guest
+            .timeline_handed_over(self.index, UpcallKind::Preempted, kicked_at);
         // Give the processor back first, so the record goes to a vCPU that keeps running.
         self.release(Release::Preempted);
         self.guest.deliver(event);
