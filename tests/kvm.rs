@@ -10,6 +10,8 @@
 mod exact;
 #[path = "kvm/hostile.rs"]
 mod hostile;
+#[path = "kvm/timeline.rs"]
+mod timeline;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -1385,6 +1387,7 @@ fn main() {
     trials.extend(std_guests::tests());
     trials.extend(std_files::tests());
     trials.extend(net::tests());
+    trials.extend(timeline::tests());
     if let Err(why) = kvm_usable() {
         if let Some(required) = exact::kvm_required() {
             // A machine with KVM (or CI) must not pass by skipping: every KVM test fails.

@@ -106,6 +106,7 @@ fuzz_target!(|data: &[u8]| {
         | Call::VcpuStop
         | Call::Halt
         | Call::SaEnable
+        | Call::TimelineSetup { .. }
         | Call::SaYield { .. }
         | Call::SaPreempt { .. } => {}
         // The asynchronous queue keeps its state in a live guest (`Arc<Guest>`, a VM): only

@@ -37,6 +37,7 @@ pub mod stats;
 pub mod sync;
 pub(crate) mod tcb;
 pub mod thread;
+pub(crate) mod timeline;
 pub(crate) mod timer;
 mod tls;
 pub mod upcall;

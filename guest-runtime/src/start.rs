@@ -66,6 +66,7 @@ fn init(main: MainFn) {
     cpu::set(Word::Pcpu, percpu::of(0) as *const Pcpu as u64);
     stack::init();
     upcall::init();
+    crate::timeline::init();
     upcall::reserve_spare_stacks();
 
     // Arguments: the runtime's own (`--rt-*`) are consumed here.

@@ -51,6 +51,10 @@ wire_enum! {
         SaPreempt = 19 => "sa_preempt",
         /// `sa_enable() -> 0`: start delivering upcalls (after the stack pool is filled).
         SaEnable = 20 => "sa_enable",
+        /// `timeline_setup(gpa, nr_rings) -> 0`: register the runtime's timeline rings
+        /// ([`crate::timeline`]), one per vCPU from `gpa`; only with
+        /// `SHARED_FEATURE_TIMELINE`, once.
+        TimelineSetup = 21 => "timeline_setup",
         /// `blk_info(what) -> value`: the block device ([`crate::blk`]): `BLK_INFO_SECTORS` gives its
         /// capacity in sectors (0: no device), `BLK_INFO_FLAGS` its `BLK_FLAG_*` bits.
         BlkInfo = 32 => "blk_info",
@@ -149,6 +153,7 @@ mod tests {
         assert_eq!(Hypercall::Halt as u64, 6);
         assert_eq!(Hypercall::SaRegister as u64, 16);
         assert_eq!(Hypercall::SaEnable as u64, 20);
+        assert_eq!(Hypercall::TimelineSetup as u64, 21);
         assert_eq!(Hypercall::BlkInfo as u64, 32);
         assert_eq!(Hypercall::BlkRead as u64, 33);
         assert_eq!(Hypercall::BlkWrite as u64, 34);

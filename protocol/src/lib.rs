@@ -5,6 +5,7 @@
 //!   memory behind it) and the numbers of the calls.
 //! * [`shared`]: the activation shared area: per-vCPU state and upcall event queues, and the
 //!   guest-to-VMM requests (concurrency, idle vCPUs, upcall stacks).
+//! * [`timeline`]: the runtime's per-vCPU event rings the VMM merges into its trace.
 //! * [`blk`]: the block device behind the `blk_*` hypercalls.
 //! * [`fs`]: host directories mapped into the guest, behind the `fs_*` hypercalls.
 //! * [`arch`]: per-architecture constants and the saved user context.
@@ -23,6 +24,7 @@ pub mod fs;
 pub mod hypercall;
 pub mod net;
 pub mod shared;
+pub mod timeline;
 
 use wire::wire_enum;
 pub use wire::UnknownWireValue;

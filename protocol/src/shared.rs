@@ -149,6 +149,9 @@ pub struct VcpuAreaOf<C> {
 /// may give back its last processor while threads sleep. Without the bit the argument is
 /// ignored.
 pub const SHARED_FEATURE_YIELD_WAKE: u32 = 1 << 0;
+/// [`SharedHeader::features`]: the VMM records a trace and merges the runtime's timeline into
+/// it: the runtime may register its rings with `timeline_setup` ([`crate::timeline`]).
+pub const SHARED_FEATURE_TIMELINE: u32 = 1 << 1;
 
 /// [`SharedHeader::features`]: `sa_yield` may give the processor back while asynchronous block
 /// requests are in flight, even the guest's last one: when a completion is due the VMM starts
@@ -156,7 +159,7 @@ pub const SHARED_FEATURE_YIELD_WAKE: u32 = 1 << 0;
 /// completion already in the ring. When no other guest wants the processor, the VMM declines
 /// such a yield: `sa_yield` returns [`crate::hypercall::SA_YIELD_DECLINED`] at once, and the
 /// vCPU should rather halt (cheaper than a new activation) for a while.
-pub const SHARED_FEATURE_YIELD_IO: u32 = 1 << 1;
+pub const SHARED_FEATURE_YIELD_IO: u32 = 1 << 2;
 
 /// The first page of the shared area.
 #[repr(C, align(4096))]

@@ -7,8 +7,8 @@ use protocol::boot::{
     MAX_MEM_REGIONS,
 };
 use protocol::shared::{
-    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_IO, SHARED_FEATURE_YIELD_WAKE,
-    SHARED_MAGIC, UPCALL_QUEUE_CAPACITY, VCPU_AREA_SIZE,
+    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_TIMELINE, SHARED_FEATURE_YIELD_IO,
+    SHARED_FEATURE_YIELD_WAKE, SHARED_MAGIC, UPCALL_QUEUE_CAPACITY, VCPU_AREA_SIZE,
 };
 use protocol::{ABI_VERSION, MAX_VCPUS};
 
@@ -22,6 +22,8 @@ pub struct HostFacts {
     pub tsc_khz: u64,
     pub vmm_start_tsc: u64,
     pub boot_timing: bool,
+    /// The VMM records a trace and merges the runtime's timeline (`SHARED_FEATURE_TIMELINE`).
+    pub timeline: bool,
 }
 
 /// Pack guest arguments as NUL-terminated strings.
@@ -129,10 +131,10 @@ pub fn write(ram: &GuestRam, plan: &Plan, args: &[String], host: HostFacts) -> R
         _pad2: 0,
     };
     ram.write_struct(layout::BOOT_INFO_ADDR, &info)?;
-    write_shared_area(ram, plan)
+    write_shared_area(ram, plan, host.timeline)
 }
 
-fn write_shared_area(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
+fn write_shared_area(ram: &GuestRam, plan: &Plan, timeline: bool) -> Result<(), Error> {
     let base = plan.shared_area.start;
     ram.write_u64(base + offset_of!(SharedHeader, magic) as u64, SHARED_MAGIC)?;
     ram.write_u32(
@@ -153,7 +155,9 @@ fn write_shared_area(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
     )?;
     ram.write_u32(
         base + offset_of!(SharedHeader, features) as u64,
-        SHARED_FEATURE_YIELD_WAKE | SHARED_FEATURE_YIELD_IO,
+        SHARED_FEATURE_YIELD_WAKE
+            | SHARED_FEATURE_YIELD_IO
+            | if timeline { SHARED_FEATURE_TIMELINE } else { 0 },
     )?;
     ram.write_u32(
         base + offset_of!(SharedHeader, granted_vcpus) as u64,

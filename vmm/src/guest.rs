@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::kick::VcpuControl;
 use crate::loader;
 use crate::memory::{GuestRam, Plan, StackSlots};
+use crate::timeline::Timeline;
 use crate::trace::Trace;
 use crate::vm::Outcome;
 
@@ -109,6 +110,8 @@ pub struct Guest {
     pub procs: Arc<Processors>,
     pub stats: GuestStats,
     pub trace: Option<Arc<Trace>>,
+    /// The runtime's timeline, merged into `trace` (with `--trace`).
+    pub timeline: Option<Timeline>,
     /// The block device (`--disk`).
     pub disk: Option<Disk>,
     /// The host directories mapped into the guest (`--mount`) and its open files.
@@ -232,6 +235,7 @@ impl Guest {
                 tsc_khz,
                 vmm_start_tsc: config.start_tsc,
                 boot_timing: config.boot_timing,
+                timeline: trace.is_some(),
             },
         )?;
         let id = procs.alloc.add_guest(config.vcpus as usize);
@@ -245,6 +249,7 @@ impl Guest {
         if let Some(trace) = &trace {
             trace.name_guest(id, &name);
         }
+        let timeline = trace.as_ref().map(|_| Timeline::new(config.vcpus));
         let guest = Guest {
             id,
             name,
@@ -256,6 +261,7 @@ impl Guest {
             acts: Activations::new(config.vcpus, activations_allowed),
             procs: Arc::clone(procs),
             stats: GuestStats::default(),
+            timeline,
             trace,
             disk,
             files,
@@ -350,6 +356,30 @@ impl<W: Write> Write for PrefixedConsole<W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
+    }
+}
+
+/// The runtime's timeline (`timeline.rs`), when a trace is recorded.
+impl Guest {
+    /// Merge what the guest's timeline rings hold into the trace.
+    pub fn drain_timeline(&self) {
+        if let (Some(timeline), Some(trace)) = (&self.timeline, &self.trace) {
+            timeline.drain(&self.ram, trace, self.id);
+        }
+    }
+
+    /// vCPU `vcpu`'s context was handed over (`kind`: PREEMPTED or BLOCKED) at `tsc`.
+    pub fn timeline_handed_over(&self, vcpu: u32, kind: protocol::shared::UpcallKind, tsc: u64) {
+        if let (Some(timeline), Some(trace)) = (&self.timeline, &self.trace) {
+            timeline.handed_over(&self.ram, trace, self.id, vcpu, kind, tsc);
+        }
+    }
+
+    /// The guest ended: the rest of its timeline.
+    pub fn finish_timeline(&self) {
+        if let (Some(timeline), Some(trace)) = (&self.timeline, &self.trace) {
+            timeline.finish(&self.ram, trace, self.id);
+        }
     }
 }
 

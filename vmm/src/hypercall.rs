@@ -27,6 +27,8 @@ pub enum Call {
     SaRegister { entry: u64 },
     /// Start taking upcalls.
     SaEnable,
+    /// Register the runtime's timeline rings (`protocol::timeline`).
+    TimelineSetup { rings: u64, count: u64 },
     /// How many processors the guest can use.
     SaSetConcurrency { processors: u64 },
     /// Give this vCPU's processor back; with `wake_ns` > 0, ask for one back that much later.
@@ -110,6 +112,10 @@ impl Call {
             Hypercall::Halt => Call::Halt,
             Hypercall::SaRegister => Call::SaRegister { entry: a[0] },
             Hypercall::SaEnable => Call::SaEnable,
+            Hypercall::TimelineSetup => Call::TimelineSetup {
+                rings: a[0],
+                count: a[1],
+            },
             Hypercall::SaSetConcurrency => Call::SaSetConcurrency { processors: a[0] },
             Hypercall::SaYield => Call::SaYield { wake_ns: a[0] },
             Hypercall::SaPreempt => Call::SaPreempt { vcpu: a[0] },

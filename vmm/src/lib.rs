@@ -40,6 +40,7 @@ pub mod signals;
 pub mod stats;
 #[doc(hidden)]
 pub mod testing;
+pub mod timeline;
 pub mod trace;
 pub mod vcpu;
 pub mod vm;

@@ -160,6 +160,7 @@ pub fn run_guests(
                         while !stop.wait(pause) {
                             procs.revoke(procs.alloc.rebalance());
                             guests.iter().for_each(|g| g.retry_pending());
+                            guests.iter().for_each(|g| g.drain_timeline());
                         }
                     }
                     Some(seed) => {
@@ -176,6 +177,7 @@ pub fn run_guests(
                             procs.revoke(procs.alloc.set_budget(pcpus));
                             procs.revoke(procs.alloc.rebalance());
                             guests.iter().for_each(|g| g.retry_pending());
+                            guests.iter().for_each(|g| g.drain_timeline());
                             if stop.wait(Duration::from_micros(100 + next() % 1900)) {
                                 break;
                             }
@@ -211,6 +213,7 @@ pub fn run_guests(
     drop(signal_thread);
     drop(ctl);
     if let (Some(trace), Some(path)) = (&trace, &options.trace) {
+        guests.iter().for_each(|g| g.finish_timeline());
         trace
             .finish()
             .map_err(|e| Error::Host(format!("cannot write the trace {}: {e}", path.display())))?;

@@ -120,6 +120,12 @@ pub fn render(guest: &Guest) -> String {
         out,
         "\nexits: hypercall={hypercalls} kick={kicks} other={other}"
     );
+    if let Some((dropped, skipped)) = guest.timeline.as_ref().and_then(|t| t.losses()) {
+        let _ = write!(
+            out,
+            "\ntrace timeline: events dropped (guest ring full)={dropped} skipped (malformed)={skipped}"
+        );
+    }
     if let Some(line) = crate::arch::current::register_transfer_stats() {
         let _ = write!(out, "\n{line}");
     }

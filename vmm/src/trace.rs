@@ -65,9 +65,31 @@ impl Trace {
         );
     }
 
+    /// Names track `tid` of guest `guest` and places it at `sort` among the guest's tracks.
+    pub fn name_track(&self, guest: usize, tid: u32, name: &str, sort: u32) {
+        let name = name.replace(['"', '\\'], "_");
+        self.emit(format_args!(
+            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{guest},\"tid\":{tid},\"args\":{{\"name\":\"{name}\"}}}}"
+        ));
+        self.emit(format_args!(
+            "{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":{guest},\"tid\":{tid},\"args\":{{\"sort_index\":{sort}}}}}"
+        ));
+    }
+
+    /// Microseconds since the trace started of timestamp `tsc` (the host's counter, which the
+    /// guests' follows); `None` before the start.
+    pub fn micros(&self, tsc: u64) -> Option<f64> {
+        let ticks = tsc.checked_sub(self.start_tsc)?;
+        Some(ticks as f64 * 1000.0 / self.tsc_khz as f64)
+    }
+
+    /// Writes one complete event object the caller formatted (`ts` from [`Trace::micros`]).
+    pub fn raw(&self, event: std::fmt::Arguments) {
+        self.emit(event);
+    }
+
     fn push(&self, name: &'static str, phase: char, guest: usize, vcpu: u32, arg: u64) {
-        let tsc = crate::rdtsc();
-        let ts = tsc.saturating_sub(self.start_tsc) as f64 * 1000.0 / self.tsc_khz as f64;
+        let ts = self.micros(crate::rdtsc()).unwrap_or(0.0);
         let scope = if phase == 'i' { ",\"s\":\"t\"" } else { "" };
         self.emit(
             format_args!(

@@ -139,6 +139,20 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            // The runtime's timeline (CNTVCT timestamps) merged into --trace.
+            name: "rt-tests-2-trace",
+            command: "/activm run /guests/rt-tests --vcpus 2 --stats --timeout 150 \
+                      --trace /trace.json -- sa-real time-slicing 2>&1 \
+                      && grep -q left /trace.json && echo guest thread slices in the trace"
+                .into(),
+            status: 0,
+            expect: vec![
+                " passed, 0 failed".into(),
+                "trace timeline: events dropped".into(),
+                "guest thread slices in the trace".into(),
+            ],
+        },
+        Case {
             name: "archcheck-fault",
             command: "/activm run /guests/archcheck -- fault".into(),
             status: 125,

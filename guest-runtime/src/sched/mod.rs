@@ -21,11 +21,12 @@
 use core::sync::atomic::Ordering;
 
 use activm_stub::preempt;
+use activm_stub::protocol::timeline::SwitchReason;
 
 use crate::arch::context;
 use crate::arch::cpu::{self, Word};
 use crate::tcb::{self, Tcb};
-use crate::{percpu, stack, timer, upcall};
+use crate::{percpu, stack, timeline, timer, upcall};
 
 mod idle;
 mod irq;
@@ -60,6 +61,16 @@ impl Switch {
             3 => Switch::Park,
             4 => Switch::Exit,
             _ => unreachable!("unknown switch action {raw}"),
+        }
+    }
+
+    /// As the trace's timeline says it.
+    fn reason(self) -> SwitchReason {
+        match self {
+            Switch::Yield => SwitchReason::Yield,
+            Switch::Preempted => SwitchReason::Preempted,
+            Switch::Park => SwitchReason::Park,
+            Switch::Exit => SwitchReason::Exit,
         }
     }
 }
@@ -174,6 +185,7 @@ extern "C" fn __rt_sched_entry(prev: *const Tcb, action: usize, arg: usize) -> !
     // SAFETY: `switch_out` passes the TCB of the thread that just left.
     let prev = unsafe { tcb::from_raw(prev) };
     let action = Switch::from_raw(action);
+    timeline::switch_out(prev, action.reason());
     // A thread to hand the processor to (ours: runnable and in no queue), skipping the loop.
     let mut hand_to: *const Tcb = core::ptr::null();
     match action {
@@ -266,6 +278,7 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
             );
         };
         t.stack.set(Some(s));
+        timeline::first_run(t);
         // SAFETY: a fresh stack nobody uses; its top is 16-byte aligned.
         let sp = unsafe { context::build_start_frame(s.hi & !15, t as *const Tcb as *const u8) };
         // SAFETY: the thread does not run; its saved stack pointer is ours to set.
@@ -300,6 +313,7 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
     percpu::bump(&p.counters.switches);
     timer::on_switch_in(start);
     percpu::trace(percpu::T_SWITCH_IN, t as *const Tcb as u64);
+    timeline::switch_in(t);
     // SAFETY: scheduler context; `t` is ours (popped), fully saved, with a valid frame.
     unsafe { context::switch_in(t as *const Tcb as *const u8) }
 }

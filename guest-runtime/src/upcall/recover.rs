@@ -6,6 +6,7 @@ use core::sync::atomic::Ordering;
 
 use activm_stub::println;
 use activm_stub::protocol::shared::{UpcallKind, UpcallRecord};
+use activm_stub::protocol::timeline::RecordAction;
 
 use super::bag::Bag;
 use super::drain::later;
@@ -14,9 +15,9 @@ use super::state::{file_old_state, take_state, ActState, TABLE};
 use crate::arch::cpu::{self, Word};
 use crate::arch::entry::{self, CLAIMING, ENTRY_MARK_OFFSET};
 use crate::arch::{context, rseq, UserContext};
-use crate::percpu;
 use crate::sched::{self, Pending};
 use crate::tcb::{self, Tcb};
+use crate::{percpu, timeline};
 
 /// Activations whose UNBLOCKED was handled before their BLOCKED (the VMM keeps both in one
 /// queue while it can, but a BLOCKED copied out by a scheduler that was then preempted is
@@ -38,6 +39,7 @@ pub(super) fn blocked(r: &UpcallRecord) {
         t.flags
             .fetch_or(tcb::FLAG_BLOCKED_IN_VMM, Ordering::Relaxed);
         t.blocked_activation.store(r.activation, Ordering::Relaxed);
+        timeline::record_handled(r, Some(t), RecordAction::BlockedInVmm);
     }
     // Keep the state for the UNBLOCKED record.
     TABLE.push(u64::from(st.activation), st);
@@ -141,6 +143,7 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
             return;
         }
         percpu::trace(percpu::T_LATER, r.seq);
+        timeline::record_handled(r, None, RecordAction::Later);
         later(r);
         return;
     };
@@ -155,6 +158,7 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
     let mut ctx = r.context;
     fix_pc(&mut ctx);
     if st.in_sched && nested && !st.sched_idle {
+        timeline::record_handled(r, None, RecordAction::Adopted);
         ADOPT.push(0, Adopt::Context(st, ctx));
         return;
     }
@@ -162,11 +166,13 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
         if st.sched_idle {
             // An idle scheduler: nothing in flight.
             percpu::trace(percpu::T_DROP_IDLE, context::pc(&ctx));
+            timeline::record_handled(r, None, RecordAction::Dropped);
             sched::clear_idle_bits(st.vcpu);
             release_act_stack(st.sched_top);
             percpu::bump(&percpu::this().counters.dropped_idle_contexts);
             return;
         }
+        timeline::record_handled(r, None, RecordAction::Adopted);
         adopt(&ctx, st);
     }
     if st.current == 0 {
@@ -197,6 +203,14 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
     percpu::bump(&percpu::this().counters.resumed_contexts);
     tcb::event(t, tcb::EV_RESUMED);
     percpu::trace(percpu::T_RESUME, context::pc(&ctx));
+    let action = if st.hold > 0 {
+        RecordAction::Continued
+    } else if r.kind == UpcallKind::Unblocked as u32 {
+        RecordAction::RunNext
+    } else {
+        RecordAction::Requeued
+    };
+    timeline::record_handled(r, Some(t), action);
     if st.hold > 0 {
         tcb::event(t, tcb::EV_CONTINUED);
         if !nested {

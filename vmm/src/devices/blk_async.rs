@@ -307,6 +307,15 @@ impl AsyncQueue {
         }
     }
 
+    /// Whether completions wait in the ring that the guest has not consumed.
+    pub fn unconsumed(&self, guest: &Guest) -> bool {
+        let state = self.shared.lock();
+        state.ring.is_some_and(|ring| {
+            read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail)))
+                .is_ok_and(|tail| tail != state.head)
+        })
+    }
+
     /// Requests in flight (for the stall report and tests).
     pub fn in_flight(&self) -> u32 {
         self.shared.lock().in_flight.count_ones()

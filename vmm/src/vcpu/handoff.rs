@@ -164,6 +164,10 @@ impl VcpuThread {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(arch::timestamp().saturating_sub(kicked_at));
+        // Before the record goes out (its thread must not be seen resumed first); after the
+        // latency sample, which tracing must not change.
+        self.guest
+            .timeline_handed_over(self.index, UpcallKind::Preempted, kicked_at);
         // Give the processor back first, so the record goes to a vCPU that keeps running.
         self.release(Release::Preempted);
         self.guest.deliver(event);
@@ -188,6 +192,8 @@ impl VcpuThread {
         let handing_over = self.guest.acts.enabled() && arch::at_user_level(&self.fd);
         let activation = self.guest.acts.current(self.index);
         if handing_over {
+            self.guest
+                .timeline_handed_over(self.index, UpcallKind::Blocked, arch::timestamp());
             self.fresh = None;
             self.guest
                 .acts
@@ -280,6 +286,18 @@ impl VcpuThread {
                 .yield_until(self.guest.id, self.index as usize, at)
             {
                 procs.kick_at(victim, at);
+            }
+        }
+        // A completion posted while the guest was deciding to yield found this vCPU still
+        // running and interrupted nobody: if the guest holds no processor now, it wants one.
+        // (The poster publishes, then looks at the allocator; this side releases, then looks at
+        // the ring: under the two locks one of them sees the other.)
+        if let Some(disk) = &self.guest.disk {
+            let view = self.guest.procs.alloc.view(self.guest.id);
+            if !view.vcpus.iter().any(|s| s.holds_processor()) && disk.queue.unconsumed(&self.guest)
+            {
+                let procs = &self.guest.procs;
+                procs.revoke(procs.alloc.want_one(self.guest.id));
             }
         }
         // Records that reached its queue after the guest decided to yield were taken back:

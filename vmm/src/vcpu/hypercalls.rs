@@ -77,6 +77,7 @@ impl VcpuThread {
             Call::Halt => self.halt(),
             Call::SaRegister { entry } => self.sa_register(entry),
             Call::SaEnable => self.sa_enable(),
+            Call::TimelineSetup { rings, count } => self.timeline_setup(kind, rings, count),
             Call::SaSetConcurrency { processors } => self.sa_setconcurrency(processors),
             Call::SaYield { wake_ns } => self.sa_yield(wake_ns),
             Call::SaPreempt { vcpu } => self.sa_preempt(vcpu),
@@ -136,6 +137,20 @@ impl VcpuThread {
             .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())));
         crate::devices::net::after_call(&self.guest);
         result
+    }
+
+    /// `timeline_setup(gpa, nr_rings)` (`timeline.rs`): only when a trace is recorded (the
+    /// guest saw `SHARED_FEATURE_TIMELINE`); otherwise, or malformed, a violation.
+    fn timeline_setup(&self, kind: Hypercall, rings: u64, count: u64) -> Handled {
+        let (Some(timeline), Some(trace)) = (&self.guest.timeline, &self.guest.trace) else {
+            return Err(self.violation(format!(
+                "malformed hypercall {}: no trace is recorded (SHARED_FEATURE_TIMELINE is off)",
+                kind.name()
+            )));
+        };
+        timeline
+            .setup(&self.guest, trace, rings, count)
+            .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())))
     }
 
     fn console_write(&self, kind: Hypercall, buf: u64, len: u64) -> Handled {

@@ -82,6 +82,7 @@ impl VcpuThread {
             self.trace_state("running", true);
             let step = self.run_until_revoked();
             self.trace_state("running", false);
+            self.guest.drain_timeline();
             match step {
                 ExitAction::Kicked => self.give_back_processor(),
                 ExitAction::Yield { wake_ns } => self.yielded(wake_ns),
