@@ -52,11 +52,24 @@ fn take_spare() -> Option<u64> {
 fn new_act_stack() -> u64 {
     let stack = alloc::vec![0u8; ACT_STACK_SIZE].leak();
     let top = (stack.as_ptr() as u64 + stack.len() as u64) & !15;
+    register_act_stack(top);
+    top
+}
+
+fn register_act_stack(top: u64) {
     let i = NR_ACT_STACKS.fetch_add(1, Ordering::AcqRel);
     if let Some(slot) = ACT_STACKS.get(i) {
         slot.store(top, Ordering::Release);
     }
-    top
+}
+
+/// A vCPU's boot stack, its first scheduler stack: it is recycled like every activation stack
+/// once that scheduler is done with it, so later activations may start on it, and a context
+/// taken in such an activation's entry must be told to lie on an activation stack (else its
+/// record waited forever: the never-handled PREEMPTED records whose stack pointer was on a
+/// boot stack). Boot stacks are larger than [`ACT_STACK_SIZE`]; their top part counts.
+pub fn register_boot_stack(top: u64) {
+    register_act_stack(top);
 }
 
 /// The tops of every activation stack made (they are recycled, never freed), so a context's
