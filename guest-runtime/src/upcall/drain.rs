@@ -122,6 +122,8 @@ fn drain_nested() {
     percpu::this().in_drain.store(0, Ordering::Relaxed);
     // As in `drain`: re-arm the slice timer at the next switch-in.
     cpu::set(Word::Armed, 0);
+    // The stacks these records freed go to the pool now (no allocation here: `drain` refills).
+    stacks::produce_spares();
     Pending::Upcall.defer();
 }
 

@@ -149,6 +149,39 @@ pub(super) fn refill_pool() {
     }
 }
 
+/// Puts the spare stacks beyond the reserve into the shared pool, now, if nobody else produces
+/// (never waits, never allocates: safe at a new activation's start and in a nested drain). A
+/// stack given back goes to the spares; only a producer moves it to the pool, and a refill runs
+/// only at the end of a drain. Under a storm of blocking requests and revocations, activations
+/// ended (blocked, preempted) before their drain's end one after another, the spares filled up
+/// while the pool ran dry, and once every vCPU was blocked or waiting for a stack nobody was
+/// left to produce: the VMM stopped the guest after a second.
+pub(super) fn produce_spares() {
+    if !sa::activations_enabled() {
+        return;
+    }
+    let Some(_produce) = PRODUCE.try_lock() else {
+        return;
+    };
+    let h = sa::header();
+    while NR_SPARE.load(Ordering::Acquire) as usize > SPARE_RESERVE {
+        let prod = h.stack_prod.load(Ordering::Relaxed);
+        let cons = h.stack_cons.load(Ordering::Acquire);
+        if prod.wrapping_sub(cons) as usize >= STACK_POOL_CAPACITY {
+            return;
+        }
+        let Some(top) = take_spare() else {
+            return;
+        };
+        let slot = prod as usize % STACK_POOL_CAPACITY;
+        let stacks = core::ptr::addr_of!(h.stacks) as *mut u64;
+        // SAFETY: as in `refill_pool`: slot `prod % CAP` is free (prod - cons < CAP), and only
+        // the holder of the produce lock writes it.
+        unsafe { stacks.add(slot).write_volatile(top) };
+        h.stack_prod.store(prod.wrapping_add(1), Ordering::Release);
+    }
+}
+
 /// How many stacks the shared pool keeps ready, allocating new ones if needed. Every new
 /// activation takes one, and the pool is refilled only by a scheduler that drains its queue: if
 /// a burst of grants and revocations (allocation chaos on a loaded host) empties it while no
