@@ -1197,9 +1197,10 @@ fn toml_tests() -> Vec<Trial> {
             // in the VMM all the time (iobench storm on the blocking path: 8 threads writing and flushing, every
             // flush a BLOCKED / UNBLOCKED pair), in one process on 2 processors with the budget
             // changing too (--chaos), five times over: both guests' results exact, every
-            // BLOCKED matched by its UNBLOCKED. The setting in which rt-demo hung (a lock holder
-            // lost, fixed in on_upcall); the race is rare: with the fix reverted this test passed
-            // 4 of 4 times, scripts/neighbour-soak.sh storm failed 4 of 58 runs.
+            // BLOCKED matched by its UNBLOCKED. Before the fixes it named (issue 12) about 1 run
+            // in 6 failed: rt-demo hung (a lock holder's PREEMPTED record never retried behind a
+            // record whose state never came, `upcall::drain::retry_later`), or the storm guest
+            // ran its activation-stack pool dry (`upcall::stacks::produce_spares`).
             let dir = TempDir::new("toml-neighbour")?;
             dir.link_guest("rt-demo")?;
             dir.link_guest("iobench")?;
@@ -1235,14 +1236,7 @@ fn toml_tests() -> Vec<Trial> {
                 }
             }
             Ok(())
-        })
-        // Known open bug (issue 12), so not run by default: the blocking-path storm guest itself
-        // stops with "a new activation has waited 1s for an upcall stack" in about 3 runs of 10
-        // (its activation-stack pool runs dry while its vCPUs block), though rt-demo beside it is
-        // exact every time. Run it with `cargo test -p activm-vmm --test kvm -- --ignored
-        // toml_activation_guest_beside_a_flush_storm`; the default asynchronous path is tested
-        // beside activation guests by the blk_async and soak tests.
-        .with_ignored_flag(true),
+        }),
         Trial::test("toml_machine_flags_override_the_file", || {
             // The file says 60 s; --timeout 1 on the command line wins, and --stats adds the
             // counters the file does not ask for.

@@ -101,10 +101,9 @@ fn init_vcpu(vcpu: u32) {
     cpu::set(Word::Pcpu, pcpu as *const Pcpu as u64);
     cpu::set(Word::Armed, 0);
     cpu::set(Word::SchedIdle, 0);
-    cpu::set(
-        Word::SchedTop,
-        activm_stub::boot_info().vcpus[vcpu as usize].user_stack_top & !15,
-    );
+    let boot_top = activm_stub::boot_info().vcpus[vcpu as usize].user_stack_top & !15;
+    cpu::set(Word::SchedTop, boot_top);
+    upcall::register_boot_stack(boot_top);
     upcall::init_vcpu(vcpu);
     let exc = alloc::vec![0u8; EXCEPTION_STACK].leak();
     let exc_top = (exc.as_ptr() as u64 + EXCEPTION_STACK as u64) & !15;

@@ -18,6 +18,15 @@ pub const UPCALL_STALL_LIMIT: std::time::Duration = std::time::Duration::from_se
 
 impl Guest {
     /// Each vCPU's state (its allocator slot), for fault reports.
+    /// The guest's upcall machinery and its vCPUs' slots, for a fault report.
+    pub fn describe_upcalls(&self) -> String {
+        format!(
+            "{}\n  allocator: {}",
+            self.acts.describe(self.shared()),
+            self.describe_vcpus()
+        )
+    }
+
     fn describe_vcpus(&self) -> String {
         let view = self.procs.alloc.view(self.id);
         view.vcpus

@@ -125,6 +125,27 @@ impl<T: Copy, const N: usize> Bag<T, N> {
         Some(item)
     }
 
+    /// Takes the first item in a slot at or after `from`, with that slot's index. A pass that
+    /// goes on from the index after the one returned visits every item it started with once,
+    /// even if items are pushed back meanwhile (they may land in slots already passed).
+    pub(super) fn pop_from(&self, from: usize) -> Option<(usize, T)> {
+        if self.len() == 0 {
+            return None;
+        }
+        let hold = preempt::Hold::new();
+        let mut found = None;
+        for i in from..N {
+            if self.state[i].load(Ordering::Relaxed) == SLOT_FULL {
+                if let Some(item) = self.take_at(i) {
+                    found = Some((i, item));
+                    break;
+                }
+            }
+        }
+        drop(hold);
+        found
+    }
+
     /// Takes any item.
     pub(super) fn pop(&self) -> Option<T> {
         if self.len() == 0 {
@@ -152,15 +173,6 @@ impl<T: Copy, const N: usize> Bag<T, N> {
                 // nobody takes items (a racing take would make this a stale copy, never UB for
                 // the plain-integer records it is used on).
                 f(unsafe { (*self.items[i].get()).assume_init_ref() });
-            }
-        }
-    }
-
-    /// Calls `f` on a copy of every item (diagnostics: racy, items may change meanwhile).
-    pub(super) fn for_each_key(&self, mut f: impl FnMut(u64)) {
-        for i in 0..N {
-            if self.state[i].load(Ordering::Acquire) == SLOT_FULL {
-                f(self.key[i].load(Ordering::Relaxed));
             }
         }
     }

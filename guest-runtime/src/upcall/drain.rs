@@ -122,6 +122,8 @@ fn drain_nested() {
     percpu::this().in_drain.store(0, Ordering::Relaxed);
     // As in `drain`: re-arm the slice timer at the next switch-in.
     cpu::set(Word::Armed, 0);
+    // The stacks these records freed go to the pool now (no allocation here: `drain` refills).
+    stacks::produce_spares();
     Pending::Upcall.defer();
 }
 
@@ -167,13 +169,22 @@ fn handle_nested(r: &UpcallRecord) {
     }
 }
 
+/// Handles what was left for later, each waiting record once per pass (records left again
+/// wait for the next pass). Not `pop` in a loop: a record pushed back lands in the slot it was
+/// taken from and would be taken again at once, so one record whose state never comes kept
+/// every other waiting record from being retried (rt-demo hung beside a flush storm, a lock
+/// holder's PREEMPTED record waiting behind one of an activation preempted in its start).
 fn retry_later() {
-    // Handle what was left for later (one pass: records left again wait for the next one).
-    for _ in 0..64 {
-        match LATER.pop() {
-            Some(r) => handle(&r),
-            None => return,
-        }
+    // A pass that handles nothing leaves no trace (it would flood the ring).
+    let before = LATER.len();
+    let trace_at = percpu::this().trace_at.load(Ordering::Relaxed);
+    let mut from = 0;
+    while let Some((at, r)) = LATER.pop_from(from) {
+        from = at + 1;
+        handle(&r);
+    }
+    if LATER.len() == before {
+        percpu::this().trace_at.store(trace_at, Ordering::Relaxed);
     }
 }
 

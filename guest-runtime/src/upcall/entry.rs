@@ -2,6 +2,7 @@
 
 use core::sync::atomic::Ordering;
 
+use super::stacks::produce_spares;
 use super::state::file_old_state;
 use super::VECTOR_SIM;
 use crate::arch::entry::{self, OldWords};
@@ -35,6 +36,9 @@ extern "C" fn __rt_activation_start(
     cpu::end_owed_interrupts(&OUR_VECTORS);
     percpu::this().in_drain.store(0, Ordering::Relaxed);
     file_old_state(me, &old);
+    // What the previous activation here gave back (and any other spare) goes to the pool at
+    // once: this activation may end before its first drain does (see `produce_spares`).
+    produce_spares();
     sched::clear_idle_bits(me);
     percpu::trace(percpu::T_ACTIVATION, activation);
     percpu::bump(&percpu::this().counters.activations);

@@ -71,7 +71,9 @@ pub use sa::{
     yield_idle_vcpu_for_io, yield_wake_supported,
 };
 pub use signal::{set_signal_handler, set_user_hook, LAST_SIGNAL};
-pub use stacks::{release_act_stack, release_retired_stack, reserve_spare_stacks};
+pub use stacks::{
+    register_boot_stack, release_act_stack, release_retired_stack, reserve_spare_stacks,
+};
 
 /// The runtime's private vector for the simulated VMM (`sim`).
 pub const VECTOR_SIM: u8 = crate::arch::cpu::SIM_IRQ;
@@ -104,7 +106,12 @@ pub fn dump() {
             a.queue_head.load(Ordering::Relaxed),
         );
     }
-    state::for_each_filed(|a| println!("activm-rt: filed state of activation {a}"));
+    state::for_each_filed(|st| {
+        println!(
+            "activm-rt: filed state of activation {} (vCPU {}): current {:#x} hold {} in_sched {} idle {} stack {:#x}",
+            st.activation, st.vcpu, st.current, st.hold, st.in_sched, st.sched_idle, st.sched_top
+        )
+    });
     println!(
         "activm-rt: continue {} later {} adopt {} enabled {}",
         recover::continuations_queued(),
@@ -112,6 +119,7 @@ pub fn dump() {
         recover::adoptions_queued(),
         activations_enabled()
     );
+    drain::print_waiting_records();
     for v in 0..percpu::nr_vcpus() {
         let p = percpu::of(v);
         println!(

@@ -52,11 +52,24 @@ fn take_spare() -> Option<u64> {
 fn new_act_stack() -> u64 {
     let stack = alloc::vec![0u8; ACT_STACK_SIZE].leak();
     let top = (stack.as_ptr() as u64 + stack.len() as u64) & !15;
+    register_act_stack(top);
+    top
+}
+
+fn register_act_stack(top: u64) {
     let i = NR_ACT_STACKS.fetch_add(1, Ordering::AcqRel);
     if let Some(slot) = ACT_STACKS.get(i) {
         slot.store(top, Ordering::Release);
     }
-    top
+}
+
+/// A vCPU's boot stack, its first scheduler stack: it is recycled like every activation stack
+/// once that scheduler is done with it, so later activations may start on it, and a context
+/// taken in such an activation's entry must be told to lie on an activation stack (else its
+/// record waited forever: the never-handled PREEMPTED records whose stack pointer was on a
+/// boot stack). Boot stacks are larger than [`ACT_STACK_SIZE`]; their top part counts.
+pub fn register_boot_stack(top: u64) {
+    register_act_stack(top);
 }
 
 /// The tops of every activation stack made (they are recycled, never freed), so a context's
@@ -133,6 +146,39 @@ pub(super) fn refill_pool() {
         if need_new {
             put_spare(new_act_stack());
         }
+    }
+}
+
+/// Puts the spare stacks beyond the reserve into the shared pool, now, if nobody else produces
+/// (never waits, never allocates: safe at a new activation's start and in a nested drain). A
+/// stack given back goes to the spares; only a producer moves it to the pool, and a refill runs
+/// only at the end of a drain. Under a storm of blocking requests and revocations, activations
+/// ended (blocked, preempted) before their drain's end one after another, the spares filled up
+/// while the pool ran dry, and once every vCPU was blocked or waiting for a stack nobody was
+/// left to produce: the VMM stopped the guest after a second.
+pub(super) fn produce_spares() {
+    if !sa::activations_enabled() {
+        return;
+    }
+    let Some(_produce) = PRODUCE.try_lock() else {
+        return;
+    };
+    let h = sa::header();
+    while NR_SPARE.load(Ordering::Acquire) as usize > SPARE_RESERVE {
+        let prod = h.stack_prod.load(Ordering::Relaxed);
+        let cons = h.stack_cons.load(Ordering::Acquire);
+        if prod.wrapping_sub(cons) as usize >= STACK_POOL_CAPACITY {
+            return;
+        }
+        let Some(top) = take_spare() else {
+            return;
+        };
+        let slot = prod as usize % STACK_POOL_CAPACITY;
+        let stacks = core::ptr::addr_of!(h.stacks) as *mut u64;
+        // SAFETY: as in `refill_pool`: slot `prod % CAP` is free (prod - cons < CAP), and only
+        // the holder of the produce lock writes it.
+        unsafe { stacks.add(slot).write_volatile(top) };
+        h.stack_prod.store(prod.wrapping_add(1), Ordering::Release);
     }
 }
 

@@ -91,7 +91,7 @@ pub(super) fn take_state(activation: u32, vcpu: u32) -> Option<ActState> {
     Some(own_stack(st))
 }
 
-/// Calls `f` with the activation id of every filed state (diagnostics).
-pub(super) fn for_each_filed(f: impl FnMut(u64)) {
-    TABLE.for_each_key(f);
+/// Calls `f` with every filed state (diagnostics).
+pub(super) fn for_each_filed(f: impl FnMut(&ActState)) {
+    TABLE.for_each_item(f);
 }

@@ -195,7 +195,8 @@ impl VcpuThread {
                     return Err(Outcome::fault(
                         self.index,
                         format!(
-                            "a new activation has waited {STACK_WAIT:?} for an upcall stack: the guest's stack pool stays empty"
+                            "a new activation has waited {STACK_WAIT:?} for an upcall stack: the guest's stack pool stays empty\n  {}",
+                            self.guest.describe_upcalls()
                         ),
                     ))
                 }
