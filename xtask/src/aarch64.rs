@@ -34,9 +34,12 @@ const HOST_PACKAGES: &[&str] = &[
 const RUST_TARGET: &str = "aarch64-unknown-linux-gnu";
 const CROSS_GCC: &str = "aarch64-linux-gnu-gcc";
 /// Guest apps that build for aarch64 so far.
-pub const APPS: &[&str] = &["demo", "archcheck", "rt-demo", "rt-tests"];
+pub const APPS: &[&str] = &["demo", "archcheck", "rt-demo", "rt-tests", "iobench"];
 /// Whole QEMU run (boot + every case) under TCG on a shared machine.
 const QEMU_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A check of a case's whole output.
+type OutputCheck = fn(&str) -> Result<(), String>;
 
 /// One command the arm64 `/init` runs, and what it must print.
 struct Case {
@@ -45,6 +48,89 @@ struct Case {
     status: i32,
     /// Text the output must contain, each on some line.
     expect: Vec<String>,
+    /// A further check of the whole output (counts that must agree).
+    check: Option<OutputCheck>,
+    /// A known open bug makes this case fail now and then: it runs only with `--ignored` or
+    /// when `--only` names it.
+    ignored: Option<&'static str>,
+}
+
+impl Case {
+    fn new(name: &'static str, command: &str, status: i32, expect: &[&str]) -> Case {
+        Case {
+            name,
+            command: command.into(),
+            status,
+            expect: expect.iter().map(|s| s.to_string()).collect(),
+            check: None,
+            ignored: None,
+        }
+    }
+
+    fn checked(mut self, check: OutputCheck) -> Case {
+        self.check = Some(check);
+        self
+    }
+
+    fn ignored(mut self, why: &'static str) -> Case {
+        self.ignored = Some(why);
+        self
+    }
+}
+
+/// `activm run OPTIONS --disk /tmp/NAME.img -- GUEST_ARGS` on a fresh zeroed 4 MiB disk; afterwards, with the
+/// status kept, the bytes the block tests leave at sector 5 offset 17 and sector 511 offset
+/// 511 (`disk bytes: 236 24` when they wrote their pattern).
+fn with_disk(name: &str, options: &str, guest_args: &str) -> String {
+    let disk = format!("/tmp/{name}.img");
+    let byte = |at: u32| format!("$(od -An -tu1 -j {at} -N 1 {disk} | tr -d ' ')");
+    format!(
+        "dd if=/dev/zero of={disk} bs=1M count=4 2>/dev/null; /activm run {options} --disk {disk} -- {guest_args}; \
+         s=$?; echo \"disk bytes: {} {}\"; (exit $s)",
+        byte(5 * 512 + 17),
+        byte(511 * 512 + 511)
+    )
+}
+
+/// `NAME=count` from the `--stats` upcall line.
+fn upcalls(output: &str, name: &str) -> Option<u64> {
+    let line = output.lines().find(|l| l.starts_with("upcalls:"))?;
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .and_then(|n| n.parse().ok())
+}
+
+/// Threads blocked in the VMM came back: BLOCKED records, as many UNBLOCKED ones.
+fn blocked_and_unblocked(output: &str) -> Result<(), String> {
+    let blocked = upcalls(output, "BLOCKED").unwrap_or(0);
+    let unblocked = upcalls(output, "UNBLOCKED").unwrap_or(0);
+    if blocked < 40 || blocked != unblocked {
+        return Err(format!(
+            "{blocked} BLOCKED and {unblocked} UNBLOCKED upcalls"
+        ));
+    }
+    Ok(())
+}
+
+/// Asynchronous requests never block a vCPU.
+fn never_blocked(output: &str) -> Result<(), String> {
+    match upcalls(output, "BLOCKED") {
+        Some(0) => Ok(()),
+        n => Err(format!("BLOCKED={n:?} with asynchronous requests")),
+    }
+}
+
+/// The chaos soak saw preemptions and blocking, and every BLOCKED came back.
+fn soak_counts(output: &str) -> Result<(), String> {
+    let preempted = upcalls(output, "PREEMPTED").unwrap_or(0);
+    let blocked = upcalls(output, "BLOCKED").unwrap_or(0);
+    let unblocked = upcalls(output, "UNBLOCKED").unwrap_or(0);
+    if preempted < 10 || blocked < 10 || blocked != unblocked {
+        return Err(format!(
+            "{preempted} PREEMPTED, {blocked} BLOCKED, {unblocked} UNBLOCKED upcalls"
+        ));
+    }
+    Ok(())
 }
 
 fn cases() -> Vec<Case> {
@@ -52,12 +138,14 @@ fn cases() -> Vec<Case> {
         .map(|i| format!("hello from vCPU {i} of 4 at EL0"))
         .collect();
     hello.push("all 4 vCPUs reported".into());
-    vec![
+    let mut cases = vec![
         Case {
             name: "demo-4",
             command: "/activm run /guests/demo --vcpus 4 --stats".into(),
             status: 0,
             expect: hello,
+            check: None,
+            ignored: None,
         },
         Case {
             name: "archcheck-irq",
@@ -68,6 +156,8 @@ fn cases() -> Vec<Case> {
                 "archcheck: 51 timer interrupts and ".into(),
                 "SGIs at EL0, registers intact".into(),
             ],
+            check: None,
+            ignored: None,
         },
         Case {
             name: "archcheck-upcall",
@@ -78,6 +168,8 @@ fn cases() -> Vec<Case> {
                 "the USER upcall arrived on vCPU 1 through its SPI".into(),
                 "USER=1".into(),
             ],
+            check: None,
+            ignored: None,
         },
         Case {
             name: "archcheck-preempt",
@@ -89,6 +181,8 @@ fn cases() -> Vec<Case> {
                 "EL0 in the image, registers as left".into(),
                 "PREEMPTED=1".into(),
             ],
+            check: None,
+            ignored: None,
         },
         Case {
             name: "rt-demo-1-noact",
@@ -98,6 +192,8 @@ fn cases() -> Vec<Case> {
             expect: vec![
                 "4 threads x 2000 increments on 1 vCPUs: total 8000 (expected 8000)".into(),
             ],
+            check: None,
+            ignored: None,
         },
         Case {
             name: "rt-demo-2-noact",
@@ -107,18 +203,24 @@ fn cases() -> Vec<Case> {
             expect: vec![
                 "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
             ],
+            check: None,
+            ignored: None,
         },
         Case {
             name: "rt-tests-1-noact",
             command: "/activm run /guests/rt-tests --vcpus 1 --no-activations --timeout 150".into(),
             status: 0,
             expect: rt_tests_no_activations(),
+            check: None,
+            ignored: None,
         },
         Case {
             name: "rt-tests-2-noact",
             command: "/activm run /guests/rt-tests --vcpus 2 --no-activations --timeout 150".into(),
             status: 0,
             expect: rt_tests_no_activations(),
+            check: None,
+            ignored: None,
         },
         Case {
             name: "rt-demo-2",
@@ -127,6 +229,8 @@ fn cases() -> Vec<Case> {
             expect: vec![
                 "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
             ],
+            check: None,
+            ignored: None,
         },
         Case {
             name: "rt-tests-2",
@@ -137,13 +241,183 @@ fn cases() -> Vec<Case> {
                 "test condvar-timeout ... ok".into(),
                 " passed, 0 failed".into(),
             ],
+            check: None,
+            ignored: None,
         },
         Case {
             name: "archcheck-fault",
             command: "/activm run /guests/archcheck -- fault".into(),
             status: 125,
             expect: vec!["synchronous exception from EL0 on vCPU 0: data abort".into()],
+            check: None,
+            ignored: None,
         },
+    ];
+    cases.extend(exception_cases());
+    cases.extend(blk_cases());
+    cases.extend(scale_cases());
+    cases
+}
+
+/// Exceptions at EL0 in a runtime thread, reported as on x86_64.
+fn exception_cases() -> Vec<Case> {
+    vec![
+        Case::new(
+            "rt-overflow",
+            "/activm run /guests/rt-tests --vcpus 2 -- overflow",
+            101,
+            &["thread 'deep-recursion' overflowed its stack (guard page hit at"],
+        ),
+        Case::new(
+            "rt-panic",
+            "/activm run /guests/rt-tests --vcpus 2 -- panic",
+            101,
+            &["thread 'panicker' panicked", "boom on purpose"],
+        ),
+        Case::new(
+            "rt-bad-access",
+            "/activm run /guests/rt-tests --vcpus 2 -- fault bad-access",
+            125,
+            &[
+                // The runtime's report (EC 0x24: data abort from EL0), then the VMM's.
+                "activm-rt: vCPU ",
+                " exception 36 at pc ",
+                "fault address 0x8:",
+                "synchronous exception from EL0 on vCPU ",
+                ": data abort (ESR_EL1 ",
+                "FAR_EL1 0x8,",
+            ],
+        ),
+        Case::new(
+            "rt-undefined",
+            "/activm run /guests/rt-tests --vcpus 2 -- fault undefined",
+            125,
+            &[
+                " exception 0 at pc ",
+                ": unknown reason (undefined instruction?) (ESR_EL1 0x2000000)",
+            ],
+        ),
+    ]
+}
+
+/// The block device: the blocking path with and without activations, the asynchronous ring,
+/// and iobench, each on a fresh disk.
+fn blk_cases() -> Vec<Case> {
+    let blk_ok = [
+        "test blk ... ok",
+        "test blk-overlap ... ok",
+        "2 passed, 0 failed",
+        "disk bytes: 236 24",
+    ];
+    let mut async_ok = blk_ok.to_vec();
+    async_ok.push("40 asynchronous reads");
+    vec![
+        Case::new(
+            "blk-blocking-4",
+            &with_disk(
+                "blk-blocking-4",
+                "/guests/rt-tests --vcpus 4 --pcpus 2 --stats --io-latency 1000",
+                "--rt-blk-async=off blk blk-overlap",
+            ),
+            0,
+            &blk_ok,
+        )
+        .checked(blocked_and_unblocked),
+        Case::new(
+            "blk-blocking-noact",
+            &with_disk(
+                "blk-blocking-noact",
+                "/guests/rt-tests --vcpus 2 --no-activations --stats --io-latency 500",
+                "--rt-blk-async=off blk blk-overlap",
+            ),
+            0,
+            &blk_ok,
+        ),
+        Case::new(
+            "blk-async-4",
+            &with_disk(
+                "blk-async-4",
+                "/guests/rt-tests --vcpus 4 --pcpus 2 --stats --io-latency 1000",
+                "blk blk-overlap",
+            ),
+            0,
+            &async_ok,
+        )
+        .checked(never_blocked)
+        .ignored(
+            "hangs in about 1 run of 6 (blk-overlap: every read completed, the guest never \
+             wakes to finish; 2 vCPUs too)",
+        ),
+        Case::new(
+            "iobench-serve",
+            &with_disk(
+                "iobench-serve",
+                "/guests/iobench --vcpus 2 --stats --io-latency 200",
+                "serve 4 40 10",
+            ),
+            0,
+            // 40 reads of zeros hashed 10 times: the same sum as on x86_64.
+            &[
+                "RESULT serve ms=",
+                " requests=40 check=1015200 table_slots=0",
+            ],
+        ),
+        Case::new(
+            "iobench-storm",
+            &with_disk(
+                "iobench-storm",
+                "/guests/iobench --vcpus 2 --stats",
+                "--rt-blk-async=off storm 4 10",
+            ),
+            0,
+            &["RESULT storm ms=", " flushes=40 check=4"],
+        )
+        .checked(blocked_and_unblocked_any),
+    ]
+}
+
+/// The flush storm blocks its vCPUs: every BLOCKED came back.
+fn blocked_and_unblocked_any(output: &str) -> Result<(), String> {
+    let blocked = upcalls(output, "BLOCKED").unwrap_or(0);
+    let unblocked = upcalls(output, "UNBLOCKED").unwrap_or(0);
+    if blocked == 0 || blocked != unblocked {
+        return Err(format!(
+            "{blocked} BLOCKED and {unblocked} UNBLOCKED upcalls"
+        ));
+    }
+    Ok(())
+}
+
+/// 4 vCPUs on the QEMU machine's 2 processors, and a short chaos soak.
+fn scale_cases() -> Vec<Case> {
+    vec![
+        Case::new(
+            "rt-demo-4",
+            "/activm run /guests/rt-demo --vcpus 4 --stats --timeout 60 -- 8 2000",
+            0,
+            &["8 threads x 2000 increments on 4 vCPUs: total 16000 (expected 16000)"],
+        ),
+        Case::new(
+            "rt-tests-4",
+            "/activm run /guests/rt-tests --vcpus 4 --stats --timeout 150",
+            0,
+            &[
+                "test random-preemption ... ok",
+                "test sa-chaos ... ok",
+                " passed, 0 failed",
+            ],
+        ),
+        Case::new(
+            "chaos-soak-4",
+            &with_disk(
+                "chaos-soak-4",
+                "/guests/rt-tests --vcpus 4 --pcpus 2 --chaos 5 --stats --timeout 120 --io-latency 200",
+                "--rt-blk-async=off chaos-soak 5",
+            ),
+            0,
+            &["chaos-soak: ok (5 s:"],
+        )
+        .checked(soak_counts),
     ]
 }
 
@@ -179,16 +453,51 @@ fn cache_dir() -> PathBuf {
 
 /// The whole command. `Ok` only if every case passed.
 pub fn test(args: &[String]) -> Result<(), Failure> {
-    let keep = match args {
-        [] => false,
-        [flag] if flag == "--keep" => true,
-        [a, ..] => return Err(Failure::Failed(format!("unexpected argument `{a}`"))),
-    };
+    let mut keep = false;
+    let mut ignored = false;
+    let mut only: Option<Vec<String>> = None;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--keep" => keep = true,
+            "--ignored" => ignored = true,
+            "--only" => match rest.next() {
+                Some(names) => only = Some(names.split(',').map(String::from).collect()),
+                None => return Err(Failure::Failed("--only needs NAME[,NAME...]".into())),
+            },
+            a => return Err(Failure::Failed(format!("unexpected argument `{a}`"))),
+        }
+    }
+    let mut cases = cases();
+    if let Some(only) = &only {
+        // A name ending in `*` is a prefix.
+        let wanted = |name: &str| {
+            only.iter().any(|o| match o.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == o,
+            })
+        };
+        cases.retain(|c| wanted(c.name));
+        if cases.is_empty() {
+            return Err(Failure::Failed(format!(
+                "--only {}: no such case",
+                only.join(",")
+            )));
+        }
+    } else if !ignored {
+        for case in cases.iter().filter(|c| c.ignored.is_some()) {
+            println!(
+                "xtask: aarch64: case {} ignored (known bug: {}); run it with --ignored",
+                case.name,
+                case.ignored.unwrap_or_default()
+            );
+        }
+        cases.retain(|c| c.ignored.is_none());
+    }
     ensure_host_packages()?;
     let (kernel, busybox) = ensure_kernel_and_busybox()?;
     let activm = build_activm()?;
     crate::build_guests_for(crate::GuestArch::Aarch64, true)?;
-    let cases = cases();
     let initrd = make_initramfs(&activm, &busybox, &cases)?;
     let console = boot(&kernel, &initrd)?;
     let log = cache_dir().join("console.log");
@@ -392,7 +701,7 @@ fn init_script(cases: &[Case]) -> String {
 fn make_initramfs(activm: &Path, busybox: &Path, cases: &[Case]) -> Result<PathBuf, String> {
     let dir = cache_dir().join("initrd");
     let _ = std::fs::remove_dir_all(&dir);
-    for sub in ["bin", "proc", "sys", "dev", "guests"] {
+    for sub in ["bin", "proc", "sys", "dev", "guests", "tmp"] {
         std::fs::create_dir_all(dir.join(sub)).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     copy(busybox, &dir.join("bin/busybox"))?;
@@ -520,6 +829,9 @@ fn check(console: &str, cases: &[Case]) -> Result<(), String> {
             if !output.lines().any(|l| l.contains(want.as_str())) {
                 failures.push(format!("{}: missing line `{want}`", case.name));
             }
+        }
+        if let Some(Err(why)) = case.check.map(|check| check(output)) {
+            failures.push(format!("{}: {why}", case.name));
         }
     }
     if failures.is_empty() {
