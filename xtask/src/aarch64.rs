@@ -455,12 +455,22 @@ fn cache_dir() -> PathBuf {
 pub fn test(args: &[String]) -> Result<(), Failure> {
     let mut keep = false;
     let mut ignored = false;
+    // The arm64 machine's processors: 2, as many as the development machines have.
+    let mut smp = 2u32;
     let mut only: Option<Vec<String>> = None;
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--keep" => keep = true,
             "--ignored" => ignored = true,
+            "--smp" => match rest.next().and_then(|n| n.parse().ok()) {
+                Some(n @ 1..=8) => smp = n,
+                _ => {
+                    return Err(Failure::Failed(
+                        "--smp needs a CPU count from 1 to 8".into(),
+                    ))
+                }
+            },
             "--only" => match rest.next() {
                 Some(names) => only = Some(names.split(',').map(String::from).collect()),
                 None => return Err(Failure::Failed("--only needs NAME[,NAME...]".into())),
@@ -499,7 +509,7 @@ pub fn test(args: &[String]) -> Result<(), Failure> {
     let activm = build_activm()?;
     crate::build_guests_for(crate::GuestArch::Aarch64, true)?;
     let initrd = make_initramfs(&activm, &busybox, &cases)?;
-    let console = boot(&kernel, &initrd)?;
+    let console = boot(&kernel, &initrd, smp)?;
     let log = cache_dir().join("console.log");
     std::fs::write(&log, &console).map_err(|e| format!("{}: {e}", log.display()))?;
     println!("xtask: aarch64: console log in {}", log.display());
@@ -726,10 +736,10 @@ fn make_initramfs(activm: &Path, busybox: &Path, cases: &[Case]) -> Result<PathB
 }
 
 /// Boots QEMU and returns everything it printed (stops it after [`QEMU_TIMEOUT`]).
-fn boot(kernel: &Path, initrd: &Path) -> Result<String, Failure> {
+fn boot(kernel: &Path, initrd: &Path, smp: u32) -> Result<String, Failure> {
     let mut cmd = Command::new("qemu-system-aarch64");
     cmd.args(["-M", "virt,virtualization=on,gic-version=3"])
-        .args(["-cpu", "max", "-smp", "2", "-m", "1024"])
+        .args(["-cpu", "max", "-smp", &smp.to_string(), "-m", "1024"])
         .args(["-nographic", "-no-reboot", "-kernel"])
         .arg(kernel)
         .arg("-initrd")
@@ -739,7 +749,7 @@ fn boot(kernel: &Path, initrd: &Path) -> Result<String, Failure> {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     println!(
-        "xtask: aarch64: qemu-system-aarch64 -M virt,virtualization=on,gic-version=3 -cpu max -smp 2 -m 1024 -kernel {} -initrd {}",
+        "xtask: aarch64: qemu-system-aarch64 -M virt,virtualization=on,gic-version=3 -cpu max -smp {smp} -m 1024 -kernel {} -initrd {}",
         kernel.display(),
         initrd.display()
     );
