@@ -50,9 +50,6 @@ struct Case {
     expect: Vec<String>,
     /// A further check of the whole output (counts that must agree).
     check: Option<OutputCheck>,
-    /// A known open bug makes this case fail now and then: it runs only with `--ignored` or
-    /// when `--only` names it.
-    ignored: Option<&'static str>,
 }
 
 impl Case {
@@ -63,17 +60,11 @@ impl Case {
             status,
             expect: expect.iter().map(|s| s.to_string()).collect(),
             check: None,
-            ignored: None,
         }
     }
 
     fn checked(mut self, check: OutputCheck) -> Case {
         self.check = Some(check);
-        self
-    }
-
-    fn ignored(mut self, why: &'static str) -> Case {
-        self.ignored = Some(why);
         self
     }
 }
@@ -145,7 +136,6 @@ fn cases() -> Vec<Case> {
             status: 0,
             expect: hello,
             check: None,
-            ignored: None,
         },
         Case {
             name: "archcheck-irq",
@@ -157,7 +147,6 @@ fn cases() -> Vec<Case> {
                 "SGIs at EL0, registers intact".into(),
             ],
             check: None,
-            ignored: None,
         },
         Case {
             name: "archcheck-upcall",
@@ -169,7 +158,6 @@ fn cases() -> Vec<Case> {
                 "USER=1".into(),
             ],
             check: None,
-            ignored: None,
         },
         Case {
             name: "archcheck-preempt",
@@ -182,7 +170,6 @@ fn cases() -> Vec<Case> {
                 "PREEMPTED=1".into(),
             ],
             check: None,
-            ignored: None,
         },
         Case {
             name: "rt-demo-1-noact",
@@ -193,7 +180,6 @@ fn cases() -> Vec<Case> {
                 "4 threads x 2000 increments on 1 vCPUs: total 8000 (expected 8000)".into(),
             ],
             check: None,
-            ignored: None,
         },
         Case {
             name: "rt-demo-2-noact",
@@ -204,7 +190,6 @@ fn cases() -> Vec<Case> {
                 "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
             ],
             check: None,
-            ignored: None,
         },
         Case {
             name: "rt-tests-1-noact",
@@ -212,7 +197,6 @@ fn cases() -> Vec<Case> {
             status: 0,
             expect: rt_tests_no_activations(),
             check: None,
-            ignored: None,
         },
         Case {
             name: "rt-tests-2-noact",
@@ -220,7 +204,6 @@ fn cases() -> Vec<Case> {
             status: 0,
             expect: rt_tests_no_activations(),
             check: None,
-            ignored: None,
         },
         Case {
             name: "rt-demo-2",
@@ -230,7 +213,6 @@ fn cases() -> Vec<Case> {
                 "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
             ],
             check: None,
-            ignored: None,
         },
         Case {
             name: "rt-tests-2",
@@ -242,7 +224,6 @@ fn cases() -> Vec<Case> {
                 " passed, 0 failed".into(),
             ],
             check: None,
-            ignored: None,
         },
         Case {
             name: "archcheck-fault",
@@ -250,7 +231,6 @@ fn cases() -> Vec<Case> {
             status: 125,
             expect: vec!["synchronous exception from EL0 on vCPU 0: data abort".into()],
             check: None,
-            ignored: None,
         },
     ];
     cases.extend(exception_cases());
@@ -343,11 +323,7 @@ fn blk_cases() -> Vec<Case> {
             0,
             &async_ok,
         )
-        .checked(never_blocked)
-        .ignored(
-            "hangs in about 1 run of 6 (blk-overlap: every read completed, the guest never \
-             wakes to finish; 2 vCPUs too)",
-        ),
+        .checked(never_blocked),
         Case::new(
             "iobench-serve",
             &with_disk(
@@ -454,7 +430,6 @@ fn cache_dir() -> PathBuf {
 /// The whole command. `Ok` only if every case passed.
 pub fn test(args: &[String]) -> Result<(), Failure> {
     let mut keep = false;
-    let mut ignored = false;
     // The arm64 machine's processors: 2, as many as the development machines have.
     let mut smp = 2u32;
     let mut only: Option<Vec<String>> = None;
@@ -462,7 +437,6 @@ pub fn test(args: &[String]) -> Result<(), Failure> {
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--keep" => keep = true,
-            "--ignored" => ignored = true,
             "--smp" => match rest.next().and_then(|n| n.parse().ok()) {
                 Some(n @ 1..=8) => smp = n,
                 _ => {
@@ -494,15 +468,6 @@ pub fn test(args: &[String]) -> Result<(), Failure> {
                 only.join(",")
             )));
         }
-    } else if !ignored {
-        for case in cases.iter().filter(|c| c.ignored.is_some()) {
-            println!(
-                "xtask: aarch64: case {} ignored (known bug: {}); run it with --ignored",
-                case.name,
-                case.ignored.unwrap_or_default()
-            );
-        }
-        cases.retain(|c| c.ignored.is_none());
     }
     ensure_host_packages()?;
     let (kernel, busybox) = ensure_kernel_and_busybox()?;
