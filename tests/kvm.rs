@@ -399,6 +399,28 @@ fn kvm_tests() -> Vec<Trial> {
                 .stderr_has("thread 'deep-recursion' overflowed its stack")?;
             Ok(())
         }),
+        Trial::test("rt_thread_faults_are_reported_by_runtime_and_vmm", || {
+            // The runtime's exception handler reports first, then the fault recurs with
+            // exceptions fatal and the VMM ends the guest (aarch64: `cargo xtask aarch64-test`).
+            activm_run(
+                &guest("rt-tests")?,
+                &["--vcpus", "2"],
+                &["fault", "bad-access"],
+            )?
+            .expect_code(125)?
+            .stdout_has(" exception 14 at pc ")?
+            .stdout_has("fault address 0x8:")?
+            .stderr_has("#PF page fault (vector 14) at CPL3")?;
+            activm_run(
+                &guest("rt-tests")?,
+                &["--vcpus", "2"],
+                &["fault", "undefined"],
+            )?
+            .expect_code(125)?
+            .stdout_has(" exception 6 at pc ")?
+            .stderr_has("#UD invalid opcode (vector 6) at CPL3")?;
+            Ok(())
+        }),
         Trial::test("rt_thread_panic_names_the_thread", || {
             activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["panic"])?
                 .expect_code(101)?

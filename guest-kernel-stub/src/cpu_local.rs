@@ -28,7 +28,7 @@ pub struct CpuLocal {
     /// Work the layer above deferred while `hold` was non-zero; see `crate::preempt`.
     pending: AtomicU64,
     /// Top of this vCPU's alternate stack for CPU exceptions from user level; 0 = exceptions
-    /// are fatal. The privileged stub clears it when it delivers one (x86_64 only so far).
+    /// are fatal. The privileged stub clears it when it delivers one.
     exc_stack: AtomicU64,
     /// Scratch for the user-level exception return path (the faulting stack and instruction
     /// pointers).
@@ -51,7 +51,6 @@ pub const HOLD_OFFSET: usize = offset_of!(CpuLocal, hold);
 /// Offset of the pending-work word.
 pub const PENDING_OFFSET: usize = offset_of!(CpuLocal, pending);
 /// Offset of the alternate exception stack top.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const EXC_STACK_OFFSET: usize = offset_of!(CpuLocal, exc_stack);
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const EXC_RSP_OFFSET: usize = offset_of!(CpuLocal, exc_rsp);

@@ -1,7 +1,8 @@
-//! CPU exceptions at CPL3. The stub delivers them to [`on_exception`] on the vCPU's alternate
-//! stack (with CR2 read at CPL0). A page fault in the guard page of a thread stack ends the
-//! guest with "thread 'name' overflowed its stack"; anything else returns, so the faulting
-//! instruction runs again with exceptions fatal and the VMM reports it as before.
+//! CPU exceptions at user level (CPL3, EL0). The stub delivers them to [`on_exception`] on the
+//! vCPU's alternate stack (with the fault address, CR2 or FAR_EL1, read at CPL0 or EL1). A page
+//! fault in the guard page of a thread stack ends the guest with "thread 'name' overflowed its
+//! stack"; anything else returns, so the faulting instruction runs again with exceptions fatal
+//! and the VMM reports it as before.
 
 use core::fmt::Write;
 use core::sync::atomic::Ordering;

@@ -288,9 +288,15 @@ mod tests {
 
     #[test]
     fn rejects_other_architecture() {
-        let path = temp_file("arm", &tiny_elf(183, IMAGE_BASE, &[0; 16]));
+        // The other architecture's ELF machine and name.
+        let (machine, name) = if ELF_MACHINE == 62 {
+            (183, "aarch64")
+        } else {
+            (62, "x86_64")
+        };
+        let path = temp_file("other", &tiny_elf(machine, IMAGE_BASE, &[0; 16]));
         let err = inspect(&path, 64 << 20).unwrap_err();
-        assert!(err.to_string().contains("aarch64"), "{err}");
+        assert!(err.to_string().contains(name), "{err}");
     }
 
     #[test]

@@ -69,8 +69,11 @@ usage: cargo xtask COMMAND
   build-guests [--release] [--arch x86_64|aarch64]
                                  install the guest toolchain if missing, build guests/ (x86_64: and
                                  the std guests guests/apps/std-*), print the ELF paths
-  aarch64-test [--keep]          end to end on arm64 KVM inside QEMU (installs QEMU and an arm64
-                                 kernel when missing; exit status 77 = skipped)
+  aarch64-test [--keep] [--only NAME,...] [--smp N]
+                                 end to end on arm64 KVM inside QEMU (installs QEMU and an arm64
+                                 kernel when missing; exit status 77 = skipped; --only runs the
+                                 named cases, `prefix*` allowed; --smp: the QEMU
+                                 machine's CPUs, default 2)
   clippy-guests [--arch ARCH]    run clippy on the guest workspace for the guest target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
   fuzz [TARGET] [--seconds N]    build the fuzz targets (fuzz/) and run each (or TARGET) for N s (default 60)

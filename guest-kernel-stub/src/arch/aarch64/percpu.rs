@@ -69,6 +69,33 @@ pub unsafe fn local_read(offset: usize) -> u64 {
     value
 }
 
+/// Stores `value` in the field at `offset` of *this* vCPU's block (an exclusive pair, so a
+/// thread moved to another vCPU between the base read and the store retries, see the module
+/// documentation).
+///
+/// # Safety
+/// `offset` is the offset of an 8-byte-aligned 64-bit field of [`CpuLocal`] the caller may
+/// write.
+#[inline(always)]
+pub unsafe fn local_write(offset: usize, value: u64) {
+    // SAFETY: the caller passes the offset of a writable field of this vCPU's block.
+    unsafe {
+        core::arch::asm!(
+            "2:",
+            "mrs {p}, tpidrro_el0",
+            "add {p}, {p}, {off}",
+            "ldxr xzr, [{p}]",
+            "stxr {f:w}, {v}, [{p}]",
+            "cbnz {f:w}, 2b",
+            p = out(reg) _,
+            f = out(reg) _,
+            off = in(reg) offset,
+            v = in(reg) value,
+            options(nostack),
+        );
+    }
+}
+
 /// One read-modify-write of the field at `offset` of *this* vCPU's block with the instruction
 /// `op` (`add`/`orr`), retried from the base register read if the thread moved (see the module
 /// documentation); evaluates to the new value.

@@ -131,6 +131,16 @@ pub fn arm_timer_ns(ns: u64) {
     irqchip::arm_timer_ticks(ticks.max(1));
 }
 
+/// Whether this vCPU's virtual timer cannot fire: disabled, or masked (as the EL1 stub leaves
+/// it when it fires). One EL0 system-register read, no exit.
+#[inline]
+pub fn timer_stopped() -> bool {
+    let ctl: u64;
+    // SAFETY: reading CNTV_CTL_EL0 (EL0-accessible: CNTKCTL_EL1.EL0VTEN) has no side effects.
+    unsafe { core::arch::asm!("mrs {}, cntv_ctl_el0", out(reg) ctl, options(nomem, nostack)) };
+    ctl & 0b11 != 0b01
+}
+
 /// Sends `intid` to the vCPU whose interrupt id (its index) is `irq_id`: an SGI (`svc #1`),
 /// or, for `UPCALL_IRQ` (the simulated VMM's upcalls), that vCPU's upcall SPI made pending.
 pub fn send_ipi(irq_id: u32, intid: u8) {

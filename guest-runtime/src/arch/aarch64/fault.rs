@@ -1,6 +1,5 @@
-//! CPU exceptions (aarch64): what the runtime's exception handler would read from the stub's
-//! frame. The stub does not deliver exceptions at EL0 yet (they end the guest with the VMM's
-//! report, which names the exception class, ELR and FAR), so these only serve the shared code.
+//! CPU exceptions (aarch64): what the runtime's exception handler reads from the stub's frame
+//! (ESR_EL1 and FAR_EL1 read at EL1).
 
 use activm_stub::ExceptionFrame;
 

@@ -4,7 +4,8 @@
 //! in `*` is a prefix), one line each, then `N passed, M failed`; exits 0 only if all passed
 //! (2 if a name matches no test).
 //! Modes that end the guest: `overflow` (a thread runs off its stack: the guard page catches
-//! it), `panic` (a named thread panics). `bench` prints timings. `list` lists the tests.
+//! it), `panic` (a named thread panics), `fault bad-access|undefined` (a named thread reads the
+//! null page or runs an undefined instruction). `bench` prints timings. `list` lists the tests.
 //! `chaos-soak SECONDS`: mutex and spinlock counters, condvar ping-pong, sleeps, spawns,
 //! messages (and disk I/O with `--disk`) for that long, meant to run under `activm run --chaos`
 //! (processors revoked and granted every 0.1-2 ms); every invariant is checked at the end.
@@ -119,6 +120,7 @@ fn main(args: &[&str]) -> i32 {
     match args.first().copied() {
         Some("overflow") => tests::overflow_mode(),
         Some("panic") => tests::panic_mode(),
+        Some("fault") => tests::fault_mode(args.get(1).copied().unwrap_or("")),
         Some("bench") => bench::run(&args[1..]),
         Some("chaos-soak") => {
             let secs = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);

@@ -7,6 +7,6 @@ mod aarch64;
 mod x86_64;
 
 #[cfg(target_arch = "aarch64")]
-pub use aarch64::{RegState, HOLD_SPINS};
+pub use aarch64::{undefined_instruction, RegState, HOLD_SPINS};
 #[cfg(target_arch = "x86_64")]
-pub use x86_64::{RegState, HOLD_SPINS};
+pub use x86_64::{undefined_instruction, RegState, HOLD_SPINS};

@@ -1645,6 +1645,26 @@ pub fn panic_mode() -> i32 {
     1
 }
 
+/// A named thread faults at user level: `bad-access` reads the unmapped null page,
+/// `undefined` executes an undefined instruction. The runtime's exception handler prints its
+/// report, then the fault recurs with exceptions fatal and the VMM ends the guest (status 125).
+pub fn fault_mode(kind: &str) -> i32 {
+    let kind = String::from(kind);
+    let r = thread::Builder::new()
+        .name("faulter".into())
+        .spawn(move || match kind.as_str() {
+            // SAFETY: address 8 lies in the null page, which is never mapped: the read faults (what
+            // this mode tests) and never returns a value.
+            "bad-access" => unsafe { core::ptr::read_volatile(black_box(8usize) as *const u64) },
+            "undefined" => crate::regs::undefined_instruction(),
+            _ => 0,
+        })
+        .unwrap()
+        .join();
+    println!("fault: the thread returned {r:?} (modes: bad-access, undefined)");
+    1
+}
+
 /// The byte stored at `offset` of sector `sector` by the block tests.
 fn blk_pattern(sector: u64, offset: usize) -> u8 {
     (sector.wrapping_mul(31) as usize ^ offset.wrapping_mul(7)) as u8

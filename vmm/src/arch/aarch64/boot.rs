@@ -66,11 +66,7 @@ pub fn write_tables(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
     }
     ram.write_bytes(LOW_L3_ADDR, &low)?;
     for block in (TWO_MIB..plan.mem_size).step_by(TWO_MIB as usize) {
-        let attrs = if (IMAGE_BASE..IMAGE_DATA_BASE).contains(&block) {
-            CODE
-        } else {
-            EL0_DATA
-        };
+        let attrs = ram_block_attrs(block);
         ram.write_u64(
             l2(block >> 30) + 8 * ((block >> 21) & 511),
             block | attrs | BLOCK,
@@ -86,14 +82,53 @@ pub fn write_tables(ram: &GuestRam, plan: &Plan) -> Result<(), Error> {
     }
     let hc = HYPERCALL_BASE & !(TWO_MIB - 1);
     ram.write_u64(l2(hc >> 30) + 8 * ((hc >> 21) & 511), hc | DEVICE | BLOCK)?;
-    write_stack_region_tables(ram, plan, l2)
+    write_stack_region_tables(ram, plan, &l2)?;
+    write_boot_stack_tables(ram, plan, &l2)
+}
+
+/// EL0 attributes of the RAM block at `block` (2 MiB aligned).
+fn ram_block_attrs(block: u64) -> u64 {
+    if (IMAGE_BASE..IMAGE_DATA_BASE).contains(&block) {
+        CODE
+    } else {
+        EL0_DATA
+    }
+}
+
+/// Map the 2 MiB blocks that hold the EL0 boot stacks with 4 KiB pages, as before but for the
+/// guard page under every stack, which stays unmapped (an overflow faults instead of running
+/// into the shared area or the next vCPU's stack).
+fn write_boot_stack_tables(
+    ram: &GuestRam,
+    plan: &Plan,
+    l2: &impl Fn(u64) -> u64,
+) -> Result<(), Error> {
+    let first = plan.boot_stacks.start & !(TWO_MIB - 1);
+    for (i, chunk) in (first..plan.boot_stacks.end)
+        .step_by(TWO_MIB as usize)
+        .enumerate()
+    {
+        let table = plan.boot_stack_tables.start + 4096 * i as u64;
+        debug_assert!(table < plan.boot_stack_tables.end);
+        ram.write_u64(l2(chunk >> 30) + 8 * ((chunk >> 21) & 511), table | TABLE)?;
+        let attrs = ram_block_attrs(chunk);
+        let mut entries = [0u8; 4096];
+        for (page, entry) in entries.chunks_exact_mut(8).enumerate() {
+            let addr = chunk + 4096 * page as u64;
+            if addr < plan.mem_size && !plan.is_boot_stack_guard(addr) {
+                entry.copy_from_slice(&(addr | attrs | PAGE).to_le_bytes());
+            }
+        }
+        ram.write_bytes(table, &entries)?;
+    }
+    Ok(())
 }
 
 /// Map the thread-stack region with 4 KiB pages, leaving the lowest page of every slot unmapped.
 fn write_stack_region_tables(
     ram: &GuestRam,
     plan: &Plan,
-    l2: impl Fn(u64) -> u64,
+    l2: &impl Fn(u64) -> u64,
 ) -> Result<(), Error> {
     let region = &plan.stack_region;
     for (i, chunk) in (region.start..region.end)
@@ -112,4 +147,49 @@ fn write_stack_region_tables(
         ram.write_bytes(table, &entries)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_and_thread_stacks_have_guard_pages() {
+        let stacks = crate::memory::StackSlots::new(60 * 1024, Some(40), 64 << 20).unwrap();
+        let plan = Plan::new(
+            2,
+            64 << 20,
+            IMAGE_BASE..IMAGE_DATA_BASE + 0x1_0000,
+            0,
+            0,
+            IMAGE_BASE,
+            stacks,
+        )
+        .unwrap();
+        let ram = GuestRam::new(plan.mem_size).unwrap();
+        write_tables(&ram, &plan).unwrap();
+        let pte = |addr: u64| {
+            let l2 = ram.read_u64(L1_ADDR + 8 * (addr >> 30)).unwrap() & !0xfff;
+            let l2e = ram.read_u64(l2 + 8 * ((addr >> 21) & 511)).unwrap();
+            assert_eq!(l2e & 3, TABLE, "4 KiB pages at {addr:#x}");
+            ram.read_u64((l2e & 0xf_ffff_f000) + 8 * ((addr >> 12) & 511))
+                .unwrap()
+        };
+        for vcpu in 0..plan.nr_vcpus {
+            let top = plan.user_stack_top(vcpu);
+            let bottom = top - BOOT_STACK_SIZE;
+            assert_eq!(pte(top - 4096), (top - 4096) | EL0_DATA | PAGE);
+            assert_eq!(pte(bottom), bottom | EL0_DATA | PAGE);
+            assert_eq!(
+                pte(bottom - 4096),
+                0,
+                "guard under the stack of vCPU {vcpu}"
+            );
+        }
+        let shared_last = plan.shared_area.end - 4096;
+        assert_eq!(pte(shared_last), shared_last | EL0_DATA | PAGE);
+        let start = plan.stack_region.start;
+        assert_eq!(pte(start), 0, "guard of thread-stack slot 0");
+        assert_eq!(pte(start + 4096), (start + 4096) | EL0_DATA | PAGE);
+    }
 }

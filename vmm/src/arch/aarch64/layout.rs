@@ -8,11 +8,11 @@
 //! 0x0000_8000  page tables             EL1 only (level 1, four level-2 tables, one level-3
 //!                                      table for the first 2 MiB)
 //! 0x0001_0000  EL1 stacks, 4 KiB per vCPU   EL1 only
-//! 0x0010_0000  level-3 tables of the thread-stack region
+//! 0x0010_0000  level-3 tables of the thread-stack region, then of the boot stacks' blocks
 //! 0x0020_0000  guest image: code and read-only data (2 MiB, read-only, executable at EL0 and
-//!              EL1), then writable data, the shared area, the EL0 boot stacks, the
-//!              thread-stack region (4 KiB pages, a guard page under every slot) and the heap,
-//!              EL0 read-write, never executable
+//!              EL1), then writable data, the shared area, the EL0 boot stacks (a guard page
+//!              under each), the thread-stack region (4 KiB pages, a guard page under every
+//!              slot) and the heap, EL0 read-write, never executable
 //! 0xF000_0000  GICv3 distributor, then the redistributors: EL0 read-write, device memory
 //! 0xFEB0_0000  hypercall page (no memory): EL0 and EL1
 //! ```

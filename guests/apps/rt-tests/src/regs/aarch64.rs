@@ -181,3 +181,9 @@ impl RegState {
         Ok(())
     }
 }
+
+/// Executes an undefined instruction (`udf #0`): the CPU raises an exception at user level.
+pub fn undefined_instruction() -> ! {
+    // SAFETY: the instruction only raises an exception; the fault handler ends the guest.
+    unsafe { core::arch::asm!("udf #0", options(noreturn, nomem, nostack)) }
+}

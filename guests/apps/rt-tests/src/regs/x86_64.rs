@@ -168,3 +168,9 @@ impl RegState {
         Ok(())
     }
 }
+
+/// Executes an undefined instruction (`ud2`): the CPU raises an exception at user level.
+pub fn undefined_instruction() -> ! {
+    // SAFETY: the instruction only raises an exception; the fault handler ends the guest.
+    unsafe { core::arch::asm!("ud2", options(noreturn, nomem, nostack)) }
+}

@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 
 use crate::{dpkg_installed, is_root, repo_root, run};
 
+mod cases;
+
+use cases::{cases, Case};
+
 /// Exit status of a skipped run (the automake convention).
 pub const SKIPPED: u8 = 77;
 
@@ -34,146 +38,9 @@ const HOST_PACKAGES: &[&str] = &[
 const RUST_TARGET: &str = "aarch64-unknown-linux-gnu";
 const CROSS_GCC: &str = "aarch64-linux-gnu-gcc";
 /// Guest apps that build for aarch64 so far.
-pub const APPS: &[&str] = &["demo", "archcheck", "rt-demo", "rt-tests"];
+pub const APPS: &[&str] = &["demo", "archcheck", "rt-demo", "rt-tests", "iobench"];
 /// Whole QEMU run (boot + every case) under TCG on a shared machine.
 const QEMU_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// One command the arm64 `/init` runs, and what it must print.
-struct Case {
-    name: &'static str,
-    command: String,
-    status: i32,
-    /// Text the output must contain, each on some line.
-    expect: Vec<String>,
-}
-
-fn cases() -> Vec<Case> {
-    let mut hello: Vec<String> = (0..4)
-        .map(|i| format!("hello from vCPU {i} of 4 at EL0"))
-        .collect();
-    hello.push("all 4 vCPUs reported".into());
-    vec![
-        Case {
-            name: "demo-4",
-            command: "/activm run /guests/demo --vcpus 4 --stats".into(),
-            status: 0,
-            expect: hello,
-        },
-        Case {
-            name: "archcheck-irq",
-            command: "/activm run /guests/archcheck --vcpus 2 --stats".into(),
-            status: 0,
-            expect: vec![
-                "archcheck: halt woke on the timer interrupt".into(),
-                "archcheck: 51 timer interrupts and ".into(),
-                "SGIs at EL0, registers intact".into(),
-            ],
-        },
-        Case {
-            name: "archcheck-upcall",
-            command: "/activm run /guests/archcheck --vcpus 2 --pcpus 2 --stats -- upcall".into(),
-            status: 0,
-            expect: vec![
-                "archcheck: upcall on vCPU 1: kind 6 arg 0".into(),
-                "the USER upcall arrived on vCPU 1 through its SPI".into(),
-                "USER=1".into(),
-            ],
-        },
-        Case {
-            name: "archcheck-preempt",
-            command:
-                "/activm run /guests/archcheck --vcpus 2 --pcpus 2 --timeout 120 --stats -- preempt"
-                    .into(),
-            status: 0,
-            expect: vec![
-                "EL0 in the image, registers as left".into(),
-                "PREEMPTED=1".into(),
-            ],
-        },
-        Case {
-            name: "rt-demo-1-noact",
-            command: "/activm run /guests/rt-demo --vcpus 1 --no-activations --stats -- 4 2000"
-                .into(),
-            status: 0,
-            expect: vec![
-                "4 threads x 2000 increments on 1 vCPUs: total 8000 (expected 8000)".into(),
-            ],
-        },
-        Case {
-            name: "rt-demo-2-noact",
-            command: "/activm run /guests/rt-demo --vcpus 2 --no-activations --stats -- 6 2000"
-                .into(),
-            status: 0,
-            expect: vec![
-                "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
-            ],
-        },
-        Case {
-            name: "rt-tests-1-noact",
-            command: "/activm run /guests/rt-tests --vcpus 1 --no-activations --timeout 150".into(),
-            status: 0,
-            expect: rt_tests_no_activations(),
-        },
-        Case {
-            name: "rt-tests-2-noact",
-            command: "/activm run /guests/rt-tests --vcpus 2 --no-activations --timeout 150".into(),
-            status: 0,
-            expect: rt_tests_no_activations(),
-        },
-        Case {
-            name: "rt-demo-2",
-            command: "/activm run /guests/rt-demo --vcpus 2 --stats --timeout 60 -- 6 2000".into(),
-            status: 0,
-            expect: vec![
-                "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
-            ],
-        },
-        Case {
-            name: "rt-tests-2",
-            command: "/activm run /guests/rt-tests --vcpus 2 --stats --timeout 150".into(),
-            status: 0,
-            expect: vec![
-                "test random-preemption ... ok".into(),
-                "test condvar-timeout ... ok".into(),
-                " passed, 0 failed".into(),
-            ],
-        },
-        Case {
-            // The runtime's timeline (CNTVCT timestamps) merged into --trace.
-            name: "rt-tests-2-trace",
-            command: "/activm run /guests/rt-tests --vcpus 2 --stats --timeout 150 \
-                      --trace /trace.json -- sa-real time-slicing 2>&1 \
-                      && grep -q left /trace.json && echo guest thread slices in the trace"
-                .into(),
-            status: 0,
-            expect: vec![
-                " passed, 0 failed".into(),
-                "trace timeline: events dropped".into(),
-                "guest thread slices in the trace".into(),
-            ],
-        },
-        Case {
-            name: "archcheck-fault",
-            command: "/activm run /guests/archcheck -- fault".into(),
-            status: 125,
-            expect: vec!["synchronous exception from EL0 on vCPU 0: data abort".into()],
-        },
-    ]
-}
-
-/// What `rt-tests --no-activations` must print (as on x86_64).
-fn rt_tests_no_activations() -> Vec<String> {
-    [
-        "test upcall-preempted ... ok",
-        "test upcall-continuation ... ok",
-        "test upcall-blocked ... ok",
-        "test condvar-timeout ... ok",
-        // ud-retry-decoder (x86_64 instructions) is skipped.
-        "23 passed, 0 failed",
-    ]
-    .map(String::from)
-    .to_vec()
-}
 
 /// Why the run could not happen (reported as SKIPPED), or a real failure.
 pub enum Failure {
@@ -193,18 +60,52 @@ fn cache_dir() -> PathBuf {
 
 /// The whole command. `Ok` only if every case passed.
 pub fn test(args: &[String]) -> Result<(), Failure> {
-    let keep = match args {
-        [] => false,
-        [flag] if flag == "--keep" => true,
-        [a, ..] => return Err(Failure::Failed(format!("unexpected argument `{a}`"))),
-    };
+    let mut keep = false;
+    // The arm64 machine's processors: 2, as many as the development machines have.
+    let mut smp = 2u32;
+    let mut only: Option<Vec<String>> = None;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--keep" => keep = true,
+            "--smp" => match rest.next().and_then(|n| n.parse().ok()) {
+                Some(n @ 1..=8) => smp = n,
+                _ => {
+                    return Err(Failure::Failed(
+                        "--smp needs a CPU count from 1 to 8".into(),
+                    ))
+                }
+            },
+            "--only" => match rest.next() {
+                Some(names) => only = Some(names.split(',').map(String::from).collect()),
+                None => return Err(Failure::Failed("--only needs NAME[,NAME...]".into())),
+            },
+            a => return Err(Failure::Failed(format!("unexpected argument `{a}`"))),
+        }
+    }
+    let mut cases = cases();
+    if let Some(only) = &only {
+        // A name ending in `*` is a prefix.
+        let wanted = |name: &str| {
+            only.iter().any(|o| match o.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == o,
+            })
+        };
+        cases.retain(|c| wanted(c.name));
+        if cases.is_empty() {
+            return Err(Failure::Failed(format!(
+                "--only {}: no such case",
+                only.join(",")
+            )));
+        }
+    }
     ensure_host_packages()?;
     let (kernel, busybox) = ensure_kernel_and_busybox()?;
     let activm = build_activm()?;
     crate::build_guests_for(crate::GuestArch::Aarch64, true)?;
-    let cases = cases();
     let initrd = make_initramfs(&activm, &busybox, &cases)?;
-    let console = boot(&kernel, &initrd)?;
+    let console = boot(&kernel, &initrd, smp)?;
     let log = cache_dir().join("console.log");
     std::fs::write(&log, &console).map_err(|e| format!("{}: {e}", log.display()))?;
     println!("xtask: aarch64: console log in {}", log.display());
@@ -406,7 +307,7 @@ fn init_script(cases: &[Case]) -> String {
 fn make_initramfs(activm: &Path, busybox: &Path, cases: &[Case]) -> Result<PathBuf, String> {
     let dir = cache_dir().join("initrd");
     let _ = std::fs::remove_dir_all(&dir);
-    for sub in ["bin", "proc", "sys", "dev", "guests"] {
+    for sub in ["bin", "proc", "sys", "dev", "guests", "tmp"] {
         std::fs::create_dir_all(dir.join(sub)).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     copy(busybox, &dir.join("bin/busybox"))?;
@@ -431,10 +332,10 @@ fn make_initramfs(activm: &Path, busybox: &Path, cases: &[Case]) -> Result<PathB
 }
 
 /// Boots QEMU and returns everything it printed (stops it after [`QEMU_TIMEOUT`]).
-fn boot(kernel: &Path, initrd: &Path) -> Result<String, Failure> {
+fn boot(kernel: &Path, initrd: &Path, smp: u32) -> Result<String, Failure> {
     let mut cmd = Command::new("qemu-system-aarch64");
     cmd.args(["-M", "virt,virtualization=on,gic-version=3"])
-        .args(["-cpu", "max", "-smp", "2", "-m", "1024"])
+        .args(["-cpu", "max", "-smp", &smp.to_string(), "-m", "1024"])
         .args(["-nographic", "-no-reboot", "-kernel"])
         .arg(kernel)
         .arg("-initrd")
@@ -444,7 +345,7 @@ fn boot(kernel: &Path, initrd: &Path) -> Result<String, Failure> {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     println!(
-        "xtask: aarch64: qemu-system-aarch64 -M virt,virtualization=on,gic-version=3 -cpu max -smp 2 -m 1024 -kernel {} -initrd {}",
+        "xtask: aarch64: qemu-system-aarch64 -M virt,virtualization=on,gic-version=3 -cpu max -smp {smp} -m 1024 -kernel {} -initrd {}",
         kernel.display(),
         initrd.display()
     );
@@ -534,6 +435,9 @@ fn check(console: &str, cases: &[Case]) -> Result<(), String> {
             if !output.lines().any(|l| l.contains(want.as_str())) {
                 failures.push(format!("{}: missing line `{want}`", case.name));
             }
+        }
+        if let Some(Err(why)) = case.check.map(|check| check(output)) {
+            failures.push(format!("{}: {why}", case.name));
         }
     }
     if failures.is_empty() {
