@@ -1,5 +1,9 @@
-//! Scale (issue 13, item 6): N threads spawned, all live at once, then joined (`nbody spawn N`),
-//! for N = 10^3 .. 10^6 on 2 vCPUs; then a fixed N on 1 .. 64 vCPUs per guest, with
+//! Scale (issue 13, item 6): N threads spawned, all live at once, then joined (`nbody spawn N 2`),
+//! for N = 10^3 .. 10^6 on 2 vCPUs, twice in the same guest: the first round ("cold") touches
+//! its memory for the first time, the second ("warm") reuses it, so the two separate the
+//! runtime's own cost from the host's first-touch cost. Beside them, the same number of bytes
+//! of fresh host memory first touched by this process (huge pages advised, as the VMM does for
+//! guest RAM): the floor a first round cannot go below. Then a fixed N on 1 .. 64 vCPUs, with
 //! activations on 2 processors beside the same guest host-scheduled (`--host-sched`, every
 //! vCPU a host thread left to Linux). Reports the guest's own time (TSC) and the host CPU time
 //! the run took (user + system, every thread of the VMM), whose ratio to the wall time says how
@@ -27,17 +31,62 @@ fn cpu_ms() -> f64 {
     ms(usage.ru_utime) + ms(usage.ru_stime)
 }
 
-/// One run of `nbody spawn threads`: (guest ms, host CPU ms), or why it failed.
+/// Milliseconds to first-touch `bytes` of fresh anonymous memory (one write per 4 KiB page),
+/// advised for transparent huge pages like guest RAM (`vmm/src/memory.rs`).
+fn host_first_touch_ms(bytes: usize) -> Option<f64> {
+    let len = bytes.next_multiple_of(2 << 20).max(2 << 20);
+    // SAFETY: a fresh private anonymous mapping; checked for failure below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: `p..p+len` is the mapping just made; advice only.
+    unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+    let start = std::time::Instant::now();
+    for off in (0..len).step_by(4096) {
+        // SAFETY: inside the mapping, which is read-write.
+        unsafe { std::ptr::write_volatile((p as *mut u8).add(off), 1) };
+    }
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    // SAFETY: unmaps exactly the mapping made above; nothing refers to it any more.
+    unsafe { libc::munmap(p, len) };
+    Some(ms)
+}
+
+/// One run's numbers.
+#[derive(Clone, Copy)]
+struct Run {
+    /// First round (memory touched for the first time), guest ms.
+    cold_ms: f64,
+    /// Best later round in the same guest, guest ms (NaN when only one round ran).
+    warm_ms: f64,
+    /// Guest heap bytes in use per live thread.
+    heap_per_thread: f64,
+    /// Host CPU time of the whole run (boot and every round), ms.
+    cpu_ms: f64,
+}
+
+/// One run of `nbody spawn threads rounds`, or why it failed.
 fn run(
     image: &std::path::Path,
     threads: usize,
+    rounds: usize,
     vcpus: u32,
     mode: Mode,
-) -> Result<(f64, f64), String> {
+) -> Result<Run, String> {
     let config = VmConfig {
         vcpus,
         mem_size: 3 << 30,
-        args: vec!["spawn".into(), threads.to_string()],
+        args: vec!["spawn".into(), threads.to_string(), rounds.to_string()],
         ..VmConfig::new(image)
     };
     let console = Captured::default();
@@ -57,75 +106,93 @@ fn run(
             text.lines().last().unwrap_or("")
         ));
     }
-    let ms = field(&text, "ms").ok_or_else(|| format!("no RESULT line in {text:?}"))?;
-    Ok((ms, cpu))
+    let cold_ms = field(&text, "ms").ok_or_else(|| format!("no RESULT line in {text:?}"))?;
+    Ok(Run {
+        cold_ms,
+        warm_ms: field(&text, "warm_ms").unwrap_or(f64::NAN),
+        heap_per_thread: field(&text, "heap_per_thread").unwrap_or(f64::NAN),
+        cpu_ms: cpu,
+    })
 }
 
-/// Of `rounds` runs: (median guest ms, best guest ms, median host CPU ms). The best run is the
-/// one the host disturbed least.
+/// The medians of `runs` runs (each field on its own).
 fn medians(
     image: &std::path::Path,
-    rounds: usize,
+    runs: usize,
     threads: usize,
+    rounds: usize,
     vcpus: u32,
     mode: Mode,
-) -> Result<(f64, f64, f64), String> {
-    let (mut ms, mut cpu) = (Vec::new(), Vec::new());
-    for _ in 0..rounds {
-        let (m, c) = run(image, threads, vcpus, mode)?;
-        ms.push(m);
-        cpu.push(c);
+) -> Result<Run, String> {
+    let mut all = Vec::new();
+    for _ in 0..runs {
+        all.push(run(image, threads, rounds, vcpus, mode)?);
     }
-    let median = summary(&mut ms).0;
-    // `summary` sorted the samples: the first is the best.
-    Ok((median, ms[0], summary(&mut cpu).0))
+    let median = |f: fn(&Run) -> f64| summary(&mut all.iter().map(f).collect::<Vec<_>>()).0;
+    Ok(Run {
+        cold_ms: median(|r| r.cold_ms),
+        warm_ms: median(|r| r.warm_ms),
+        heap_per_thread: median(|r| r.heap_per_thread),
+        cpu_ms: median(|r| r.cpu_ms),
+    })
 }
 
 fn main() {
     let quick = std::env::var_os("ACTIVM_BENCH_QUICK").is_some();
-    let rounds = if quick { 1 } else { 3 };
+    let runs = if quick { 1 } else { 3 };
     let Some(image) = guest_path("nbody") else {
         println!("scale: n/a (guest `nbody` is not built: cargo xtask build-guests --release)");
         return;
     };
     pin_and_report(2);
-    println!("Scale: N threads spawned (all live at once), then joined; medians of {rounds} runs");
     println!(
-        "host CPU = user + system time of the whole VMM for the run (boot included); guest ms is"
+        "Scale: N threads spawned (all live at once), then joined, twice in one guest on 2 vCPUs;"
     );
     println!(
-        "wall time inside the guest, so on a loaded host it is well above the host CPU time\n"
+        "medians of {runs} runs. cold = the first round (its memory touched for the first time),"
     );
+    println!("warm = the second (memory the first one used); host first touch = the same bytes of");
+    println!("fresh host memory written once per 4 KiB by this process right after the runs\n");
     println!(
-        "  {:>9} {:>11} {:>13} {:>9} {:>10} {:>13} {:>9} {:>13} {:>15}",
+        "  {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>7} {:>8} {:>11} {:>9}",
         "threads",
-        "guest ms",
-        "ns/thread",
+        "cold ms",
+        "ns/thr",
         "x 10^3",
-        "best ms",
-        "best ns/thr",
+        "warm ms",
+        "ns/thr",
         "x 10^3",
-        "host CPU ms",
-        "CPU ns/thread"
+        "heap B/t",
+        "host touch",
+        "host CPU"
+    );
+    println!(
+        "  {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>7} {:>8} {:>11} {:>9}",
+        "", "", "", "", "", "", "", "", "ns/thr", "ms"
     );
     let counts: &[usize] = if quick {
         &[1_000, 100_000]
     } else {
         &[1_000, 10_000, 100_000, 1_000_000]
     };
-    let (mut base, mut best_base) = (None, None);
+    let (mut cold_base, mut warm_base) = (None, None);
     for &n in counts {
-        match medians(&image, rounds, n, 2, Mode::Activations) {
-            Ok((ms, best, cpu)) => {
-                let per = ms * 1e6 / n as f64;
-                let best_per = best * 1e6 / n as f64;
-                let base = *base.get_or_insert(per);
-                let best_base = *best_base.get_or_insert(best_per);
+        match medians(&image, runs, n, 2, 2, Mode::Activations) {
+            Ok(r) => {
+                let per = |ms: f64| ms * 1e6 / n as f64;
+                let (cold, warm) = (per(r.cold_ms), per(r.warm_ms));
+                let cold_base = *cold_base.get_or_insert(cold);
+                let warm_base = *warm_base.get_or_insert(warm);
+                let touch = host_first_touch_ms((r.heap_per_thread * n as f64) as usize)
+                    .map_or("n/a".to_string(), |ms| format!("{:.0}", per(ms)));
                 println!(
-                    "  {n:>9} {ms:>11.1} {per:>13.0} {:>8.2}x {best:>10.1} {best_per:>13.0} {:>8.2}x {cpu:>13.0} {:>15.0}",
-                    per / base,
-                    best_per / best_base,
-                    cpu * 1e6 / n as f64
+                    "  {n:>9} {:>9.1} {cold:>9.0} {:>6.2}x {:>9.1} {warm:>9.0} {:>6.2}x {:>8.0} {touch:>11} {:>9.0}",
+                    r.cold_ms,
+                    cold / cold_base,
+                    r.warm_ms,
+                    warm / warm_base,
+                    r.heap_per_thread,
+                    r.cpu_ms
                 );
             }
             Err(e) => println!("  {n:>9} n/a: {e}"),
@@ -145,12 +212,16 @@ fn main() {
     };
     for &v in vcpus {
         match (
-            medians(&image, rounds, n, v, Mode::Activations),
-            medians(&image, rounds, n, v, Mode::HostSched),
+            medians(&image, runs, n, 1, v, Mode::Activations),
+            medians(&image, runs, n, 1, v, Mode::HostSched),
         ) {
-            (Ok((am, _, ac)), Ok((hm, _, hc))) => println!(
-                "  {v:>5} {am:>15.1} {ac:>15.0} {hm:>15.1} {hc:>15.0} {:>7.2}x",
-                hm / am
+            (Ok(a), Ok(h)) => println!(
+                "  {v:>5} {:>15.1} {:>15.0} {:>15.1} {:>15.0} {:>7.2}x",
+                a.cold_ms,
+                a.cpu_ms,
+                h.cold_ms,
+                h.cpu_ms,
+                h.cold_ms / a.cold_ms
             ),
             (Err(e), _) | (_, Err(e)) => println!("  {v:>5} n/a: {e}"),
         }

@@ -50,8 +50,11 @@ pub const FLAG_MAIN: u32 = 1 << 0;
 /// Blocked in the VMM (a BLOCKED record named its activation).
 pub const FLAG_BLOCKED_IN_VMM: u32 = 1 << 1;
 
-/// Bytes of closure/result stored in the TCB itself (bigger ones go to the heap).
-pub const INLINE_PACKET: usize = 128;
+/// Bytes of closure/result stored in the TCB itself (bigger ones go to the heap). 64 covers a
+/// closure that captures a few `Arc`s and numbers; with [`HISTORY`] it keeps the TCB at five
+/// cache lines (320 bytes, 448 before): a million live threads are that much fresh memory,
+/// whose first touch is most of their cost (`docs/runtime.md`, "Scale").
+pub const INLINE_PACKET: usize = 64;
 
 /// What a thread runs: called once on the thread with its TCB.
 pub type RunFn = unsafe fn(&Tcb);
@@ -107,6 +110,12 @@ pub struct Tcb {
     pub timed: AtomicU32,
 }
 
+// Every live thread costs a TCB of fresh memory at scale: keep it at five cache lines.
+const _: () = assert!(
+    core::mem::size_of::<Tcb>() <= 320,
+    "the TCB grew past five cache lines"
+);
+
 /// `Tcb::last_event` kinds.
 pub const EV_SPAWNED: u32 = 1;
 pub const EV_QUEUED: u32 = 2;
@@ -136,7 +145,7 @@ pub fn event_name(e: u32) -> &'static str {
 }
 
 /// Events kept per thread (diagnostics).
-pub const HISTORY: usize = 8;
+pub const HISTORY: usize = 4;
 
 /// Records a scheduling event of `t` on this vCPU (diagnostics, see `stats::dump`).
 #[inline(always)]

@@ -38,9 +38,15 @@ const CHUNK_ALIGN: usize = 64;
 /// Variables whose address slots live in the table itself (std has about a dozen).
 const INLINE: usize = 32;
 
+/// Left uninitialised: only the part handed out (and then written from a template) is read.
 #[repr(C, align(64))]
-#[derive(Debug)]
-struct Chunk([u8; CHUNK]);
+struct Chunk(core::mem::MaybeUninit<[u8; CHUNK]>);
+
+impl core::fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("Chunk")
+    }
+}
 
 /// One thread's copies: addresses by index, the blocks to free at exit, the first chunk. It is
 /// boxed by activm-rt's thread-local table and never moves, so the chunk's address is stable.
@@ -72,7 +78,7 @@ impl Copies {
             blocks: Vec::new(),
             next: 0,
             end: 0,
-            chunk: Chunk([0; CHUNK]),
+            chunk: Chunk(core::mem::MaybeUninit::uninit()),
         }
     }
 

@@ -1,18 +1,20 @@
 //! Futexes at user level: `sys_futex_wait`/`sys_futex_wake` (std's Mutex, Condvar, RwLock,
 //! Once, park and channels are built on them).
 //!
-//! Waiters sleep in one of [`BUCKETS`] lists chosen by address, each behind an activm-rt
-//! `Mutex`. A waiter is a [`Waiter`] on its own stack, so a wake-up wakes exactly the threads
-//! it takes off the list: an untimed waiter parks (activm-rt `park`/`unpark`, the cheapest
-//! hand-over), a timed one waits on its own `Condvar` over the bucket's mutex (the runtime's
-//! timer ends the wait). The value is compared under the bucket lock and every waker takes that
-//! lock after changing the value, so no wake-up is lost. Nothing exits to the VMM.
+//! An untimed wait (the common case: every lock, condvar wait and park) is activm-rt's own
+//! [`activm_rt::sync::futex`]: the thread parks in an intrusive wait list keyed by address,
+//! nothing allocated and no reference counts touched. A timed wait sleeps in one of
+//! [`BUCKETS`] lists chosen by address, each behind an activm-rt `Mutex`, as a [`Waiter`] on
+//! its own stack waiting on its own `Condvar` over the bucket's mutex (the runtime's timer ends
+//! the wait). In both, the value is compared under the list's lock and every waker takes that
+//! lock after changing the value, so no wake-up is lost. A waker looks at the timed lists only
+//! when their bucket has timed waiters ([`TIMED`], see [`sys_futex_wake`]). Nothing exits to
+//! the VMM.
 
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use activm_rt::sync::{Condvar, Mutex};
-use activm_rt::thread::{self, Thread};
+use activm_rt::sync::{futex, Condvar, Mutex};
 
 use crate::errno::{fail, EAGAIN, EINVAL, ETIMEDOUT};
 use crate::sys::Timespec;
@@ -22,13 +24,11 @@ const FUTEX_RELATIVE_TIMEOUT: u32 = 1;
 /// Number of wait lists (a power of two).
 const BUCKETS: usize = 64;
 
-/// One waiting thread, on its own stack while it is listed.
+/// One timed waiter, on its own stack while it is listed.
 struct Waiter {
     addr: usize,
     /// Set (under the bucket lock) when a waker takes the waiter off the list.
     woken: AtomicBool,
-    /// An untimed waiter parks: the thread to unpark. A timed one has none and waits on `wake`.
-    parked: Option<Thread>,
     wake: Condvar,
 }
 
@@ -42,10 +42,12 @@ unsafe impl Send for Bucket {}
 static TABLE: [Mutex<Bucket>; BUCKETS] =
     [const { Mutex::new(Bucket(alloc::vec::Vec::new())) }; BUCKETS];
 
-fn bucket(addr: usize) -> &'static Mutex<Bucket> {
+/// Timed waiters per bucket (changed under the bucket's lock, read by wakers).
+static TIMED: [AtomicU32; BUCKETS] = [const { AtomicU32::new(0) }; BUCKETS];
+
+fn bucket_index(addr: usize) -> usize {
     // Fibonacci hashing of the 4-byte-aligned address.
-    let h = (addr >> 2).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 6);
-    &TABLE[h % BUCKETS]
+    ((addr >> 2).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 6)) % BUCKETS
 }
 
 /// `int sys_futex_wait(u32 *address, u32 expected, const timespec *timeout, u32 flags)`: if
@@ -76,45 +78,45 @@ pub unsafe extern "C" fn sys_futex_wait(
     };
     // SAFETY: the caller's futex word, accessed atomically as std does.
     let word = unsafe { AtomicU32::from_ptr(address) };
+    let Some(d) = timeout else {
+        return if futex::wait(word, expected) {
+            0
+        } else {
+            fail(EAGAIN)
+        };
+    };
     let addr = address as usize;
-    let list = bucket(addr);
-    let mut guard = list.lock().unwrap();
+    let b = bucket_index(addr);
+    let mut guard = TABLE[b].lock().unwrap();
+    // Counted before the value is read: a waker that changed the value earlier is seen below;
+    // one that changes it later sees the count (both are read-modify-writes of `TIMED[b]`,
+    // see `sys_futex_wake`).
+    TIMED[b].fetch_add(1, Ordering::SeqCst);
     if word.load(Ordering::SeqCst) != expected {
+        TIMED[b].fetch_sub(1, Ordering::Relaxed);
         return fail(EAGAIN);
     }
     let me = Waiter {
         addr,
         woken: AtomicBool::new(false),
-        parked: timeout.is_none().then(thread::current),
         wake: Condvar::new(),
     };
     guard.0.push(&me);
-    match timeout {
-        None => {
-            drop(guard);
-            // A stale token (an unpark that came after an earlier wait ended) only makes
-            // `park` return early: the flag decides.
-            while !me.woken.load(Ordering::Acquire) {
-                thread::park();
-            }
-            0
+    let deadline = crate::sys::monotonic_ns().saturating_add(d.as_nanos() as u64);
+    let result = loop {
+        let now = crate::sys::monotonic_ns();
+        if me.woken.load(Ordering::Acquire) {
+            break 0;
         }
-        Some(d) => {
-            let deadline = crate::sys::monotonic_ns().saturating_add(d.as_nanos() as u64);
-            loop {
-                let now = crate::sys::monotonic_ns();
-                if me.woken.load(Ordering::Acquire) {
-                    return 0;
-                }
-                if now >= deadline {
-                    guard.0.retain(|&w| !ptr::eq(w, &me));
-                    return fail(ETIMEDOUT);
-                }
-                let left = core::time::Duration::from_nanos(deadline - now);
-                guard = me.wake.wait_timeout(guard, left).unwrap().0;
-            }
+        if now >= deadline {
+            guard.0.retain(|&w| !ptr::eq(w, &me));
+            break fail(ETIMEDOUT);
         }
-    }
+        let left = core::time::Duration::from_nanos(deadline - now);
+        guard = me.wake.wait_timeout(guard, left).unwrap().0;
+    };
+    TIMED[b].fetch_sub(1, Ordering::Relaxed);
+    result
 }
 
 /// `int sys_futex_wake(u32 *address, i32 count)`: wakes up to `count` waiters on `address`
@@ -127,26 +129,21 @@ pub extern "C" fn sys_futex_wake(address: *mut u32, count: i32) -> i32 {
     } else {
         count as usize
     };
-    let mut woken = 0usize;
-    let mut guard = bucket(addr).lock().unwrap();
+    let mut woken = futex::wake(addr, limit);
+    let b = bucket_index(addr);
+    // A read-modify-write, not a load: ordered with a timed waiter's increment, so either this
+    // sees it, or that waiter's later read of the value sees the change made before this call.
+    if woken >= limit || TIMED[b].fetch_add(0, Ordering::SeqCst) == 0 {
+        return woken as i32;
+    }
+    let mut guard = TABLE[b].lock().unwrap();
     guard.0.retain(|&w| {
         // SAFETY: a listed waiter is alive: it leaves the list only under this lock.
         let w = unsafe { &*w };
         if woken < limit && w.addr == addr {
             woken += 1;
-            match &w.parked {
-                Some(t) => {
-                    // Take a handle first: once the flag is set the waiter may return, and
-                    // its `Waiter` (on its stack) is gone.
-                    let t = t.clone();
-                    w.woken.store(true, Ordering::Release);
-                    t.unpark();
-                }
-                None => {
-                    w.woken.store(true, Ordering::Release);
-                    w.wake.notify_one();
-                }
-            }
+            w.woken.store(true, Ordering::Release);
+            w.wake.notify_one();
             false
         } else {
             true

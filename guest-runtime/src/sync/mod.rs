@@ -9,6 +9,7 @@
 
 pub mod barrier;
 pub mod condvar;
+pub mod futex;
 pub mod mpsc;
 pub mod mutex;
 pub mod rwlock;

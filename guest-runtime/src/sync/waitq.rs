@@ -26,6 +26,10 @@ impl WaitList {
         self.len == 0
     }
 
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     /// Appends `t` (a thread about to wait) with `tag`.
     pub fn push(&mut self, t: &Tcb, tag: usize) {
         t.link.set(core::ptr::null());
@@ -81,6 +85,35 @@ impl WaitList {
             cur = next;
         }
         false
+    }
+
+    /// Removes up to `max` waiters whose tag is `tag`, oldest first, into a new list.
+    pub fn take_tagged(&mut self, tag: usize, max: usize) -> WaitList {
+        let mut taken = WaitList::new();
+        let mut prev: *const Tcb = core::ptr::null();
+        let mut cur = self.head;
+        while !cur.is_null() && taken.len < max {
+            // SAFETY: a TCB in this list.
+            let c = unsafe { tcb::from_raw(cur) };
+            let next = c.link.get();
+            if c.tag.get() == tag {
+                if prev.is_null() {
+                    self.head = next;
+                } else {
+                    // SAFETY: as above.
+                    unsafe { tcb::from_raw(prev) }.link.set(next);
+                }
+                if self.tail == cur {
+                    self.tail = prev;
+                }
+                self.len -= 1;
+                taken.push(c, tag);
+            } else {
+                prev = cur;
+            }
+            cur = next;
+        }
+        taken
     }
 
     /// Takes every waiter.
