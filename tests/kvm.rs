@@ -24,6 +24,8 @@ mod durability;
 mod net;
 #[path = "kvm/security.rs"]
 mod security;
+#[path = "kvm/std_api.rs"]
+mod std_api;
 #[path = "kvm/std_files.rs"]
 mod std_files;
 #[path = "kvm/std_guests.rs"]
@@ -1383,6 +1385,7 @@ fn main() {
     trials.extend(hostile::hostile_tests());
     trials.extend(security::security_tests());
     trials.extend(std_guests::tests());
+    trials.extend(std_api::tests());
     trials.extend(std_files::tests());
     trials.extend(net::tests());
     if let Err(why) = kvm_usable() {

@@ -38,8 +38,20 @@ pub struct PoisonError<T> {
 }
 
 impl<T> PoisonError<T> {
+    pub fn new(guard: T) -> PoisonError<T> {
+        PoisonError { guard }
+    }
+
     pub fn into_inner(self) -> T {
         self.guard
+    }
+
+    pub fn get_ref(&self) -> &T {
+        &self.guard
+    }
+
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.guard
     }
 }
 
@@ -51,7 +63,7 @@ impl<T> fmt::Debug for PoisonError<T> {
 
 impl<T> fmt::Display for PoisonError<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("poisoned lock")
+        f.write_str("poisoned lock: another task failed inside")
     }
 }
 
@@ -68,10 +80,12 @@ pub enum TryLockError<G> {
 
 impl<G> fmt::Debug for TryLockError<G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TryLockError::Poisoned(_) => f.write_str("Poisoned(..)"),
-            TryLockError::WouldBlock => f.write_str("WouldBlock"),
-        }
+        // std prints these as quoted strings; so do we.
+        let name = match self {
+            TryLockError::Poisoned(_) => "Poisoned(..)",
+            TryLockError::WouldBlock => "WouldBlock",
+        };
+        fmt::Debug::fmt(name, f)
     }
 }
 

@@ -32,8 +32,8 @@ pub enum TrySendError<T> {
 impl<T> fmt::Debug for TrySendError<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TrySendError::Full(_) => f.write_str("Full(..)"),
-            TrySendError::Disconnected(_) => f.write_str("Disconnected(..)"),
+            TrySendError::Full(_) => f.write_str("TrySendError::Full(..)"),
+            TrySendError::Disconnected(_) => f.write_str("TrySendError::Disconnected(..)"),
         }
     }
 }
