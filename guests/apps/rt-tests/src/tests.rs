@@ -35,6 +35,11 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("thread-local", Needs::Any, thread_local),
     ("park-unpark", Needs::Any, park_unpark),
     ("std-thread-api", Needs::Any, crate::std_native::thread_api),
+    (
+        "std-cases-preempted",
+        Needs::Any,
+        crate::std_native::std_cases_preempted,
+    ),
     ("fp-preemption", Needs::Any, fp_preemption),
     ("ud-retry-decoder", Needs::Any, ud_retry_decoder),
     ("sleep-accuracy", Needs::Any, sleep_accuracy),
