@@ -28,6 +28,16 @@ pub static CASES: &[(&str, Case)] = &[
 /// Long enough that a loaded machine never makes a wait that must not time out do so.
 const PATIENCE: Duration = Duration::from_secs(20);
 
+/// The case's transcript, if it is what std documents (and does: the host test runs the same
+/// case against std and compares with the same constant).
+fn expect(transcript: String, want: &str) -> Result<String, String> {
+    if transcript == want {
+        Ok(transcript)
+    } else {
+        Err(format!("got {transcript}; std gives {want}"))
+    }
+}
+
 fn check(ok: bool, what: &str) -> Result<(), String> {
     if ok {
         Ok(())
@@ -50,6 +60,8 @@ fn retry<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
         thread::sleep(Duration::from_millis(1));
     }
 }
+
+const WANT_RENDEZVOUS: &str = "try_send alone: Full true; send returned before recv: false; received Ok(7); send returned after: true; try_send to a waiting receiver: Some(true); it received Ok(5); send to a dropped receiver: Err(8)";
 
 fn rendezvous() -> Result<String, String> {
     let mut out = Vec::new();
@@ -96,7 +108,7 @@ fn rendezvous() -> Result<String, String> {
         "send to a dropped receiver: {:?}",
         h.join().expect("join")
     ));
-    Ok(out.join("; "))
+    expect(out.join("; "), WANT_RENDEZVOUS)
 }
 
 /// Counts its drops.
@@ -107,6 +119,9 @@ impl Drop for Counted {
         self.0.fetch_add(1, Ordering::SeqCst);
     }
 }
+
+const WANT_RECEIVER_DROP: &str =
+    "reply: Err(Disconnected); send after: true; channel: 3 dropped; sync_channel(4): 3 dropped";
 
 fn receiver_drop() -> Result<String, String> {
     let mut out = Vec::new();
@@ -146,12 +161,14 @@ fn receiver_drop() -> Result<String, String> {
             }
         }
     }
-    Ok(out.join("; "))
+    expect(out.join("; "), WANT_RECEIVER_DROP)
 }
 
 fn reply_channel() -> mpsc::Sender<u32> {
     mpsc::channel().0
 }
+
+const WANT_CHANNEL_API: &str = "recv_timeout empty: Err(Timeout); recv_timeout, sent later: Ok(9); try_iter: [1, 2, 3]; try_iter empty: None; try_recv empty: Err(Empty); owned into_iter sum: 60; recv_timeout disconnected: Err(Disconnected); try_recv disconnected: Err(Disconnected); try_send room: true; try_send full: Full true; try_send disconnected: Disconnected true";
 
 fn channel_api() -> Result<String, String> {
     let mut out = Vec::new();
@@ -200,7 +217,7 @@ fn channel_api() -> Result<String, String> {
     drop(rx);
     let gone = matches!(tx.try_send(3), Err(mpsc::TrySendError::Disconnected(3)));
     out.push(format!("try_send disconnected: Disconnected {gone}"));
-    Ok(out.join("; "))
+    expect(out.join("; "), WANT_CHANNEL_API)
 }
 
 static LAZY_RUNS: AtomicUsize = AtomicUsize::new(0);
@@ -209,6 +226,8 @@ static LAZY: LazyLock<u64> = LazyLock::new(|| {
     thread::sleep(Duration::from_millis(10));
     99
 });
+
+const WANT_ONCE: &str = "get before: None; OnceLock inits run: 1; seen: [42, 42, 42, 42, 42, 42, 42, 42]; wait: 42; set again: Err(7); set empty: Ok(()); take: Some(1) then None; LazyLock: [99, 99, 99, 99], runs 1; Once completed before: false; Once runs 1, callers saw [1, 1, 1, 1], completed true";
 
 fn once() -> Result<String, String> {
     let mut out = Vec::new();
@@ -280,8 +299,10 @@ fn once() -> Result<String, String> {
         runs.load(Ordering::SeqCst),
         once.is_completed()
     ));
-    Ok(out.join("; "))
+    expect(out.join("; "), WANT_ONCE)
 }
+
+const WANT_INSTANT: &str = "elapsed >= 10 ms: true; later > earlier: true; duration_since >= 10 ms: true; checked_duration_since(later): None; saturating_duration_since(later): 0ns; earlier - later: 0ns; (t + 1.5 s) - t: 1.5s; (t + 1.5 s) - 1.5 s == t: true; += -= round trip: true; checked_add(MAX): None; checked_sub(MAX): None; checked_add(1 s) is later: true";
 
 fn instant() -> Result<String, String> {
     let mut out = Vec::new();
@@ -328,8 +349,11 @@ fn instant() -> Result<String, String> {
         "checked_add(1 s) is later: {}",
         earlier.checked_add(Duration::from_secs(1)) > Some(earlier)
     ));
-    Ok(out.join("; "))
+    expect(out.join("; "), WANT_INSTANT)
 }
+
+const WANT_SCOPE: &str =
+    r#"sum 5050; named: Some("scoped-1"); unjoined finished: 14; mutable borrow: 7"#;
 
 fn scope() -> Result<String, String> {
     let mut out = Vec::new();
@@ -374,8 +398,11 @@ fn scope() -> Result<String, String> {
         finished.load(Ordering::SeqCst)
     ));
     out.push(format!("mutable borrow: {local}"));
-    Ok(out.join("; "))
+    expect(out.join("; "), WANT_SCOPE)
 }
+
+const WANT_PARK_TIMEOUT: &str =
+    "alone: returned after the timeout; with a token: early true; unparked: early true";
 
 fn park_timeout() -> Result<String, String> {
     let mut out = Vec::new();
@@ -411,8 +438,10 @@ fn park_timeout() -> Result<String, String> {
     }
     out.push(format!("unparked: early {}", start.elapsed() < PATIENCE));
     h.join().expect("join");
-    Ok(out.join("; "))
+    expect(out.join("; "), WANT_PARK_TIMEOUT)
 }
+
+const WANT_CONDVAR_TIMEOUT_WHILE: &str = "nobody: timed out true, value false; notified: timed out false, value true; already: timed out false";
 
 fn condvar_timeout_while() -> Result<String, String> {
     let mut out = Vec::new();
@@ -457,8 +486,11 @@ fn condvar_timeout_while() -> Result<String, String> {
         .expect("lock");
     drop(guard);
     out.push(format!("already: timed out {}", result.timed_out()));
-    Ok(out.join("; "))
+    expect(out.join("; "), WANT_CONDVAR_TIMEOUT_WHILE)
 }
+
+const WANT_RWLOCK_DOWNGRADE: &str =
+    "downgraded reads 5; try_write while read: true; another reader: 5; write after: true";
 
 fn rwlock_downgrade() -> Result<String, String> {
     let mut out = Vec::new();
@@ -478,8 +510,10 @@ fn rwlock_downgrade() -> Result<String, String> {
     out.push(format!("another reader: {}", other.join().expect("join")));
     drop(r);
     out.push(format!("write after: {}", lock.try_write().is_ok()));
-    Ok(out.join("; "))
+    expect(out.join("; "), WANT_RWLOCK_DOWNGRADE)
 }
+
+const WANT_ERROR_DISPLAY: &str = r#"sending on a closed channel | receiving on a closed channel | receiving on an empty channel | receiving on a closed channel | timed out waiting on channel | channel is empty and sending half is closed | sending on a full channel | sending on a closed channel | TrySendError::Full(..) | SendError { .. } | poisoned lock: another task failed inside | try_lock failed because the operation would block / "WouldBlock""#;
 
 fn error_display() -> Result<String, String> {
     fn show<E: core::error::Error>(e: E) -> String {
@@ -506,5 +540,5 @@ fn error_display() -> Result<String, String> {
         show(super::api::PoisonError::new(1)),
         would_block,
     ];
-    Ok(out.join(" | "))
+    expect(out.join(" | "), WANT_ERROR_DISPLAY)
 }
