@@ -66,48 +66,46 @@ impl Once {
 
     /// Returns once a call has completed (`std::sync::Once::wait`), without running one.
     pub fn wait(&self) {
-        while !self.is_completed() {
-            self.wait_while_running();
+        if !self.is_completed() {
+            self.park_until_complete();
         }
     }
 
     #[cold]
     fn call_slow(&self, f: &mut dyn FnMut(&OnceState)) {
-        loop {
-            match self.state.compare_exchange(
-                INCOMPLETE,
-                RUNNING,
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    f(&OnceState(()));
-                    self.state.store(COMPLETE, Ordering::Release);
-                    let all = self.waiters.lock().take_all();
-                    for t in all {
-                        sched::wake(t);
-                    }
-                    return;
+        match self
+            .state
+            .compare_exchange(INCOMPLETE, RUNNING, Ordering::Acquire, Ordering::Acquire)
+        {
+            Ok(_) => {
+                f(&OnceState(()));
+                self.state.store(COMPLETE, Ordering::Release);
+                let all = self.waiters.lock().take_all();
+                for t in all {
+                    sched::wake(t);
                 }
-                Err(COMPLETE) => return,
-                Err(_) => self.wait_while_running(),
             }
+            Err(COMPLETE) => {}
+            // Running elsewhere: it completes (a panic would end the guest).
+            Err(_) => self.park_until_complete(),
         }
     }
 
-    /// Parks until the running call completes (returns at once if none runs).
-    fn wait_while_running(&self) {
+    /// Parks until a call has completed.
+    fn park_until_complete(&self) {
         let me = sched::current();
-        {
-            let mut q = self.waiters.lock();
-            // Checked under the lock the completing thread takes to wake waiters.
-            if self.state.load(Ordering::Acquire) != RUNNING {
-                return;
+        loop {
+            {
+                let mut q = self.waiters.lock();
+                // Checked under the lock the completing thread takes to wake the waiters.
+                if self.is_completed() {
+                    return;
+                }
+                me.prepare_wait();
+                q.push(me, 0);
             }
-            me.prepare_wait();
-            q.push(me, 0);
+            sched::wait(me);
         }
-        sched::wait(me);
     }
 }
 
