@@ -26,6 +26,8 @@ mod durability;
 mod net;
 #[path = "kvm/security.rs"]
 mod security;
+#[path = "kvm/std_api.rs"]
+mod std_api;
 #[path = "kvm/std_files.rs"]
 mod std_files;
 #[path = "kvm/std_guests.rs"]
@@ -1401,6 +1403,7 @@ fn main() {
     trials.extend(hostile::hostile_tests());
     trials.extend(security::security_tests());
     trials.extend(std_guests::tests());
+    trials.extend(std_api::tests());
     trials.extend(std_files::tests());
     trials.extend(net::tests());
     trials.extend(timeline::tests());

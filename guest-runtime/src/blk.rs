@@ -51,6 +51,8 @@ impl core::fmt::Display for Error {
     }
 }
 
+impl core::error::Error for Error {}
+
 fn result(code: u64) -> Result<(), Error> {
     match code {
         BLK_OK => Ok(()),

@@ -3,10 +3,13 @@
 //! exits to the VMM (see `docs/runtime.md` for the design).
 //!
 //! The API is shaped like std so code ports easily:
-//! * [`thread`]: `spawn`, `Builder` (name, stack size), `JoinHandle::join`, `yield_now`,
-//!   `sleep`, `current`, `park`/`unpark`; [`thread_local!`] and `LocalKey`;
-//! * [`sync`]: `Mutex`, `Condvar`, `RwLock`, `Barrier`, `Semaphore`, `mpsc::{channel,
-//!   sync_channel}`, `Arc`;
+//! * [`thread`]: `spawn`, `Builder` (name, stack size), `JoinHandle::join`, `scope`,
+//!   `yield_now`, `sleep`, `current`, `park`/`park_timeout`/`unpark`,
+//!   `available_parallelism`; [`thread_local!`] and `LocalKey`;
+//! * [`sync`]: `Mutex`, `Condvar`, `RwLock`, `Barrier`, `Once`, `OnceLock`, `LazyLock`,
+//!   `Semaphore`, `mpsc::{channel, sync_channel}`, `Arc`;
+//! * [`time`]: `Instant`, `Duration`; [`io`]: the error type of the calls where std's return
+//!   an `io::Result`;
 //! * [`main!`]: the app's entry, `activm_rt::main!(main);` with `fn main(args: &[&str]) -> i32`.
 //!   vCPU 0 runs `main` as the first thread, every vCPU runs the scheduler, and the guest exits
 //!   with `main`'s value when it returns.
@@ -26,6 +29,7 @@ mod blk_async;
 pub mod config;
 #[doc(hidden)]
 pub mod fault;
+pub mod io;
 pub mod net;
 pub(crate) mod percpu;
 pub mod rt;
@@ -37,6 +41,7 @@ pub mod stats;
 pub mod sync;
 pub(crate) mod tcb;
 pub mod thread;
+pub mod time;
 pub(crate) mod timeline;
 pub(crate) mod timer;
 mod tls;

@@ -1,6 +1,7 @@
 //! Threads, shaped like `std::thread`: [`spawn`], [`Builder`] (name, stack size),
-//! [`JoinHandle::join`], [`yield_now`], [`sleep`], [`current`] (id, name), [`park`] and
-//! [`Thread::unpark`], and thread-local storage ([`LocalKey`], `thread_local!`).
+//! [`JoinHandle::join`], [`scope`] (scoped threads), [`yield_now`], [`sleep`], [`current`]
+//! (id, name), [`park`], [`park_timeout`] and [`Thread::unpark`], [`available_parallelism`],
+//! and thread-local storage ([`LocalKey`], `thread_local!`).
 //!
 //! Spawning allocates nothing but the TCB (pooled) when the closure and its result fit in
 //! [`crate::tcb::INLINE_PACKET`] bytes; the stack is bound when the thread first runs.
@@ -15,14 +16,19 @@ use core::any::Any;
 use core::fmt;
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
-use core::num::NonZeroU64;
+use core::num::{NonZeroU64, NonZeroUsize};
 use core::sync::atomic::Ordering;
 use core::time::Duration;
 
-use crate::sched;
+use crate::io;
+use crate::sync::timed;
 use crate::tcb::{self, Tcb};
+use crate::{sched, timer};
+
+mod scope;
 
 pub use crate::tls::{AccessError, LocalKey};
+pub use scope::{scope, Scope, ScopedJoinHandle};
 
 /// `std::thread::Result`: `join`'s result (always `Ok` here: a panic ends the guest).
 pub type Result<T> = core::result::Result<T, Box<dyn Any + Send + 'static>>;
@@ -97,7 +103,10 @@ impl Thread {
                         )
                         .is_ok()
                     {
-                        sched::wake(t);
+                        // A timed park (`park_timeout`) may have been woken by its timer.
+                        if timed::claim(t) {
+                            sched::wake(t);
+                        }
                         return;
                     }
                 }
@@ -150,16 +159,7 @@ pub fn sleep(dur: Duration) {
 /// May return spuriously, like std's.
 pub fn park() {
     let me = sched::current();
-    if me
-        .token
-        .compare_exchange(
-            tcb::TOKEN_NOTIFIED,
-            tcb::TOKEN_EMPTY,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        )
-        .is_ok()
-    {
+    if take_token(me) {
         return;
     }
     me.prepare_wait();
@@ -180,9 +180,66 @@ pub fn park() {
     sched::wait(me);
 }
 
-/// The number of vCPUs (`std::thread::available_parallelism`).
-pub fn available_parallelism() -> usize {
-    crate::percpu::nr_vcpus() as usize
+/// Like [`park`], but returns after `dur` at the latest (`std::thread::park_timeout`); it may
+/// also return spuriously. The thread waits on the sleepers' list as well as on its token: an
+/// `unpark` and the timer claim its wake-up (`sync::timed`), so exactly one wakes it.
+pub fn park_timeout(dur: Duration) {
+    let me = sched::current();
+    if take_token(me) {
+        return;
+    }
+    let deadline = timer::deadline_in(dur);
+    timed::arm(me, deadline);
+    if me
+        .token
+        .compare_exchange(
+            tcb::TOKEN_EMPTY,
+            tcb::TOKEN_PARKED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        // Notified meanwhile: consume the token, and the timeout is not needed.
+        me.token.store(tcb::TOKEN_EMPTY, Ordering::Release);
+        timed::disarm(me);
+        return;
+    }
+    timed::wait(me, deadline, || {
+        let untouched = me
+            .token
+            .compare_exchange(
+                tcb::TOKEN_PARKED,
+                tcb::TOKEN_EMPTY,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if !untouched {
+            // An `unpark` took the token first and is about to claim our wake-up: let it
+            // finish with our TCB before the next wait reuses `timed`.
+            timer::spin_until(u64::MAX, || timed::notified(me));
+        }
+        untouched
+    });
+}
+
+/// Consumes the current thread's token if it is there.
+fn take_token(me: &Tcb) -> bool {
+    me.token
+        .compare_exchange(
+            tcb::TOKEN_NOTIFIED,
+            tcb::TOKEN_EMPTY,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_ok()
+}
+
+/// The number of vCPUs (`std::thread::available_parallelism`; never fails here).
+pub fn available_parallelism() -> io::Result<NonZeroUsize> {
+    NonZeroUsize::new(crate::percpu::nr_vcpus() as usize)
+        .ok_or(io::Error::new(io::ErrorKind::Other, "no vCPUs known yet"))
 }
 
 /// Spawns a thread (default stack: one guard-paged slot).
@@ -206,6 +263,8 @@ impl Builder {
         Builder::default()
     }
 
+    /// The name must not contain a NUL byte: `spawn` fails with `InvalidInput` if it does (std's
+    /// panics).
     pub fn name(mut self, name: String) -> Builder {
         self.name = Some(name);
         self
@@ -218,11 +277,31 @@ impl Builder {
         self
     }
 
-    pub fn spawn<F, T>(self, f: F) -> core::result::Result<JoinHandle<T>, SpawnError>
+    pub fn spawn<F, T>(self, f: F) -> io::Result<JoinHandle<T>>
     where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
+        // SAFETY: `F` and `T` are 'static: nothing they borrow can go away.
+        unsafe { self.spawn_unchecked(f) }
+    }
+
+    /// `spawn` without the 'static bounds.
+    ///
+    /// # Safety
+    /// Whatever `f` and its result borrow outlives the thread's use of them (the scoped
+    /// threads' `Scope` waits for that).
+    pub(crate) unsafe fn spawn_unchecked<F, T>(self, f: F) -> io::Result<JoinHandle<T>>
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        if self.name.as_deref().is_some_and(|n| n.contains('\0')) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "thread name may not contain interior null bytes",
+            ));
+        }
         let t = tcb::alloc(2);
         if let Some(name) = self.name {
             // SAFETY: the TCB is not visible to anyone else yet.
@@ -239,15 +318,8 @@ impl Builder {
     }
 }
 
-/// `Builder::spawn` never fails here (allocation failure aborts); kept for std's shape.
-#[derive(Debug)]
-pub struct SpawnError;
-
-impl fmt::Display for SpawnError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("cannot spawn a thread")
-    }
-}
+/// Why `Builder::spawn` failed (only a name with a NUL byte: allocation failure aborts).
+pub type SpawnError = io::Error;
 
 /// The closure, then (after it ran) its result, in the same storage.
 union Packet<F, T> {
@@ -258,11 +330,11 @@ union Packet<F, T> {
 /// Stores `f` in `t`'s packet and the functions that run it and drop an unjoined result.
 ///
 /// # Safety
-/// `t` is a fresh TCB nobody else uses yet.
+/// `t` is a fresh TCB nobody else uses yet; what `f` and its result borrow outlives the thread.
 pub(crate) unsafe fn init_packet<F, T>(t: &Tcb, f: F)
 where
-    F: FnOnce() -> T + Send + 'static,
-    T: Send + 'static,
+    F: FnOnce() -> T + Send,
+    T: Send,
 {
     let at = t.alloc_packet(Layout::new::<Packet<F, T>>()) as *mut Packet<F, T>;
     // SAFETY: `alloc_packet` returned storage for a `Packet<F, T>`.

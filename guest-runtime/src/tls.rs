@@ -37,6 +37,8 @@ impl fmt::Display for AccessError {
     }
 }
 
+impl core::error::Error for AccessError {}
+
 unsafe fn drop_boxed<T>(p: *mut u8) {
     // SAFETY: `p` came from `Box::<T>::into_raw` in `LocalKey::slot`.
     drop(unsafe { Box::from_raw(p as *mut T) });

@@ -137,13 +137,13 @@ pub unsafe extern "C" fn sys_nanosleep(req: *const Timespec) -> i32 {
 /// `usize sys_available_parallelism(void)`: the number of vCPUs.
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_available_parallelism() -> usize {
-    thread::available_parallelism()
+    thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// `usize sys_get_processor_count(void)`: the number of vCPUs.
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_get_processor_count() -> usize {
-    thread::available_parallelism()
+    thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// `pid_t sys_getpid(void)`: the guest is one process.

@@ -7,12 +7,11 @@ use core::time::Duration;
 
 use activm_stub::sync::SpinLock;
 
-use core::sync::atomic::Ordering;
-
 use super::mutex::MutexGuard;
+use super::timed;
 use super::waitq::WaitList;
 use super::LockResult;
-use crate::tcb::Tcb;
+use crate::time::Instant;
 use crate::{sched, timer};
 
 pub struct Condvar {
@@ -68,7 +67,7 @@ impl Condvar {
     }
 
     /// Like `wait`, giving up after `dur`. The waiter parks on the runtime's sleepers' list as
-    /// well as in this condvar's wait list (see `timer`): the timeout wakes it exactly once, a
+    /// well as in this condvar's wait list (see `timed`): the timeout wakes it exactly once, a
     /// notification before the deadline cancels the timeout. Nothing polls (the timer fires a
     /// little early and the waiter spins, yielding, the last few microseconds).
     pub fn wait_timeout<'a, T: ?Sized>(
@@ -79,35 +78,20 @@ impl Condvar {
         let mutex = guard.mutex();
         let me = sched::current();
         let deadline = timer::deadline_in(dur);
-        me.prepare_wait();
-        me.timed.store(timer::TIMED_ARMED, Ordering::Relaxed);
-        timer::add_sleeper(me, deadline);
+        timed::arm(me, deadline);
         self.waiters.lock().push(me, 0);
         drop(guard);
-        sched::wait(me);
-        let timed_out = match me.timed.load(Ordering::Acquire) {
-            timer::TIMED_NOTIFIED => {
-                // The notifier took us off the wait list; the timeout is cancelled.
-                timer::remove_sleeper(me);
+        let timed_out = timed::wait(me, deadline, || {
+            let mut q = self.waiters.lock();
+            if timed::timed_out_under_lock(me) {
+                // Nobody took us off the wait list (that happens under this lock).
+                let found = q.remove(me);
+                assert!(found, "a timed-out waiter was not in its wait list");
+                true
+            } else {
                 false
             }
-            _ => {
-                // The timer woke us (a little early): wait out the deadline unless notified.
-                timer::spin_until(deadline, || {
-                    me.timed.load(Ordering::Acquire) == timer::TIMED_NOTIFIED
-                });
-                let mut q = self.waiters.lock();
-                if me.timed.load(Ordering::Acquire) == timer::TIMED_BY_TIMER {
-                    // Nobody took us off the wait list (that happens under this lock).
-                    let found = q.remove(me);
-                    assert!(found, "a timed-out waiter was not in its wait list");
-                    true
-                } else {
-                    false
-                }
-            }
-        };
-        me.timed.store(timer::TIMED_NONE, Ordering::Relaxed);
+        });
         mutex.raw().lock();
         // SAFETY: the lock was just taken.
         Ok((
@@ -116,31 +100,25 @@ impl Condvar {
         ))
     }
 
-    /// Under the wait list's lock, with `t` just taken off it: claims `t`'s wake-up. Returns
-    /// whether the caller must wake it (after dropping the lock); false for a timed waiter the
-    /// timer already woke (it sees the notification itself). Never fails to deliver: a timed
-    /// waiter still in the list has not timed out yet.
-    fn claim(t: &Tcb) -> bool {
-        match t.timed.load(Ordering::Acquire) {
-            timer::TIMED_NONE => true,
-            _ => {
-                if t.timed
-                    .compare_exchange(
-                        timer::TIMED_ARMED,
-                        timer::TIMED_NOTIFIED,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    )
-                    .is_ok()
-                {
-                    return true;
-                }
-                // The timer woke it; its deadline has not been reached (it would have left the
-                // list under this lock).
-                t.timed.store(timer::TIMED_NOTIFIED, Ordering::Release);
-                false
-            }
+    /// Waits while `condition` holds, at most `dur` in all (`std`'s `wait_timeout_while`): the
+    /// result says it timed out if `condition` still held when the time was up.
+    pub fn wait_timeout_while<'a, T, F>(
+        &self,
+        mut guard: MutexGuard<'a, T>,
+        dur: Duration,
+        mut condition: F,
+    ) -> LockResult<(MutexGuard<'a, T>, WaitTimeoutResult)>
+    where
+        F: FnMut(&mut T) -> bool,
+    {
+        let start = Instant::now();
+        while condition(&mut *guard) {
+            let Some(left) = dur.checked_sub(start.elapsed()) else {
+                return Ok((guard, WaitTimeoutResult(true)));
+            };
+            guard = self.wait_timeout(guard, left)?.0;
         }
+        Ok((guard, WaitTimeoutResult(false)))
     }
 
     /// Wakes one waiter.
@@ -149,7 +127,7 @@ impl Condvar {
         let Some(t) = q.pop() else {
             return;
         };
-        let wake = Self::claim(t);
+        let wake = timed::claim(t);
         drop(q);
         if wake {
             sched::wake(t);
@@ -161,7 +139,7 @@ impl Condvar {
         let mut q = self.waiters.lock();
         let mut to_wake = WaitList::new();
         while let Some(t) = q.pop() {
-            if Self::claim(t) {
+            if timed::claim(t) {
                 to_wake.push(t, 0);
             }
         }

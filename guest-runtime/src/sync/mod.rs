@@ -1,5 +1,6 @@
 //! Synchronisation, shaped like `std::sync`: [`Mutex`], [`Condvar`], [`RwLock`], [`Barrier`],
-//! [`mpsc`], plus a counting [`Semaphore`]. Re-exports `Arc` and the atomics.
+//! [`Once`], [`OnceLock`], [`LazyLock`], [`mpsc`], plus a counting [`Semaphore`]. Re-exports
+//! `Arc` and the atomics.
 //!
 //! Blocking is the runtime's: a thread that must wait puts itself in the primitive's wait list
 //! (an intrusive list through its TCB, under a short `SpinLock` that holds off preemption) and
@@ -12,8 +13,11 @@ pub mod condvar;
 pub mod futex;
 pub mod mpsc;
 pub mod mutex;
+pub mod once;
+pub mod once_lock;
 pub mod rwlock;
 pub mod semaphore;
+pub(crate) mod timed;
 mod waitq;
 
 pub use alloc::sync::{Arc, Weak};
@@ -22,6 +26,8 @@ pub use core::sync::atomic;
 pub use barrier::{Barrier, BarrierWaitResult};
 pub use condvar::{Condvar, WaitTimeoutResult};
 pub use mutex::{Mutex, MutexGuard};
+pub use once::{Once, OnceState};
+pub use once_lock::{LazyLock, OnceLock};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
 
@@ -33,8 +39,20 @@ pub struct PoisonError<T> {
 }
 
 impl<T> PoisonError<T> {
+    pub fn new(guard: T) -> PoisonError<T> {
+        PoisonError { guard }
+    }
+
     pub fn into_inner(self) -> T {
         self.guard
+    }
+
+    pub fn get_ref(&self) -> &T {
+        &self.guard
+    }
+
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.guard
     }
 }
 
@@ -46,9 +64,11 @@ impl<T> fmt::Debug for PoisonError<T> {
 
 impl<T> fmt::Display for PoisonError<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("poisoned lock")
+        f.write_str("poisoned lock: another task failed inside")
     }
 }
+
+impl<T> core::error::Error for PoisonError<T> {}
 
 /// `std::sync::LockResult`.
 pub type LockResult<G> = Result<G, PoisonError<G>>;
@@ -61,10 +81,29 @@ pub enum TryLockError<G> {
 
 impl<G> fmt::Debug for TryLockError<G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TryLockError::Poisoned(_) => f.write_str("Poisoned(..)"),
-            TryLockError::WouldBlock => f.write_str("WouldBlock"),
-        }
+        // std prints these as quoted strings; so do we.
+        let name = match self {
+            TryLockError::Poisoned(_) => "Poisoned(..)",
+            TryLockError::WouldBlock => "WouldBlock",
+        };
+        fmt::Debug::fmt(name, f)
+    }
+}
+
+impl<G> fmt::Display for TryLockError<G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TryLockError::Poisoned(_) => "poisoned lock: another task failed inside",
+            TryLockError::WouldBlock => "try_lock failed because the operation would block",
+        })
+    }
+}
+
+impl<G> core::error::Error for TryLockError<G> {}
+
+impl<G> From<PoisonError<G>> for TryLockError<G> {
+    fn from(e: PoisonError<G>) -> TryLockError<G> {
+        TryLockError::Poisoned(e)
     }
 }
 

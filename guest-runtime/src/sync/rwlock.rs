@@ -201,6 +201,25 @@ impl<T: ?Sized> DerefMut for RwLockWriteGuard<'_, T> {
     }
 }
 
+impl<'a, T: ?Sized> RwLockWriteGuard<'a, T> {
+    /// Turns the write lock into a read lock, atomically: no writer can get in between
+    /// (`std::sync::RwLockWriteGuard::downgrade`). Waiting readers are let in too.
+    pub fn downgrade(this: RwLockWriteGuard<'a, T>) -> RwLockReadGuard<'a, T> {
+        let lock = this.lock;
+        core::mem::forget(this);
+        let mut st = lock.state.lock();
+        st.writer = false;
+        st.readers += 1;
+        if st.queue.is_empty() {
+            drop(st);
+        } else {
+            // They retry: readers get in (unless a writer queues first), writers wait again.
+            lock.wake_all(st);
+        }
+        RwLockReadGuard { lock }
+    }
+}
+
 impl<T: ?Sized> Drop for RwLockWriteGuard<'_, T> {
     fn drop(&mut self) {
         self.lock.write_unlock();

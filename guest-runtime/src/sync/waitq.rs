@@ -59,6 +59,20 @@ impl WaitList {
         Some(t)
     }
 
+    /// Whether a waiter was pushed with `tag`.
+    pub fn contains_tag(&self, tag: usize) -> bool {
+        let mut cur = self.head;
+        while !cur.is_null() {
+            // SAFETY: a TCB in this list.
+            let c = unsafe { tcb::from_raw(cur) };
+            if c.tag.get() == tag {
+                return true;
+            }
+            cur = c.link.get();
+        }
+        false
+    }
+
     /// Removes `t` if it is in the list; says whether it was.
     pub fn remove(&mut self, t: &Tcb) -> bool {
         let target = t as *const Tcb;

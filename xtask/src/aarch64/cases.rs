@@ -380,8 +380,10 @@ fn rt_tests_no_activations() -> Vec<String> {
         "test upcall-continuation ... ok",
         "test upcall-blocked ... ok",
         "test condvar-timeout ... ok",
+        "test std-rendezvous ... ok",
+        "test std-cases-preempted ... ok",
         // ud-retry-decoder (x86_64 instructions) is skipped.
-        "23 passed, 0 failed",
+        "35 passed, 0 failed",
     ]
     .map(String::from)
     .to_vec()

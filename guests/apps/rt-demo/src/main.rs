@@ -37,7 +37,7 @@ fn main(args: &[&str]) -> i32 {
     let expected = threads * iterations;
     println!(
         "rt-demo: {threads} threads x {iterations} increments on {} vCPUs: total {total} (expected {expected})",
-        thread::available_parallelism()
+        thread::available_parallelism().map_or(0, |n| n.get())
     );
     if total == expected {
         0

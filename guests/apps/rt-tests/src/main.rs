@@ -26,7 +26,29 @@ extern crate alloc;
 mod bench;
 mod faults;
 mod regs;
+mod std_cases;
+mod std_native;
 mod tests;
+
+/// What `std_cases` runs against here (on the host, the same names come from std).
+mod api {
+    pub use activm_rt::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    pub use activm_rt::sync::{mpsc, Arc, Condvar, LazyLock, Mutex, Once, OnceLock};
+    pub use activm_rt::sync::{PoisonError, RwLock, RwLockWriteGuard};
+    pub use activm_rt::thread;
+    pub use activm_rt::time::{Duration, Instant};
+    pub use alloc::format;
+    pub use alloc::string::String;
+    pub use alloc::vec::Vec;
+}
+
+/// Every test: the suite's own, then the differential std cases.
+fn all_tests() -> impl Iterator<Item = (&'static str, Needs, tests::TestFn)> {
+    let cases = std_cases::CASES
+        .iter()
+        .map(|&(name, f)| (name, Needs::Any, f as tests::TestFn));
+    tests::ALL.iter().copied().chain(cases)
+}
 
 use activm_rt::println;
 
@@ -58,7 +80,7 @@ fn run_selected(selected: &[&str]) -> i32 {
     let unknown: alloc::vec::Vec<&str> = selected
         .iter()
         .copied()
-        .filter(|s| !tests::ALL.iter().any(|&(name, _, _)| names(s, name)))
+        .filter(|s| !all_tests().any(|(name, _, _)| names(s, name)))
         .collect();
     if !unknown.is_empty() {
         println!(
@@ -69,7 +91,7 @@ fn run_selected(selected: &[&str]) -> i32 {
     }
     let mut passed = 0;
     let mut failed = 0;
-    for &(name, needs, f) in tests::ALL {
+    for (name, needs, f) in all_tests() {
         let named = selected.iter().any(|s| names(s, name));
         if !(selected.is_empty() || named) {
             continue;
@@ -139,7 +161,7 @@ fn main(args: &[&str]) -> i32 {
         Some("blk-fill") => faults::fill(),
         Some("blk-vanish") => faults::vanish(),
         Some("list") => {
-            for (name, _, _) in tests::ALL {
+            for (name, _, _) in all_tests() {
                 println!("{name}");
             }
             0

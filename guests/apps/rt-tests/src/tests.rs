@@ -20,7 +20,7 @@ use activm_stub::protocol::shared::UpcallKind;
 use crate::regs::RegState;
 use crate::{Needs, TestResult};
 
-type TestFn = fn() -> TestResult;
+pub type TestFn = fn() -> TestResult;
 
 pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("spawn-join-10000", Needs::Any, spawn_join_10000),
@@ -34,6 +34,12 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("mpsc", Needs::Any, mpsc_channels),
     ("thread-local", Needs::Any, thread_local),
     ("park-unpark", Needs::Any, park_unpark),
+    ("std-thread-api", Needs::Any, crate::std_native::thread_api),
+    (
+        "std-cases-preempted",
+        Needs::Any,
+        crate::std_native::std_cases_preempted,
+    ),
     ("fp-preemption", Needs::Any, fp_preemption),
     ("ud-retry-decoder", Needs::Any, ud_retry_decoder),
     ("sleep-accuracy", Needs::Any, sleep_accuracy),
