@@ -179,7 +179,9 @@ fn beside_nbody(
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let batch_ms = 600_000;
     let tests = [("get", 1), ("set", 1)];
-    println!("beside a batch guest (nbody nbody-for 1024 bodies, 2 threads, 2 vCPUs) on the same 2 CPUs");
+    println!(
+        "beside a batch guest (nbody nbody-for 1024 bodies, 2 threads, 2 vCPUs) on the same 2 CPUs"
+    );
     let mut anchor = Vec::new();
     {
         let mut batch = Command::new(activm);

@@ -550,7 +550,13 @@ impl Net {
 
 impl Net {
     /// `rx_setup(s, gpa)`: a connected stream receives ahead into the guest's buffer.
-    fn rx_setup(&self, guest: &Guest, table: &mut Table, s: usize, gpa: u64) -> Result<u64, String> {
+    fn rx_setup(
+        &self,
+        guest: &Guest,
+        table: &mut Table,
+        s: usize,
+        gpa: u64,
+    ) -> Result<u64, String> {
         let area = RxArea::new(guest, gpa)?;
         let sock = table.socks[s].as_mut().expect("checked");
         if !matches!((&sock.kind, &sock.fd), (Kind::Stream, Some(_))) {

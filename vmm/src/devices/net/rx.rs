@@ -34,7 +34,9 @@ impl RxArea {
     pub(super) fn new(guest: &Guest, gpa: u64) -> Result<RxArea, String> {
         let size = std::mem::size_of::<NetRx>() as u64;
         let inside = gpa >= guest.plan.image.start
-            && gpa.checked_add(size).is_some_and(|end| end <= guest.ram.size());
+            && gpa
+                .checked_add(size)
+                .is_some_and(|end| end <= guest.ram.size());
         if !inside || !gpa.is_multiple_of(64) {
             return Err(format!(
                 "receive buffer {gpa:#x}+{size} is not 64-byte aligned in guest RAM at or above {:#x}",
