@@ -328,10 +328,14 @@ pub extern "C" fn sys_shutdown_socket(fd: i32, how: i32) -> i32 {
 /// Closes socket `fd` (`sys_close` of a socket descriptor).
 pub fn close(fd: i32) -> i32 {
     let s = socket_or_ebadf!(fd);
+    // Detached first: once the VMM closed it, an `accept` may reuse the number at once.
+    let area = crate::socket_rx::detach(s);
     let r = done(net(NET_OP_CLOSE, s, 0, 0, 0)) as i32;
     if r == 0 {
         // SAFETY: the VMM closed the socket: it writes its buffer no more.
-        unsafe { crate::socket_rx::free_area(crate::socket_rx::detach(s)) };
+        unsafe { crate::socket_rx::free_area(area) };
+    } else if !area.is_null() {
+        crate::socket_rx::attach(s, area);
     }
     r
 }

@@ -39,7 +39,8 @@ pub fn attach(s: u64, area: *mut NetRx) {
     AREAS[s as usize].store(area, Ordering::Release);
 }
 
-/// Detaches `s`'s buffer (after the VMM closed the socket): the caller frees it.
+/// Detaches `s`'s buffer (before the VMM closes the socket, whose number another `accept`
+/// may take right after): the caller frees it once the VMM closed the socket.
 pub fn detach(s: u64) -> *mut NetRx {
     AREAS[s as usize].swap(ptr::null_mut(), Ordering::AcqRel)
 }
