@@ -548,47 +548,6 @@ impl Net {
     }
 }
 
-impl Net {
-    /// `rx_setup(s, gpa)`: a connected stream receives ahead into the guest's buffer.
-    fn rx_setup(
-        &self,
-        guest: &Guest,
-        table: &mut Table,
-        s: usize,
-        gpa: u64,
-    ) -> Result<u64, String> {
-        let area = RxArea::new(guest, gpa)?;
-        let sock = table.socks[s].as_mut().expect("checked");
-        if !matches!((&sock.kind, &sock.fd), (Kind::Stream, Some(_))) {
-            return Ok(neg(libc::ENOTCONN));
-        }
-        if sock.rx.is_some() || sock.read_tag.is_some() {
-            return Ok(neg(libc::EBUSY));
-        }
-        sock.rx = Some(area);
-        let data = (u64::from(sock.generation) << 32) | s as u64;
-        if let Err(e) = epoll_update(&self.epoll, sock, data) {
-            sock.rx = None;
-            return Ok(neg(e));
-        }
-        Ok(0)
-    }
-
-    /// `rx_resume(s)`: the guest made room in a stalled buffer; watch the socket again.
-    fn rx_resume(&self, guest: &Guest, table: &mut Table, s: usize) -> Result<u64, String> {
-        let sock = table.socks[s].as_mut().expect("checked");
-        let Some(rx) = &mut sock.rx else {
-            return Ok(neg(libc::EINVAL));
-        };
-        rx.resume(guest);
-        let data = (u64::from(sock.generation) << 32) | s as u64;
-        Ok(match epoll_update(&self.epoll, sock, data) {
-            Ok(()) => 0,
-            Err(e) => neg(e),
-        })
-    }
-}
-
 fn listen(table: &mut Table, s: usize) -> u64 {
     match &mut table.socks[s].as_mut().expect("checked").kind {
         Kind::Listener { listening, .. } => {

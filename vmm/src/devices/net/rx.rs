@@ -9,7 +9,7 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 use protocol::net::*;
 
-use super::errno;
+use super::{epoll_update, errno, neg, Kind, Net, Table};
 use crate::guest::Guest;
 
 /// The VMM's view of one receive buffer (the guest's copy of `head` is never read back).
@@ -149,5 +149,51 @@ impl RxArea {
                 self.gpa
             )),
         }
+    }
+}
+
+impl Net {
+    /// `rx_setup(s, gpa)`: a connected stream receives ahead into the guest's buffer.
+    pub(super) fn rx_setup(
+        &self,
+        guest: &Guest,
+        table: &mut Table,
+        s: usize,
+        gpa: u64,
+    ) -> Result<u64, String> {
+        let area = RxArea::new(guest, gpa)?;
+        let sock = table.socks[s].as_mut().expect("checked");
+        if !matches!((&sock.kind, &sock.fd), (Kind::Stream, Some(_))) {
+            return Ok(neg(libc::ENOTCONN));
+        }
+        if sock.rx.is_some() || sock.read_tag.is_some() {
+            return Ok(neg(libc::EBUSY));
+        }
+        sock.rx = Some(area);
+        let data = (u64::from(sock.generation) << 32) | s as u64;
+        if let Err(e) = epoll_update(&self.epoll, sock, data) {
+            sock.rx = None;
+            return Ok(neg(e));
+        }
+        Ok(0)
+    }
+
+    /// `rx_resume(s)`: the guest made room in a stalled buffer; watch the socket again.
+    pub(super) fn rx_resume(
+        &self,
+        guest: &Guest,
+        table: &mut Table,
+        s: usize,
+    ) -> Result<u64, String> {
+        let sock = table.socks[s].as_mut().expect("checked");
+        let Some(rx) = &mut sock.rx else {
+            return Ok(neg(libc::EINVAL));
+        };
+        rx.resume(guest);
+        let data = (u64::from(sock.generation) << 32) | s as u64;
+        Ok(match epoll_update(&self.epoll, sock, data) {
+            Ok(()) => 0,
+            Err(e) => neg(e),
+        })
     }
 }
