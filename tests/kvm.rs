@@ -292,7 +292,7 @@ fn kvm_tests() -> Vec<Trial> {
             )?;
             activm_run(&image, &[], &[])?
                 .expect_code(1)?
-                .stderr_has("ABI v2")?;
+                .stderr_has(&format!("speaks ABI v{}", protocol::ABI_VERSION))?;
             Ok(())
         }),
         Trial::test("memory_too_small_is_refused", || {

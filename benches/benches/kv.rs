@@ -6,7 +6,12 @@
 //! `redis-server` on the host (no persistence), measured in the same run. Throughput and
 //! p50/p99 latency from `redis-benchmark --csv`; ratios against redis-server.
 //!
-//! `cargo xtask bench kv`; `ACTIVM_BENCH_QUICK=1` for fewer requests. Installs redis-tools and
+//! Then the same beside a batch guest (`nbody nbody-for`, N-body stepping on 2 vCPUs) on the
+//! same 2 CPUs: both guests in one activm (`pcpus = 2`, the server `latency_critical`) in each
+//! mode, and redis-server beside the batch guest run alone (host-scheduled).
+//!
+//! `cargo xtask bench kv`; `ACTIVM_BENCH_QUICK=1` for fewer requests; `ACTIVM_KV_ROOT=DIR`
+//! takes `target/release/activm` and the guests from DIR's tree instead. Installs redis-tools and
 //! redis-server with apt-get when missing. Everything stays on 127.0.0.1.
 
 use std::net::TcpListener;
@@ -108,7 +113,8 @@ fn run() -> Result<(), String> {
     ensure_tools()?;
     let quick = std::env::var_os("ACTIVM_BENCH_QUICK").is_some();
     let requests = if quick { 20_000 } else { 100_000 };
-    let root = repo_root();
+    // ACTIVM_KV_ROOT: another tree's built VMM and guests (an earlier build, to compare).
+    let root = std::env::var_os("ACTIVM_KV_ROOT").map_or_else(repo_root, Into::into);
     let activm = root.join("target/release/activm");
     let kv = root.join("guests/target/x86_64-activm-std/release/std-kv");
     if !kv.is_file() || !activm.is_file() {
@@ -155,6 +161,78 @@ fn run() -> Result<(), String> {
             row(name, test, pipeline, m, anchor[i]);
         }
     }
+    beside_nbody(&activm, &kv, &root, requests)
+}
+
+/// GET/SET -P 1 with an N-body guest beside the server on the same 2 CPUs.
+fn beside_nbody(
+    activm: &std::path::Path,
+    kv: &std::path::Path,
+    root: &std::path::Path,
+    requests: u32,
+) -> Result<(), String> {
+    let nbody = root.join("guests/target/x86_64-activm/release/nbody");
+    if !nbody.is_file() {
+        return Err("build first: cargo xtask build-guests --release".into());
+    }
+    let dir = std::env::temp_dir().join(format!("activm-kv-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let batch_ms = 600_000;
+    let tests = [("get", 1), ("set", 1)];
+    println!(
+        "beside a batch guest (nbody nbody-for 1024 bodies, 2 threads, 2 vCPUs) on the same 2 CPUs"
+    );
+    let mut anchor = Vec::new();
+    {
+        let mut batch = Command::new(activm);
+        batch
+            .arg("run")
+            .arg(&nbody)
+            .args(["--vcpus", "2", "--host-sched", "--timeout", "900", "--"])
+            .args(["nbody-for", "1024", &batch_ms.to_string(), "2"]);
+        let _batch = Server(
+            batch
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| e.to_string())?,
+        );
+        let port = free_port()?;
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"]);
+        let _server = start(cmd, port)?;
+        for &(test, pipeline) in &tests {
+            let m = measure(port, test, pipeline, requests)?;
+            row("redis-server + nbody", test, pipeline, m, m);
+            anchor.push(m);
+        }
+    }
+    let modes = [
+        ("activm + nbody, activ.", "", ""),
+        ("activm + nbody, host-sched", "host_sched = true\n", ""),
+        ("activm + nbody, no-activ.", "", "no_activations = true\n"),
+    ];
+    for (name, machine, guest) in modes {
+        let port = free_port()?;
+        let config = dir.join("beside.toml");
+        let text = format!(
+            "pcpus = 2\ntimeout = 900\n{machine}\n\
+             [[guest]]\nname = \"kv\"\nimage = {kv:?}\nvcpus = 2\nlatency_critical = true\n\
+             publish = [\"{port}:6379\"]\n{guest}\n\
+             [[guest]]\nname = \"batch\"\nimage = {nbody:?}\nvcpus = 2\n\
+             args = [\"nbody-for\", \"1024\", \"{batch_ms}\", \"2\"]\n{guest}"
+        );
+        std::fs::write(&config, text).map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(activm);
+        cmd.arg("run").arg(&config);
+        let _server = start(cmd, port)?;
+        for (i, &(test, pipeline)) in tests.iter().enumerate() {
+            let m = measure(port, test, pipeline, requests)?;
+            row(name, test, pipeline, m, anchor[i]);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

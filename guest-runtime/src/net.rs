@@ -10,7 +10,7 @@
 
 use core::cell::UnsafeCell;
 use core::ptr;
-use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use activm_stub::hypercall;
 use activm_stub::protocol::hypercall::Hypercall;
@@ -134,6 +134,44 @@ pub unsafe fn call(mut op: impl FnMut(u64) -> u64) -> u64 {
         free_tag(tag);
         return r;
     }
+}
+
+/// Parks the calling thread until the VMM reports `waiter` (a stream's receive buffer,
+/// `protocol::net::NetRx::waiter`), unless `ready()` holds after the tag is published. May
+/// also return early (no free tag, another thread waiting on the same buffer): the caller
+/// looks again and calls this again.
+pub fn wait_for(waiter: &AtomicU32, ready: impl Fn() -> bool) {
+    if !ring_ready() {
+        crate::thread::yield_now();
+        return;
+    }
+    let Some(tag) = take_tag() else {
+        crate::thread::yield_now();
+        return;
+    };
+    let me = sched::current();
+    WAITERS[tag as usize].store(me as *const tcb::Tcb as *mut tcb::Tcb, Ordering::Relaxed);
+    me.prepare_wait();
+    if waiter
+        .compare_exchange(0, tag + 1, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        free_tag(tag);
+        crate::thread::yield_now();
+        return;
+    }
+    if ready()
+        && waiter
+            .compare_exchange(tag + 1, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    {
+        // Taken back before the VMM saw it: nobody will report this tag.
+        free_tag(tag);
+        return;
+    }
+    // The VMM reports the tag (now or after its next fill).
+    sched::wait(me);
+    free_tag(tag);
 }
 
 /// Whether threads wait for sockets (an idle vCPU then keeps its processor, as with block

@@ -23,6 +23,7 @@ pub mod fs;
 pub mod futex;
 pub mod net;
 pub mod socket;
+pub mod socket_rx;
 pub mod sys;
 pub mod thread;
 

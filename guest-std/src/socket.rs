@@ -190,9 +190,17 @@ pub unsafe extern "C" fn sys_accept(fd: i32, addr: *mut u8, addrlen: *mut u32) -
     let s = socket_or_ebadf!(fd);
     let mut peer = 0u64;
     let peer_gpa = &mut peer as *mut u64 as u64;
-    let r = done(waiting(s, |tag| net(NET_OP_ACCEPT, s, tag, peer_gpa, 0)));
+    let area = crate::socket_rx::new_area();
+    let r = done(waiting(s, |tag| {
+        net(NET_OP_ACCEPT, s, tag, peer_gpa, area as u64)
+    }));
     if r < 0 {
+        // SAFETY: no socket took the buffer.
+        unsafe { crate::socket_rx::free_area(area) };
         return r as i32;
+    }
+    if !area.is_null() {
+        crate::socket_rx::attach(r as u64, area);
     }
     set_nonblocking(r as u64, false);
     write_addr(peer, addr, addrlen);
@@ -206,10 +214,28 @@ pub unsafe extern "C" fn sys_accept(fd: i32, addr: *mut u8, addrlen: *mut u32) -
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_connect(fd: i32, name: *const u8, namelen: u32) -> i32 {
     let s = socket_or_ebadf!(fd);
-    match read_addr(name, namelen) {
+    let r = match read_addr(name, namelen) {
         Ok(addr) => done(waiting(s, |tag| net(NET_OP_CONNECT, s, addr, tag, 0))) as i32,
-        Err(e) => fail(e),
+        Err(e) => return fail(e),
+    };
+    if r == 0 {
+        // Receive ahead from now on (else, without memory, by one exit per `recv`).
+        let area = crate::socket_rx::new_area();
+        if !area.is_null() {
+            if net(NET_OP_RX_SETUP, s, area as u64, 0, 0) == 0 {
+                crate::socket_rx::attach(s, area);
+            } else {
+                // SAFETY: the VMM refused the buffer.
+                unsafe { crate::socket_rx::free_area(area) };
+            }
+        }
     }
+    r
+}
+
+/// The receive buffer of `s` has room again (`socket_rx`).
+pub(crate) fn rx_resume(s: u64) {
+    net(NET_OP_RX_RESUME, s, 0, 0, 0);
 }
 
 /// `isize sys_recv(int s, u8 *buf, usize len, int flags)`: `MSG_PEEK` only.
@@ -219,6 +245,12 @@ pub unsafe extern "C" fn sys_connect(fd: i32, name: *const u8, namelen: u32) -> 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_recv(fd: i32, buf: *mut u8, len: usize, flags: i32) -> isize {
     let s = socket_or_ebadf!(fd);
+    // SAFETY: the caller's contract.
+    let buffered =
+        unsafe { crate::socket_rx::recv(s, buf, len, flags & MSG_PEEK != 0, nonblocking(s)) };
+    if let Some(r) = buffered {
+        return done(r) as isize;
+    }
     let peek = if flags & MSG_PEEK != 0 {
         NET_MSG_PEEK << 32
     } else {
@@ -296,7 +328,16 @@ pub extern "C" fn sys_shutdown_socket(fd: i32, how: i32) -> i32 {
 /// Closes socket `fd` (`sys_close` of a socket descriptor).
 pub fn close(fd: i32) -> i32 {
     let s = socket_or_ebadf!(fd);
-    done(net(NET_OP_CLOSE, s, 0, 0, 0)) as i32
+    // Detached first: once the VMM closed it, an `accept` may reuse the number at once.
+    let area = crate::socket_rx::detach(s);
+    let r = done(net(NET_OP_CLOSE, s, 0, 0, 0)) as i32;
+    if r == 0 {
+        // SAFETY: the VMM closed the socket: it writes its buffer no more.
+        unsafe { crate::socket_rx::free_area(area) };
+    } else if !area.is_null() {
+        crate::socket_rx::attach(s, area);
+    }
+    r
 }
 
 fn name_of(op: u64, fd: i32, name: *mut u8, namelen: *mut u32) -> i32 {

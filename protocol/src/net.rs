@@ -23,8 +23,9 @@ pub const NET_OP_SOCKET: u64 = 0;
 pub const NET_OP_BIND: u64 = 1;
 /// `listen(s, backlog)`.
 pub const NET_OP_LISTEN: u64 = 2;
-/// `accept(s, tag, peer_gpa)`: a new socket's number; its peer's packed address is written as
-/// a `u64` at `peer_gpa` (if not 0).
+/// `accept(s, tag, peer_gpa, rx_gpa)`: a new socket's number; its peer's packed address is
+/// written as a `u64` at `peer_gpa` (if not 0); a [`NetRx`] at `rx_gpa` (if not 0) becomes the
+/// new socket's receive buffer, as with [`NET_OP_RX_SETUP`].
 pub const NET_OP_ACCEPT: u64 = 3;
 /// `connect(s, addr, tag)`: 0 once connected (retry after the wait gives the outcome).
 pub const NET_OP_CONNECT: u64 = 4;
@@ -46,6 +47,14 @@ pub const NET_OP_SETOPT: u64 = 11;
 /// `getopt(s, opt)`: the value of [`NET_OPT_NODELAY`] or [`NET_OPT_ERROR`] (a pending
 /// error as a positive errno, 0 if none).
 pub const NET_OP_GETOPT: u64 = 12;
+
+/// `rx_resume(s)`: the guest made room in a receive buffer the VMM marked
+/// [`NET_RX_STALLED`]; the VMM reads ahead again.
+pub const NET_OP_RX_RESUME: u64 = 13;
+/// `rx_setup(s, rx_gpa)`: a connected stream's receive buffer, a [`NetRx`] at `rx_gpa`
+/// (64-byte aligned, in RAM at or above the image base). From then on the VMM receives ahead
+/// into it and `recv` on this socket is `-EINVAL`.
+pub const NET_OP_RX_SETUP: u64 = 14;
 
 /// `socket`'s kind: a TCP stream.
 pub const NET_KIND_TCP: u64 = 1;
@@ -130,6 +139,58 @@ impl Default for NetRing {
     }
 }
 
+/// Bytes in a [`NetRx`] buffer.
+pub const NET_RX_BYTES: usize = 16 * 1024;
+/// [`NetRx::state`] bits (VMM writes): the peer closed (after the buffered bytes, `recv`
+/// returns 0); the buffer was full and the VMM stopped reading (the guest calls `rx_resume`
+/// after making room); a receive error, its errno in bits 16 and up.
+pub const NET_RX_EOF: u32 = 1;
+pub const NET_RX_STALLED: u32 = 2;
+pub const NET_RX_ERROR: u32 = 4;
+
+/// A stream socket's receive buffer in guest memory: the VMM's net thread receives into it
+/// whenever the host socket has data, so a `recv` that finds bytes here makes no exit.
+///
+/// The VMM writes `data[head % N ..]`, then `head` (bytes received, free-running) with
+/// release; the guest copies `data[tail..head]` and stores `tail`. A guest thread that finds
+/// it empty stores a free wait tag + 1 in `waiter`, then looks again (both sides use
+/// sequentially consistent order on `head`/`state`/`waiter`); after each fill the VMM swaps
+/// `waiter` to 0 and, if it held a tag, reports it in the [`NetRing`].
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct NetRx {
+    /// VMM writes: bytes received (free-running).
+    pub head: CacheAligned<AtomicU32>,
+    /// Guest writes: bytes consumed (free-running).
+    pub tail: CacheAligned<AtomicU32>,
+    /// VMM writes: `NET_RX_*` bits.
+    pub state: AtomicU32,
+    /// Guest writes a tag + 1; the VMM swaps in 0 when it reports the tag.
+    pub waiter: AtomicU32,
+    _pad: [u32; 14],
+    /// VMM writes.
+    pub data: [u8; NET_RX_BYTES],
+}
+
+impl NetRx {
+    pub const fn new() -> NetRx {
+        NetRx {
+            head: CacheAligned(AtomicU32::new(0)),
+            tail: CacheAligned(AtomicU32::new(0)),
+            state: AtomicU32::new(0),
+            waiter: AtomicU32::new(0),
+            _pad: [0; 14],
+            data: [0; NET_RX_BYTES],
+        }
+    }
+}
+
+impl Default for NetRx {
+    fn default() -> NetRx {
+        NetRx::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +203,13 @@ mod tests {
         assert_eq!(offset_of!(NetRing, entries), 128);
         assert_eq!(size_of::<NetRing>(), 128 + 16 * NET_RING_CAPACITY);
         assert_eq!(net_arg(NET_OP_RECV, 7), (5 << 32) | 7);
+        assert_eq!(offset_of!(NetRx, head), 0);
+        assert_eq!(offset_of!(NetRx, tail), 64);
+        assert_eq!(offset_of!(NetRx, state), 128);
+        assert_eq!(offset_of!(NetRx, waiter), 132);
+        assert_eq!(offset_of!(NetRx, data), 192);
+        assert_eq!(size_of::<NetRx>(), 192 + NET_RX_BYTES);
+        assert_eq!((NET_OP_RX_RESUME, NET_OP_RX_SETUP), (13, 14));
         assert_eq!(pack_addr(0x7f00_0001, 6379), 0x7f00_0001_18eb);
         assert_eq!(unpack_addr(0x7f00_0001_18eb), (0x7f00_0001, 6379));
         assert_eq!(

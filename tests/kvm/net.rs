@@ -102,7 +102,8 @@ fn benchmark_then_round_trip(options: &'static [&'static str]) -> Result<(), Fai
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
     if !out.status.success() {
-        return Err(format!("redis-benchmark failed ({}): {text}", out.status).into());
+        let errors = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("redis-benchmark failed ({}): {errors}\n{text}", out.status).into());
     }
     for test in ["SET:", "GET:"] {
         let done = text

@@ -390,6 +390,7 @@ mod tests {
         let info = inspect(&path, 64 << 20).unwrap();
         let ram = GuestRam::new(64 << 20).unwrap();
         let err = load(&path, &info, &ram).unwrap_err();
-        assert!(err.to_string().contains("ABI v2"), "{err}");
+        let speaks = format!("speaks ABI v{}", protocol::ABI_VERSION);
+        assert!(err.to_string().contains(&speaks), "{err}");
     }
 }

@@ -26,8 +26,10 @@ use protocol::net::*;
 use crate::guest::Guest;
 
 mod poll;
+mod rx;
 pub use poll::{after_call, spawn_thread};
 use poll::{epoll_update, post};
+use rx::RxArea;
 
 /// What a guest may reach (`--publish`, `--allow-connect`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -91,6 +93,8 @@ struct Sock {
     read_tag: Option<u32>,
     write_tag: Option<u32>,
     in_epoll: bool,
+    /// The guest's receive buffer (`rx_setup`, or given to `accept`).
+    rx: Option<RxArea>,
 }
 
 #[derive(Debug, Default)]
@@ -204,7 +208,9 @@ impl Net {
         let result = match op {
             NET_OP_BIND => self.bind(&mut table, s, args[1]),
             NET_OP_LISTEN => listen(&mut table, s),
-            NET_OP_ACCEPT => self.accept(guest, &mut table, s, args[1], args[2])?,
+            NET_OP_ACCEPT => self.accept(guest, &mut table, s, args)?,
+            NET_OP_RX_SETUP => self.rx_setup(guest, &mut table, s, args[1])?,
+            NET_OP_RX_RESUME => self.rx_resume(guest, &mut table, s)?,
             NET_OP_CONNECT => self.connect(&mut table, s, args[1], args[2])?,
             NET_OP_RECV | NET_OP_SEND => self.transfer(guest, &mut table, s, op, args)?,
             NET_OP_SHUTDOWN => with_fd(&table, s, |fd| {
@@ -217,7 +223,7 @@ impl Net {
                 // SAFETY: `fd` is a socket this table owns.
                 syscall_result(unsafe { libc::shutdown(fd, how) } as i64)
             }),
-            NET_OP_CLOSE => self.close(&mut table, s),
+            NET_OP_CLOSE => self.close(guest, &mut table, s)?,
             NET_OP_SOCKNAME => table.socks[s].as_ref().map_or(0, |k| k.local),
             NET_OP_PEERNAME => match table.socks[s].as_ref().map_or(0, |k| k.peer) {
                 0 => neg(libc::ENOTCONN),
@@ -255,6 +261,7 @@ impl Net {
             read_tag: None,
             write_tag: None,
             in_epoll: false,
+            rx: None,
         });
         index as u64
     }
@@ -290,9 +297,13 @@ impl Net {
         guest: &Guest,
         table: &mut Table,
         s: usize,
-        tag: u64,
-        peer_gpa: u64,
+        args: [u64; 4],
     ) -> Result<u64, String> {
+        let [_, tag, peer_gpa, rx_gpa] = args;
+        let rx = match rx_gpa {
+            0 => None,
+            gpa => Some(RxArea::new(guest, gpa)?),
+        };
         let sock = table.socks[s].as_ref().expect("checked");
         let (
             Kind::Listener {
@@ -338,6 +349,14 @@ impl Net {
         sock.fd = Some(new);
         sock.peer = peer;
         sock.local = local;
+        if let Some(rx) = rx {
+            sock.rx = Some(rx);
+            let data = (u64::from(sock.generation) << 32) | index;
+            if let Err(e) = epoll_update(&self.epoll, sock, data) {
+                self.close(guest, table, index as usize)?;
+                return Ok(neg(e));
+            }
+        }
         if peer_gpa != 0 {
             guest
                 .ram
@@ -423,6 +442,10 @@ impl Net {
         let (Kind::Stream, Some(fd)) = (&sock.kind, &sock.fd) else {
             return Ok(neg(libc::ENOTCONN));
         };
+        if op == NET_OP_RECV && sock.rx.is_some() {
+            // The bytes go through the receive buffer, in order.
+            return Ok(neg(libc::EINVAL));
+        }
         let host = (guest.ram.host_base() + gpa) as *mut libc::c_void;
         let r = if op == NET_OP_RECV {
             let flags = if (tag_flags >> 32) & NET_MSG_PEEK != 0 {
@@ -487,11 +510,18 @@ impl Net {
         Ok(NET_WAITING)
     }
 
-    fn close(&self, table: &mut Table, s: usize) -> u64 {
+    fn close(&self, guest: &Guest, table: &mut Table, s: usize) -> Result<u64, String> {
         let Some(sock) = table.socks[s].take() else {
-            return neg(libc::EBADF);
+            return Ok(neg(libc::EBADF));
         };
-        for tag in [sock.read_tag, sock.write_tag].into_iter().flatten() {
+        let rx_waiter = match &sock.rx {
+            Some(rx) => rx.take_waiter(guest)?,
+            None => None,
+        };
+        for tag in [sock.read_tag, sock.write_tag, rx_waiter]
+            .into_iter()
+            .flatten()
+        {
             // The waiter is woken with an error: its socket is gone.
             post(table, tag, NET_ERROR);
         }
@@ -514,7 +544,7 @@ impl Net {
                 }
             }
         }
-        0
+        Ok(0)
     }
 }
 

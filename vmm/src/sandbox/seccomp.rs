@@ -89,7 +89,12 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
         ],
         ThreadKind::Dispatcher => &[libc::SYS_rt_sigtimedwait],
         ThreadKind::Io => &[libc::SYS_writev],
-        ThreadKind::Net => &[libc::SYS_epoll_pwait, libc::SYS_epoll_ctl],
+        ThreadKind::Net => &[
+            libc::SYS_epoll_pwait,
+            libc::SYS_epoll_ctl,
+            // Receiving ahead into guest buffers (`devices/net/rx.rs`).
+            libc::SYS_recvfrom,
+        ],
         ThreadKind::Disk => &[
             libc::SYS_pread64,
             libc::SYS_pwrite64,

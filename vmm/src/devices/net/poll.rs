@@ -19,7 +19,7 @@ pub(super) fn epoll_update(epoll: &OwnedFd, sock: &mut Sock, data: u64) -> Resul
         return Err(libc::ENOTCONN);
     };
     let mut events = libc::EPOLLONESHOT as u32 | libc::EPOLLRDHUP as u32;
-    if sock.read_tag.is_some() {
+    if sock.read_tag.is_some() || sock.rx.as_ref().is_some_and(|rx| rx.wants_data()) {
         events |= libc::EPOLLIN as u32;
     }
     if sock.write_tag.is_some() {
@@ -164,17 +164,30 @@ fn net_thread(weak: &Weak<Guest>) {
             }
             let bad = NET_ERROR | NET_HANGUP;
             let mut ready = Vec::new();
+            if let (Some(rx), Some(fd)) = (&mut sock.rx, &sock.fd) {
+                if bits & (NET_READABLE | bad | libc::EPOLLRDHUP as u64) != 0 {
+                    match rx.fill(&guest, fd.as_raw_fd()) {
+                        Ok(filled) => ready.extend(filled.waiter.map(|t| (t, NET_READABLE))),
+                        Err(why) => {
+                            drop(table);
+                            guest.finish(Outcome::fault(0, why));
+                            return;
+                        }
+                    }
+                }
+            }
             if bits & (NET_READABLE | bad | libc::EPOLLRDHUP as u64) != 0 {
-                ready.extend(sock.read_tag.take());
+                ready.extend(sock.read_tag.take().map(|t| (t, bits & 0x1f)));
             }
             if bits & (NET_WRITABLE | bad) != 0 {
-                ready.extend(sock.write_tag.take());
+                ready.extend(sock.write_tag.take().map(|t| (t, bits & 0x1f)));
             }
-            if sock.read_tag.is_some() || sock.write_tag.is_some() {
+            let rx_watch = sock.rx.as_ref().is_some_and(|rx| rx.wants_data());
+            if sock.read_tag.is_some() || sock.write_tag.is_some() || rx_watch {
                 let _ = epoll_update(&net.epoll, sock, data);
             }
-            for tag in ready {
-                post(&mut table, tag, bits & 0x1f);
+            for (tag, events) in ready {
+                post(&mut table, tag, events);
             }
         }
         let posted = publish(&mut table, &guest);

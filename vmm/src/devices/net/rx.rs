@@ -1,0 +1,199 @@
+//! Receiving ahead into a stream's `NetRx` buffer in guest memory (`protocol::net::NetRx`):
+//! whenever the host socket has data the VMM (the net thread, or a vCPU thread in an
+//! `rx_resume` exit) moves it into the buffer, so the guest's `recv` finds it there without an
+//! exit. A guest thread that waits leaves a tag in `waiter`; each fill reports it.
+
+use std::mem::offset_of;
+use std::os::fd::RawFd;
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+
+use protocol::net::*;
+
+use super::{epoll_update, errno, neg, Kind, Net, Table};
+use crate::guest::Guest;
+
+/// The VMM's view of one receive buffer (the guest's copy of `head` is never read back).
+#[derive(Debug)]
+pub(super) struct RxArea {
+    gpa: u64,
+    head: u32,
+    /// Full: the VMM waits for `rx_resume`.
+    pub(super) stalled: bool,
+    /// End of stream or an error reached: nothing more to receive.
+    pub(super) done: bool,
+}
+
+/// How a fill ended.
+pub(super) struct Filled {
+    /// A tag the guest left in `waiter`, to report.
+    pub(super) waiter: Option<u32>,
+}
+
+impl RxArea {
+    /// A receive buffer at `gpa`, checked to lie in guest RAM at or above the image.
+    pub(super) fn new(guest: &Guest, gpa: u64) -> Result<RxArea, String> {
+        let size = std::mem::size_of::<NetRx>() as u64;
+        let inside = gpa >= guest.plan.image.start
+            && gpa
+                .checked_add(size)
+                .is_some_and(|end| end <= guest.ram.size());
+        if !inside || !gpa.is_multiple_of(64) {
+            return Err(format!(
+                "receive buffer {gpa:#x}+{size} is not 64-byte aligned in guest RAM at or above {:#x}",
+                guest.plan.image.start
+            ));
+        }
+        let area = RxArea {
+            gpa,
+            head: 0,
+            stalled: false,
+            done: false,
+        };
+        for offset in [offset_of!(NetRx, head), offset_of!(NetRx, tail)] {
+            area.word(guest, offset).store(0, Ordering::Relaxed);
+        }
+        area.word(guest, offset_of!(NetRx, state))
+            .store(0, Ordering::Relaxed);
+        area.word(guest, offset_of!(NetRx, waiter))
+            .store(0, Ordering::Release);
+        Ok(area)
+    }
+
+    /// Whether the VMM should watch the host socket for data.
+    pub(super) fn wants_data(&self) -> bool {
+        !self.stalled && !self.done
+    }
+
+    fn word<'g>(&self, guest: &'g Guest, offset: usize) -> &'g AtomicU32 {
+        let ptr = (guest.ram.host_base() + self.gpa + offset as u64) as *mut u32;
+        // SAFETY: the area lies in guest RAM (checked in `new`), mapped for the guest's lifetime
+        // (which outlives `guest`'s borrow); `offset` is a 4-byte aligned field of a 64-byte
+        // aligned `NetRx`. The guest accesses these words atomically too.
+        unsafe { AtomicU32::from_ptr(ptr) }
+    }
+
+    /// `rx_resume`: the guest made room.
+    pub(super) fn resume(&mut self, guest: &Guest) {
+        self.word(guest, offset_of!(NetRx, state))
+            .fetch_and(!NET_RX_STALLED, Ordering::SeqCst);
+        self.stalled = false;
+    }
+
+    /// Receive what the host socket has (until it would block, the buffer is full, or the
+    /// stream ends), then take the guest's waiting tag. `Err` is a protocol violation.
+    pub(super) fn fill(&mut self, guest: &Guest, fd: RawFd) -> Result<Filled, String> {
+        let tail_word = self.word(guest, offset_of!(NetRx, tail));
+        let head_word = self.word(guest, offset_of!(NetRx, head));
+        let state = self.word(guest, offset_of!(NetRx, state));
+        let data = guest.ram.host_base() + self.gpa + offset_of!(NetRx, data) as u64;
+        while self.wants_data() {
+            let tail = tail_word.load(Ordering::SeqCst);
+            let used = self.head.wrapping_sub(tail) as usize;
+            if used > NET_RX_BYTES {
+                return Err(format!(
+                    "receive buffer {:#x}: tail {tail} is past head {}",
+                    self.gpa, self.head
+                ));
+            }
+            if used == NET_RX_BYTES {
+                // Stalled unless the guest made room meanwhile (it checks `state` after its
+                // `tail` store: one of the two sides sees the other).
+                state.fetch_or(NET_RX_STALLED, Ordering::SeqCst);
+                if tail_word.load(Ordering::SeqCst) == tail {
+                    self.stalled = true;
+                    break;
+                }
+                state.fetch_and(!NET_RX_STALLED, Ordering::SeqCst);
+                continue;
+            }
+            let at = self.head as usize % NET_RX_BYTES;
+            let room = (NET_RX_BYTES - used).min(NET_RX_BYTES - at);
+            // SAFETY: `data + at .. + room` lies inside the area's buffer (checked in `new`),
+            // free space the guest does not read until `head` passes it.
+            let r = unsafe { libc::recv(fd, (data + at as u64) as *mut libc::c_void, room, 0) };
+            if r > 0 {
+                self.head = self.head.wrapping_add(r as u32);
+                head_word.store(self.head, Ordering::SeqCst);
+                continue;
+            }
+            if r == 0 {
+                state.fetch_or(NET_RX_EOF, Ordering::SeqCst);
+                self.done = true;
+                break;
+            }
+            match errno() {
+                libc::EINTR => continue,
+                libc::EAGAIN => break,
+                e => {
+                    state.fetch_or(NET_RX_ERROR | ((e as u32) << 16), Ordering::SeqCst);
+                    self.done = true;
+                }
+            }
+        }
+        fence(Ordering::SeqCst);
+        Ok(Filled {
+            waiter: self.take_waiter(guest)?,
+        })
+    }
+
+    /// The guest's waiting tag, if any (swapped out: reported once).
+    pub(super) fn take_waiter(&self, guest: &Guest) -> Result<Option<u32>, String> {
+        match self
+            .word(guest, offset_of!(NetRx, waiter))
+            .swap(0, Ordering::SeqCst)
+        {
+            0 => Ok(None),
+            w if (w as usize) <= NET_RING_CAPACITY => Ok(Some(w - 1)),
+            w => Err(format!(
+                "receive buffer {:#x}: waiter {w} is not a tag + 1",
+                self.gpa
+            )),
+        }
+    }
+}
+
+impl Net {
+    /// `rx_setup(s, gpa)`: a connected stream receives ahead into the guest's buffer.
+    pub(super) fn rx_setup(
+        &self,
+        guest: &Guest,
+        table: &mut Table,
+        s: usize,
+        gpa: u64,
+    ) -> Result<u64, String> {
+        let area = RxArea::new(guest, gpa)?;
+        let sock = table.socks[s].as_mut().expect("checked");
+        if !matches!((&sock.kind, &sock.fd), (Kind::Stream, Some(_))) {
+            return Ok(neg(libc::ENOTCONN));
+        }
+        if sock.rx.is_some() || sock.read_tag.is_some() {
+            return Ok(neg(libc::EBUSY));
+        }
+        sock.rx = Some(area);
+        let data = (u64::from(sock.generation) << 32) | s as u64;
+        if let Err(e) = epoll_update(&self.epoll, sock, data) {
+            sock.rx = None;
+            return Ok(neg(e));
+        }
+        Ok(0)
+    }
+
+    /// `rx_resume(s)`: the guest made room in a stalled buffer; watch the socket again.
+    pub(super) fn rx_resume(
+        &self,
+        guest: &Guest,
+        table: &mut Table,
+        s: usize,
+    ) -> Result<u64, String> {
+        let sock = table.socks[s].as_mut().expect("checked");
+        let Some(rx) = &mut sock.rx else {
+            return Ok(neg(libc::EINVAL));
+        };
+        rx.resume(guest);
+        let data = (u64::from(sock.generation) << 32) | s as u64;
+        Ok(match epoll_update(&self.epoll, sock, data) {
+            Ok(()) => 0,
+            Err(e) => neg(e),
+        })
+    }
+}
