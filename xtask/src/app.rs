@@ -186,9 +186,20 @@ fn build(o: &Options) -> Result<PathBuf, String> {
     }
     shared_args(&mut program, o);
     program.arg("--message-format=json-render-diagnostics");
+    // Cargo does not track an `--extern` it was handed: a stamp of the runtime's build in the
+    // flags (which cargo does fingerprint) relinks the program when activm-std changes.
+    let stamp = std::fs::metadata(&rlib)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
     program
         .args(["--", "-Zunstable-options", "--extern"])
         .arg(format!("force:activm_std={}", rlib.display()))
+        .arg("--cfg")
+        .arg(format!("activm_std_build=\"{stamp}\""))
+        .arg("--check-cfg")
+        .arg("cfg(activm_std_build, values(any()))")
         .arg("-L")
         .arg(format!("native={}", root.join(LINK_SCRIPT_DIR).display()));
     println!("xtask: building {}", o.project.display());
