@@ -1943,7 +1943,8 @@ pub fn chaos_soak(seconds: u64) -> Result<String, String> {
     static STOP: AtomicBool = AtomicBool::new(false);
     static CHILDREN_RAN: AtomicU64 = AtomicU64::new(0);
     static EARLY_WAKEUPS: AtomicU64 = AtomicU64::new(0);
-    stats::set_watchdog(Some(Duration::from_secs(30)));
+    // Past the soak itself, 30 s for the joins and checks.
+    stats::set_watchdog(Some(Duration::from_secs(seconds + 30)));
     let n = u64::from(rt::nr_vcpus());
     let before = stats::snapshot();
     let (tx, rx) = mpsc::channel::<u64>();
