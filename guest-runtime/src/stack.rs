@@ -11,16 +11,16 @@
 //! Stacks are bound lazily, when a thread first runs, and given back when it exits, so 10,000
 //! spawned-but-not-yet-run threads need no stacks at all.
 //!
-//! Allocation and release happen in scheduler context; the per-vCPU cache is changed under a
-//! preemption hold (the upcall handler may interrupt a scheduler that holds nothing).
+//! Allocation and release happen in scheduler context; each entry of the per-vCPU cache is taken
+//! and filled by one atomic operation, as code the VMM took away may go on with this vCPU's
+//! cache from another vCPU (a preemption hold does not stop the VMM).
 
 use core::alloc::Layout;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use activm_stub::preempt;
 use activm_stub::sync::SpinLock;
 
-use crate::percpu::{self, Line, STACK_CACHE};
+use crate::percpu::{self, Line, NO_SLOT};
 
 /// Size of the guard page under every slot.
 pub const GUARD: usize = 4096;
@@ -69,7 +69,12 @@ static FREE_LEN: AtomicU32 = AtomicU32::new(0);
 pub fn slots_in_use() -> u64 {
     let cached: u64 = crate::percpu::pcpus()
         .iter()
-        .map(|p| u64::from(p.nr_stacks.load(Ordering::Relaxed)))
+        .map(|p| {
+            p.stacks
+                .iter()
+                .filter(|s| s.load(Ordering::Relaxed) != NO_SLOT)
+                .count() as u64
+        })
         .sum();
     let handed_out = u64::from(
         NEXT_FRESH
@@ -144,18 +149,17 @@ pub fn alloc(size: usize) -> Option<Stack> {
 }
 
 fn take_slot() -> Option<u32> {
-    // The cache is per vCPU and changed in several steps: hold off preemption (and the upcall
-    // handler's nested drain, which may suspend a scheduler) meanwhile.
-    preempt::hold();
-    let p = percpu::this();
-    let n = p.nr_stacks.load(Ordering::Relaxed);
-    let cached = if n > 0 {
-        p.nr_stacks.store(n - 1, Ordering::Relaxed);
-        Some(p.stacks[n as usize - 1].load(Ordering::Relaxed))
-    } else {
-        None
-    };
-    preempt::release();
+    // The cache is per vCPU, but a preemption hold does not stop the VMM: a scheduler context
+    // it takes here is adopted on another vCPU and goes on with this `p`, while this vCPU's next
+    // activation takes from the same cache. A count changed in a separate step then handed one
+    // slot to two threads (two threads on one stack: a thread run twice, a return into a TCB);
+    // each entry is taken by one atomic swap instead.
+    let cached = percpu::this().stacks.iter().rev().find_map(|s| {
+        if s.load(Ordering::Relaxed) == NO_SLOT {
+            return None;
+        }
+        Some(s.swap(NO_SLOT, Ordering::Acquire)).filter(|&slot| slot != NO_SLOT)
+    });
     if cached.is_some() {
         return cached;
     }
@@ -195,15 +199,12 @@ pub fn free(stack: Stack) {
         };
         return;
     }
-    preempt::hold();
-    let p = percpu::this();
-    let n = p.nr_stacks.load(Ordering::Relaxed);
-    let cached = (n as usize) < STACK_CACHE;
-    if cached {
-        p.stacks[n as usize].store(stack.slot, Ordering::Relaxed);
-        p.nr_stacks.store(n + 1, Ordering::Relaxed);
-    }
-    preempt::release();
+    // One atomic fill per entry (see `take_slot`).
+    let cached = percpu::this().stacks.iter().any(|s| {
+        s.load(Ordering::Relaxed) == NO_SLOT
+            && s.compare_exchange(NO_SLOT, stack.slot, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+    });
     if !cached {
         let mut head = FREE.lock();
         // SAFETY: the slot is free and mapped; its top word is ours until it is reused.
