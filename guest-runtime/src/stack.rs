@@ -20,7 +20,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use activm_stub::sync::SpinLock;
 
-use crate::percpu::{self, Line, NO_SLOT};
+use crate::percpu::{self, Line, Pcpu, NO_SLOT};
 
 /// Size of the guard page under every slot.
 pub const GUARD: usize = 4096;
@@ -154,12 +154,7 @@ fn take_slot() -> Option<u32> {
     // activation takes from the same cache. A count changed in a separate step then handed one
     // slot to two threads (two threads on one stack: a thread run twice, a return into a TCB);
     // each entry is taken by one atomic swap instead.
-    let cached = percpu::this().stacks.iter().rev().find_map(|s| {
-        if s.load(Ordering::Relaxed) == NO_SLOT {
-            return None;
-        }
-        Some(s.swap(NO_SLOT, Ordering::Acquire)).filter(|&slot| slot != NO_SLOT)
-    });
+    let cached = cache_take(percpu::this());
     if cached.is_some() {
         return cached;
     }
@@ -185,6 +180,48 @@ fn take_slot() -> Option<u32> {
     None
 }
 
+/// Takes a slot from `p`'s stack cache: one atomic swap per entry, so callers on several vCPUs
+/// at once (see `take_slot`) never get the same slot.
+fn cache_take(p: &Pcpu) -> Option<u32> {
+    p.stacks.iter().rev().find_map(|s| {
+        if s.load(Ordering::Relaxed) == NO_SLOT {
+            return None;
+        }
+        Some(s.swap(NO_SLOT, Ordering::Acquire)).filter(|&slot| slot != NO_SLOT)
+    })
+}
+
+/// Puts `slot` into `p`'s stack cache (one CAS per entry); false if the cache is full.
+fn cache_put(p: &Pcpu, slot: u32) -> bool {
+    p.stacks.iter().any(|s| {
+        s.load(Ordering::Relaxed) == NO_SLOT
+            && s.compare_exchange(NO_SLOT, slot, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+    })
+}
+
+/// Takes a slot from vCPU `vcpu`'s stack cache from whatever vCPU this runs on, as code the VMM
+/// moved does (for the runtime's tests: the caller must give it back with [`cache_put_of`]).
+#[doc(hidden)]
+pub fn cache_take_of(vcpu: u32) -> Option<u32> {
+    cache_take(percpu::of(vcpu))
+}
+
+/// Gives back a slot [`cache_take_of`] took (tests); false if that cache is full (the slot is
+/// then put on the global list).
+#[doc(hidden)]
+pub fn cache_put_of(vcpu: u32, slot: u32) -> bool {
+    if cache_put(percpu::of(vcpu), slot) {
+        return true;
+    }
+    let mut head = FREE.lock();
+    // SAFETY: the caller took the slot from a cache and never used its memory.
+    unsafe { free_link(slot).write(*head) };
+    *head = slot;
+    FREE_LEN.fetch_add(1, Ordering::Relaxed);
+    false
+}
+
 /// Gives a stack back. Scheduler context (the stack is not in use).
 pub fn free(stack: Stack) {
     if stack.is_heap() {
@@ -199,13 +236,7 @@ pub fn free(stack: Stack) {
         };
         return;
     }
-    // One atomic fill per entry (see `take_slot`).
-    let cached = percpu::this().stacks.iter().any(|s| {
-        s.load(Ordering::Relaxed) == NO_SLOT
-            && s.compare_exchange(NO_SLOT, stack.slot, Ordering::Release, Ordering::Relaxed)
-                .is_ok()
-    });
-    if !cached {
+    if !cache_put(percpu::this(), stack.slot) {
         let mut head = FREE.lock();
         // SAFETY: the slot is free and mapped; its top word is ours until it is reused.
         unsafe { free_link(stack.slot).write(*head) };
