@@ -161,6 +161,8 @@ pub fn print_trace_about(value: u64) {
 pub const STACK_CACHE: usize = 16;
 /// TCBs kept per vCPU before they go back to the global pool.
 pub const TCB_CACHE: usize = 32;
+/// An empty entry of `Pcpu::stacks`.
+pub const NO_SLOT: u32 = u32::MAX;
 
 /// Counters, per vCPU (summed by [`crate::stats`]).
 #[derive(Debug, Default)]
@@ -231,12 +233,12 @@ pub struct Pcpu {
     pub seen_next_seq: AtomicU64,
     /// Set by the idle loop when the thread in `seen_next` may be taken.
     pub steal_next: AtomicU32,
-    /// Stack cache (slot indices), used in scheduler context only.
+    /// Stack cache (slot indices; `NO_SLOT`: empty entry). Each entry is taken and filled by
+    /// one atomic operation (`stack.rs`): code the VMM took away here may go on elsewhere with
+    /// this `Pcpu` while this vCPU's next activation uses it too.
     pub stacks: [AtomicU32; STACK_CACHE],
-    pub nr_stacks: AtomicU32,
-    /// TCB cache, used under a preemption hold.
+    /// TCB cache (null: empty entry), used the same way (`tcb.rs`).
     pub tcbs: [AtomicPtr<Tcb>; TCB_CACHE],
-    pub nr_tcbs: AtomicU32,
     /// An activation stack this vCPU's scheduler left (adopting another), to give back later.
     pub retired_stack: AtomicU64,
     /// Set while this vCPU's scheduler drains its upcall queue.
@@ -278,10 +280,8 @@ impl Pcpu {
             seen_next_at: AtomicU64::new(0),
             seen_next_seq: AtomicU64::new(0),
             steal_next: AtomicU32::new(0),
-            stacks: [const { AtomicU32::new(0) }; STACK_CACHE],
-            nr_stacks: AtomicU32::new(0),
+            stacks: [const { AtomicU32::new(NO_SLOT) }; STACK_CACHE],
             tcbs: [const { AtomicPtr::new(core::ptr::null_mut()) }; TCB_CACHE],
-            nr_tcbs: AtomicU32::new(0),
             retired_stack: AtomicU64::new(0),
             in_drain: AtomicU32::new(0),
             exception_stack: AtomicU64::new(0),

@@ -11,16 +11,16 @@
 //! Stacks are bound lazily, when a thread first runs, and given back when it exits, so 10,000
 //! spawned-but-not-yet-run threads need no stacks at all.
 //!
-//! Allocation and release happen in scheduler context; the per-vCPU cache is changed under a
-//! preemption hold (the upcall handler may interrupt a scheduler that holds nothing).
+//! Allocation and release happen in scheduler context; each entry of the per-vCPU cache is taken
+//! and filled by one atomic operation, as code the VMM took away may go on with this vCPU's
+//! cache from another vCPU (a preemption hold does not stop the VMM).
 
 use core::alloc::Layout;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use activm_stub::preempt;
 use activm_stub::sync::SpinLock;
 
-use crate::percpu::{self, Line, STACK_CACHE};
+use crate::percpu::{self, Line, Pcpu, NO_SLOT};
 
 /// Size of the guard page under every slot.
 pub const GUARD: usize = 4096;
@@ -69,7 +69,12 @@ static FREE_LEN: AtomicU32 = AtomicU32::new(0);
 pub fn slots_in_use() -> u64 {
     let cached: u64 = crate::percpu::pcpus()
         .iter()
-        .map(|p| u64::from(p.nr_stacks.load(Ordering::Relaxed)))
+        .map(|p| {
+            p.stacks
+                .iter()
+                .filter(|s| s.load(Ordering::Relaxed) != NO_SLOT)
+                .count() as u64
+        })
         .sum();
     let handed_out = u64::from(
         NEXT_FRESH
@@ -144,18 +149,12 @@ pub fn alloc(size: usize) -> Option<Stack> {
 }
 
 fn take_slot() -> Option<u32> {
-    // The cache is per vCPU and changed in several steps: hold off preemption (and the upcall
-    // handler's nested drain, which may suspend a scheduler) meanwhile.
-    preempt::hold();
-    let p = percpu::this();
-    let n = p.nr_stacks.load(Ordering::Relaxed);
-    let cached = if n > 0 {
-        p.nr_stacks.store(n - 1, Ordering::Relaxed);
-        Some(p.stacks[n as usize - 1].load(Ordering::Relaxed))
-    } else {
-        None
-    };
-    preempt::release();
+    // The cache is per vCPU, but a preemption hold does not stop the VMM: a scheduler context
+    // it takes here is adopted on another vCPU and goes on with this `p`, while this vCPU's next
+    // activation takes from the same cache. A count changed in a separate step then handed one
+    // slot to two threads (two threads on one stack: a thread run twice, a return into a TCB);
+    // each entry is taken by one atomic swap instead.
+    let cached = cache_take(percpu::this());
     if cached.is_some() {
         return cached;
     }
@@ -181,6 +180,48 @@ fn take_slot() -> Option<u32> {
     None
 }
 
+/// Takes a slot from `p`'s stack cache: one atomic swap per entry, so callers on several vCPUs
+/// at once (see `take_slot`) never get the same slot.
+fn cache_take(p: &Pcpu) -> Option<u32> {
+    p.stacks.iter().rev().find_map(|s| {
+        if s.load(Ordering::Relaxed) == NO_SLOT {
+            return None;
+        }
+        Some(s.swap(NO_SLOT, Ordering::Acquire)).filter(|&slot| slot != NO_SLOT)
+    })
+}
+
+/// Puts `slot` into `p`'s stack cache (one CAS per entry); false if the cache is full.
+fn cache_put(p: &Pcpu, slot: u32) -> bool {
+    p.stacks.iter().any(|s| {
+        s.load(Ordering::Relaxed) == NO_SLOT
+            && s.compare_exchange(NO_SLOT, slot, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+    })
+}
+
+/// Takes a slot from vCPU `vcpu`'s stack cache from whatever vCPU this runs on, as code the VMM
+/// moved does (for the runtime's tests: the caller must give it back with [`cache_put_of`]).
+#[doc(hidden)]
+pub fn cache_take_of(vcpu: u32) -> Option<u32> {
+    cache_take(percpu::of(vcpu))
+}
+
+/// Gives back a slot [`cache_take_of`] took (tests); false if that cache is full (the slot is
+/// then put on the global list).
+#[doc(hidden)]
+pub fn cache_put_of(vcpu: u32, slot: u32) -> bool {
+    if cache_put(percpu::of(vcpu), slot) {
+        return true;
+    }
+    let mut head = FREE.lock();
+    // SAFETY: the caller took the slot from a cache and never used its memory.
+    unsafe { free_link(slot).write(*head) };
+    *head = slot;
+    FREE_LEN.fetch_add(1, Ordering::Relaxed);
+    false
+}
+
 /// Gives a stack back. Scheduler context (the stack is not in use).
 pub fn free(stack: Stack) {
     if stack.is_heap() {
@@ -195,16 +236,7 @@ pub fn free(stack: Stack) {
         };
         return;
     }
-    preempt::hold();
-    let p = percpu::this();
-    let n = p.nr_stacks.load(Ordering::Relaxed);
-    let cached = (n as usize) < STACK_CACHE;
-    if cached {
-        p.stacks[n as usize].store(stack.slot, Ordering::Relaxed);
-        p.nr_stacks.store(n + 1, Ordering::Relaxed);
-    }
-    preempt::release();
-    if !cached {
+    if !cache_put(percpu::this(), stack.slot) {
         let mut head = FREE.lock();
         // SAFETY: the slot is free and mapped; its top word is ours until it is reused.
         unsafe { free_link(stack.slot).write(*head) };

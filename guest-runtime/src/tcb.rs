@@ -25,10 +25,9 @@ use core::mem::MaybeUninit;
 use core::ptr;
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use activm_stub::preempt;
 use activm_stub::sync::SpinLock;
 
-use crate::percpu::{self, TCB_CACHE};
+use crate::percpu;
 use crate::stack::Stack;
 
 /// `Tcb::wake` states.
@@ -346,16 +345,15 @@ pub fn alloc(refs: u32) -> &'static Tcb {
 }
 
 fn take_cached() -> Option<&'static Tcb> {
-    let hold = preempt::Hold::new();
-    let p = percpu::this();
-    let n = p.nr_tcbs.load(Ordering::Relaxed);
-    let local = if n > 0 {
-        p.nr_tcbs.store(n - 1, Ordering::Relaxed);
-        Some(p.tcbs[n as usize - 1].load(Ordering::Relaxed))
-    } else {
-        None
-    };
-    drop(hold);
+    // One atomic swap per entry, not a count changed in a separate step: a thread the VMM takes
+    // here (a preemption hold does not stop it) is continued on another vCPU with this `p`
+    // while this vCPU's next activation uses the same cache, and one TCB went to two spawns.
+    let local = percpu::this().tcbs.iter().rev().find_map(|e| {
+        if e.load(Ordering::Relaxed).is_null() {
+            return None;
+        }
+        Some(e.swap(ptr::null_mut(), Ordering::Acquire)).filter(|raw| !raw.is_null())
+    });
     let raw = match local {
         Some(raw) => raw as *const Tcb,
         None => {
@@ -398,17 +396,13 @@ fn recycle(t: &Tcb) {
         (*t.tls.get()).clear();
     }
     debug_assert!(t.stack.get().is_none());
-    let hold = preempt::Hold::new();
-    let p = percpu::this();
-    let n = p.nr_tcbs.load(Ordering::Relaxed);
-    let cached = if (n as usize) < TCB_CACHE {
-        p.tcbs[n as usize].store(t as *const Tcb as *mut Tcb, Ordering::Relaxed);
-        p.nr_tcbs.store(n + 1, Ordering::Relaxed);
-        true
-    } else {
-        false
-    };
-    drop(hold);
+    // One atomic fill per entry (see `take_cached`).
+    let raw = t as *const Tcb as *mut Tcb;
+    let cached = percpu::this().tcbs.iter().any(|e| {
+        e.load(Ordering::Relaxed).is_null()
+            && e.compare_exchange(ptr::null_mut(), raw, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+    });
     if !cached {
         let mut pool = POOL.lock();
         t.link.set(pool.0);

@@ -12,6 +12,7 @@ use super::bag::Bag;
 use super::entry::in_unsafe_window;
 use super::{recover, sa, signal, stacks, state};
 use crate::arch::cpu::{self, Word};
+use crate::arch::entry::CLAIMING;
 use crate::arch::{context, rseq};
 use crate::percpu;
 use crate::sched::{self, Pending};
@@ -41,6 +42,7 @@ pub fn on_upcall(frame: &mut IrqFrame) {
         && preempt::held() == 0
         && p.in_drain.load(Ordering::Relaxed) == 0
         && !in_unsafe_window(context::frame_pc(frame))
+        && on_own_scheduler(frame)
     {
         // The scheduler, holding nothing, maybe waiting for a lock whose holder's context is
         // in this very queue: handle the records now (Williams 2002, section 6: continue preempted
@@ -50,6 +52,25 @@ pub fn on_upcall(frame: &mut IrqFrame) {
         return;
     }
     Pending::Upcall.defer();
+}
+
+/// Whether the interrupted code is this activation's own scheduler: the vCPU's words are
+/// whole (an activation id, not being claimed) and the interrupt frame lies on the stack
+/// `SchedTop` names. Not so in a handler nested in one that interrupted an activation entry
+/// (`in_unsafe_window` sees only the inner frame's pc): that runs on the new activation's stack
+/// while the words are still the previous activation's, or half reset. A drain there ran a
+/// scheduler on those words (a lock holder's continuation suspends "this scheduler" and starts
+/// another), so the previous activation's record, handled elsewhere, read a thread the rogue
+/// scheduler ran and resumed the old context as that thread's: a thread run twice, a lock
+/// holder continued with a scheduler's stack pointer; and the suspended entry, adopted on
+/// another vCPU, finished its claim on that vCPU's words. The scheduler between `switch_out`'s
+/// `InSched = 1` and its stack switch, or in `switch_in` on the thread's stack, also defers:
+/// the loop top drains.
+fn on_own_scheduler(frame: &IrqFrame) -> bool {
+    let activation = cpu::get(Word::Activation);
+    activation != 0
+        && activation & CLAIMING == 0
+        && stacks::on_act_stack(cpu::get(Word::SchedTop), frame as *const IrqFrame as u64)
 }
 
 /// Records that could not be handled yet (their activation's state was not filed yet).

@@ -77,6 +77,11 @@ pub fn register_boot_stack(top: u64) {
 static ACT_STACKS: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
 static NR_ACT_STACKS: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether `at` lies on the activation stack whose top is `top` (a boot stack's top part counts).
+pub(super) fn on_act_stack(top: u64, at: u64) -> bool {
+    top != 0 && at < top && at >= top.saturating_sub(ACT_STACK_SIZE as u64)
+}
+
 /// The top of the activation stack `sp` lies on, if it lies on one.
 pub(super) fn act_stack_top_of(sp: u64) -> Option<u64> {
     let n = NR_ACT_STACKS.load(Ordering::Acquire).min(ACT_STACKS.len());

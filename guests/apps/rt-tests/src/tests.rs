@@ -45,6 +45,7 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("sleep-accuracy", Needs::Any, sleep_accuracy),
     ("time-slicing", Needs::Any, time_slicing),
     ("heap-stack", Needs::Any, heap_stack),
+    ("stack-cache-shared", Needs::Any, stack_cache_shared),
     ("random-preemption", Needs::Any, random_preemption),
     ("upcall-newproc", Needs::Sim, upcall_newproc),
     ("upcall-user", Needs::Sim, upcall_user),
@@ -1032,6 +1033,75 @@ fn heap_stack() -> TestResult {
     Ok(format!(
         "{} MiB heap stack, 4000-deep recursion",
         size >> 20
+    ))
+}
+
+/// One vCPU's stack cache used from every vCPU at once, as code the VMM takes away (a
+/// preemption hold does not stop it) goes on elsewhere with that vCPU's cache while the vCPU's
+/// next activation uses it too: no slot may be handed out twice. (A count changed apart from
+/// its entry handed one slot to two threads in the six-at-once soak: two threads on one stack.)
+fn stack_cache_shared() -> TestResult {
+    const SEEDED: usize = 8;
+    const RUN_MS: u64 = 300;
+    let held: Arc<Vec<AtomicU32>> = Arc::new((0..1 << 16).map(|_| AtomicU32::new(0)).collect());
+    let twice = Arc::new(AtomicU32::new(0));
+    let takers = Arc::new(AtomicU32::new(0));
+    // Workers start first (their own stacks come from the caches), then wait for the seeding.
+    let started = Arc::new(AtomicU32::new(0));
+    let until = Arc::new(AtomicU64::new(0));
+    let n = 2 * rt::nr_vcpus();
+    let workers: Vec<_> = (0..n)
+        .map(|_| {
+            let (held, twice, takers) = (held.clone(), twice.clone(), takers.clone());
+            let (started, until) = (started.clone(), until.clone());
+            thread::spawn(move || {
+                started.fetch_add(1, Ordering::AcqRel);
+                while until.load(Ordering::Acquire) == 0 {
+                    thread::yield_now();
+                }
+                let until = until.load(Ordering::Acquire);
+                let mut took = 0u32;
+                // CPU-bound and long enough for the workers to spread over every vCPU.
+                while rt::rdtsc() < until {
+                    let Some(slot) = activm_rt::stack::cache_take_of(0) else {
+                        thread::yield_now();
+                        continue;
+                    };
+                    took += 1;
+                    takers.fetch_or(1 << activm_stub::vcpu_id(), Ordering::Relaxed);
+                    let mark = &held[slot as usize % held.len()];
+                    if mark.swap(1, Ordering::AcqRel) != 0 {
+                        twice.fetch_add(1, Ordering::Relaxed);
+                    }
+                    core::hint::spin_loop();
+                    mark.store(0, Ordering::Release);
+                    activm_rt::stack::cache_put_of(0, slot);
+                }
+                took
+            })
+        })
+        .collect();
+    while started.load(Ordering::Acquire) < n {
+        thread::yield_now();
+    }
+    // Slots of our own in vCPU 0's cache (given back into caches at the end).
+    let mut seeded = 0;
+    for _ in 0..SEEDED {
+        let Some(s) = activm_rt::stack::alloc(0).filter(|s| !s.is_heap()) else {
+            break;
+        };
+        activm_rt::stack::cache_put_of(0, s.slot);
+        seeded += 1;
+    }
+    until.store(rt::rdtsc() + RUN_MS * rt::tsc_khz(), Ordering::Release);
+    let took: u32 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    ensure(seeded > 0, || "no stack slot to seed the cache with".into())?;
+    let twice = twice.load(Ordering::Relaxed);
+    ensure(twice == 0, || format!("{twice} slots were held twice"))?;
+    ensure(took > 0, || "no slot was taken".into())?;
+    let vcpus = takers.load(Ordering::Relaxed).count_ones();
+    Ok(format!(
+        "{took} takes of {seeded} seeded slots from vCPU 0's cache on {vcpus} vCPUs, none held twice"
     ))
 }
 
