@@ -2017,7 +2017,8 @@ pub fn chaos_soak(seconds: u64) -> Result<String, String> {
     stats::set_watchdog(Some(Duration::from_secs(seconds + 30)));
     let n = u64::from(rt::nr_vcpus());
     let before = stats::snapshot();
-    let (tx, rx) = mpsc::channel::<u64>();
+    // Bounded: a collector starved by the chaos makes senders wait, not the heap grow.
+    let (tx, rx) = mpsc::sync_channel::<u64>(4096);
     let collector = thread::spawn(move || rx.iter().count() as u64);
     // Counters under a mutex and a spinlock, spawns and joins, messages.
     let workers: Vec<_> = (0..2 * n)
