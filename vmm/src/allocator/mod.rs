@@ -352,15 +352,19 @@ impl Allocator {
         }
     }
 
-    /// Whether another guest than `guest` wants more processors than it holds (a processor
-    /// given back now would go to it).
-    pub fn others_want_more(&self, guest: GuestId) -> bool {
+    /// Whether `guest` should keep an idle processor while its I/O is in flight rather than
+    /// give it back (`SHARED_FEATURE_YIELD_IO`): when no other guest wants more processors
+    /// than it holds (nobody would use it), and always for a latency-critical guest (a new
+    /// activation per completion, ~2 per request, cost such a server 4x its median latency
+    /// beside a batch guest: `cargo xtask bench latency`).
+    pub fn keeps_processor_for_io(&self, guest: GuestId) -> bool {
         let state = self.lock();
-        state
-            .guests
-            .iter()
-            .enumerate()
-            .any(|(id, g)| id != guest && g.demand() > g.holding())
+        state.guests[guest].latency_critical
+            || !state
+                .guests
+                .iter()
+                .enumerate()
+                .any(|(id, g)| id != guest && g.demand() > g.holding())
     }
 
     /// Whether the allocator wants this vCPU's processor back.
