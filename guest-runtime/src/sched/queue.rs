@@ -277,7 +277,7 @@ fn steal_next() -> *const Tcb {
 /// its activation (PREEMPTED, BLOCKED), and while the vCPUs that run are busy nobody would
 /// steal them, so they would wait until `vcpu` runs again. Safe in the upcall handler: stealing
 /// is lock-free (only a full ring of ours spills into the global queue, as `make_runnable`
-/// does).
+/// does). "Ours" is whichever vCPU runs this when it pushes (`rq_push` finds it afresh).
 pub fn rescue_ring_of(vcpu: u32) {
     if vcpu == activm_stub::vcpu_id() || vcpu >= percpu::nr_vcpus() {
         return;
@@ -296,6 +296,12 @@ pub fn rescue_ring_of(vcpu: u32) {
     }
     let mut batch = [core::ptr::null::<Tcb>(); RQ_CAP / 2];
     loop {
+        // This may be a scheduler context taken away mid-drain and adopted on another vCPU
+        // since the check above, perhaps on `vcpu` itself: its ring is then ours, and moving it
+        // onto itself half by half would never end (a guest's scheduler spun here for good).
+        if vcpu == activm_stub::vcpu_id() {
+            return;
+        }
         let got = percpu::of(vcpu).steal_half(&mut batch);
         if got == 0 {
             return;
