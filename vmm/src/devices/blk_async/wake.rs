@@ -1,0 +1,68 @@
+//! Telling a guest that completions wait in its ring: an interrupt to an idle vCPU, to a
+//! running one when it asked for a nudge, or a processor for a guest that holds none.
+
+use std::mem::offset_of;
+
+use protocol::shared::SharedHeader;
+
+use crate::allocator::Slot;
+use crate::guest::Guest;
+use crate::vm::Outcome;
+
+/// Interrupt one running vCPU (the guest asked for it with `nudge_us`).
+pub(super) fn wake_one_running(guest: &Guest) {
+    let view = guest.procs.alloc.view(guest.id);
+    let running = (0..guest.config.vcpus)
+        .find(|&v| matches!(view.vcpus.get(v as usize), Some(Slot::Running(_))));
+    if let Some(target) = running {
+        if let Err(e) = crate::arch::current::send_wakeup_interrupt(&guest.vm, target) {
+            guest.finish(Outcome::fault(
+                target,
+                format!("cannot send the I/O completion interrupt: {e}"),
+            ));
+        }
+    }
+}
+
+/// Completions were posted: interrupt an idle vCPU of the guest if one is idle; if the guest
+/// gave every processor back (`SHARED_FEATURE_YIELD_IO`), it wants one again. Busy vCPUs find
+/// the completions when they schedule.
+pub(super) fn wake_for_completions(guest: &Guest) {
+    if wake_one_idle(guest) || !guest.acts.enabled() {
+        return;
+    }
+    let view = guest.procs.alloc.view(guest.id);
+    if !view.vcpus.iter().any(|s| s.holds_processor()) {
+        guest.procs.revoke(guest.procs.alloc.want_one(guest.id));
+    }
+}
+
+/// Interrupt one vCPU the guest marks idle, preferring one that holds a processor (whether
+/// there was one). (The guest sets its idle bit, then looks at the ring; the caller published,
+/// fenced, then calls this.)
+pub(crate) fn wake_one_idle(guest: &Guest) -> bool {
+    let idle = guest
+        .ram
+        .read_u64(guest.plan.shared_area.start + offset_of!(SharedHeader, idle_vcpus) as u64)
+        .unwrap_or(0)
+        & if guest.config.vcpus >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << guest.config.vcpus) - 1
+        };
+    if idle == 0 {
+        return false;
+    }
+    let view = guest.procs.alloc.view(guest.id);
+    let running = (0..guest.config.vcpus).find(|&v| {
+        idle & (1 << v) != 0 && matches!(view.vcpus.get(v as usize), Some(Slot::Running(_)))
+    });
+    let target = running.unwrap_or(idle.trailing_zeros());
+    if let Err(e) = crate::arch::current::send_wakeup_interrupt(&guest.vm, target) {
+        guest.finish(Outcome::fault(
+            target,
+            format!("cannot send the I/O completion interrupt: {e}"),
+        ));
+    }
+    true
+}
