@@ -17,6 +17,19 @@ pub(crate) fn arm(me: &Tcb, deadline: u64) {
     timer::add_sleeper(me, deadline);
 }
 
+/// Moves `t`'s timed wait from armed to notified: whether it was armed (the timer had not
+/// claimed it).
+fn take_armed(t: &Tcb) -> bool {
+    t.timed
+        .compare_exchange(
+            timer::TIMED_ARMED,
+            timer::TIMED_NOTIFIED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_ok()
+}
+
 /// A notifier, under the lock of the list it just took `t` from: claims `t`'s wake-up. Returns
 /// whether the caller must wake it (after dropping the lock); false for a timed waiter the timer
 /// already woke (it sees the notification itself). Never fails to deliver: a timed waiter still
@@ -25,15 +38,7 @@ pub(crate) fn claim(t: &Tcb) -> bool {
     match t.timed.load(Ordering::Acquire) {
         timer::TIMED_NONE => true,
         _ => {
-            if t.timed
-                .compare_exchange(
-                    timer::TIMED_ARMED,
-                    timer::TIMED_NOTIFIED,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-            {
+            if take_armed(t) {
                 return true;
             }
             // The timer woke it; its deadline has not been reached (it would have left the
@@ -77,16 +82,7 @@ pub(crate) fn wait(me: &Tcb, deadline: u64, leave: impl FnOnce() -> bool) -> boo
 /// never findable by a notifier): takes it off the sleepers' list, absorbing the timer's
 /// wake-up if the timer already claimed it.
 pub(crate) fn disarm(me: &Tcb) {
-    if me
-        .timed
-        .compare_exchange(
-            timer::TIMED_ARMED,
-            timer::TIMED_NOTIFIED,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        )
-        .is_ok()
-    {
+    if take_armed(me) {
         timer::remove_sleeper(me);
     } else {
         // The timer claimed it and wakes it (or did): take that wake-up.
