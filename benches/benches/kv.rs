@@ -63,6 +63,14 @@ fn start(mut cmd: Command, port: u16) -> Result<Server, String> {
 }
 
 /// One redis-benchmark run: (requests/s, p50 ms, p99 ms).
+/// Debian's own redis-server on the host (no persistence), the native anchor.
+fn start_redis_server(port: u16) -> Result<Server, String> {
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"]);
+    start(cmd, port)
+}
+
 fn measure(port: u16, test: &str, pipeline: u32, requests: u32) -> Result<(f64, f64, f64), String> {
     let out = Command::new("redis-benchmark")
         .args(["-p", &port.to_string(), "-t", test, "-c", "50", "--csv"])
@@ -137,10 +145,7 @@ fn run() -> Result<(), String> {
     let mut anchor = Vec::new();
     {
         let port = free_port()?;
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"]);
-        let _server = start(cmd, port)?;
+        let _server = start_redis_server(port)?;
         for &(test, pipeline) in &tests {
             let m = measure(port, test, pipeline, requests)?;
             row("redis-server (host)", test, pipeline, m, m);
@@ -198,10 +203,7 @@ fn beside_nbody(
                 .map_err(|e| e.to_string())?,
         );
         let port = free_port()?;
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"]);
-        let _server = start(cmd, port)?;
+        let _server = start_redis_server(port)?;
         for &(test, pipeline) in &tests {
             let m = measure(port, test, pipeline, requests)?;
             row("redis-server + nbody", test, pipeline, m, m);
