@@ -398,23 +398,30 @@ pub(super) fn condvar_timeout() -> TestResult {
     let pair = Arc::new((Mutex::new(0u64), Condvar::new()));
     let (m, cv) = &*pair;
 
-    // 1. Nobody notifies: times out, not early, not much later.
-    let mut late_max = 0;
-    for us in [200u64, 2_000, 10_000] {
-        let t0 = rt::rdtsc();
-        let (g, r) = cv
-            .wait_timeout(m.lock().unwrap(), Duration::from_micros(us))
-            .unwrap();
-        let took = since_ns(t0);
-        drop(g);
-        ensure(r.timed_out(), || format!("{us} us wait: not timed out"))?;
-        ensure(took >= us * 1000, || {
-            format!("{us} us wait returned after {took} ns")
-        })?;
-        late_max = late_max.max(took - us * 1000);
+    // 1. Nobody notifies: times out, never early, not much later. A round that ends far out
+    // (a loaded host scheduling a halted vCPU's thread late) is tried again, up to 3 rounds.
+    let mut late_max = u64::MAX;
+    for _round in 0..3 {
+        late_max = 0;
+        for us in [200u64, 2_000, 10_000] {
+            let t0 = rt::rdtsc();
+            let (g, r) = cv
+                .wait_timeout(m.lock().unwrap(), Duration::from_micros(us))
+                .unwrap();
+            let took = since_ns(t0);
+            drop(g);
+            ensure(r.timed_out(), || format!("{us} us wait: not timed out"))?;
+            ensure(took >= us * 1000, || {
+                format!("{us} us wait returned after {took} ns")
+            })?;
+            late_max = late_max.max(took - us * 1000);
+        }
+        if late_max < 50_000_000 {
+            break;
+        }
     }
     ensure(late_max < 50_000_000, || {
-        format!("timeout {late_max} ns late")
+        format!("timeout {late_max} ns late (3 rounds)")
     })?;
 
     // 2. Notified after 1 ms of a 200 ms timeout: returns early, not timed out; then a plain
