@@ -58,7 +58,7 @@ impl ByteRing {
 
     /// The atomic word at `offset` in the header.
     pub(super) fn word<'g>(&self, guest: &'g Guest, offset: usize) -> &'g AtomicU32 {
-        debug_assert!(offset % 4 == 0 && offset + 4 <= self.data_offset);
+        debug_assert!(offset.is_multiple_of(4) && offset + 4 <= self.data_offset);
         let ptr = (guest.ram.host_base() + self.gpa + offset as u64) as *mut u32;
         // SAFETY: the area lies in guest RAM (checked in `new`), mapped for the guest's lifetime
         // (which outlives `guest`'s borrow); `offset` is a 4-byte aligned header field of a
