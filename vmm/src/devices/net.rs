@@ -36,6 +36,9 @@ use opts::{so_error, sockopt};
 pub use poll::{after_call, spawn_thread};
 use poll::{epoll_update, post};
 use rx::RxArea;
+#[cfg(feature = "fuzzing")]
+pub use tx::TxArea;
+#[cfg(not(feature = "fuzzing"))]
 use tx::TxArea;
 
 #[derive(Debug)]
@@ -500,7 +503,7 @@ impl Net {
             None => None,
         };
         let tx_waiter = match &sock.tx {
-            Some(tx) => tx.take_waiter(guest)?,
+            Some(tx) => tx.take_waiter(&guest.ram)?,
             None => None,
         };
         for tag in [sock.read_tag, sock.write_tag, rx_waiter, tx_waiter]

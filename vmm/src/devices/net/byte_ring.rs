@@ -10,39 +10,41 @@
 
 use std::sync::atomic::AtomicU32;
 
-use crate::guest::Guest;
+use crate::memory::GuestRam;
 
 /// A ring of `cap` data bytes at `data_offset` in a `size`-byte area at guest address `gpa`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ByteRing {
     gpa: u64,
+    end: u64,
     data_offset: usize,
     cap: usize,
 }
 
 impl ByteRing {
-    /// The area `gpa..gpa + size`, checked to be 64-byte aligned in guest RAM at or above the
-    /// image (`what` names it in the error, a protocol violation).
+    /// The area `gpa..gpa + size`, checked to be 64-byte aligned in `ram` at or above
+    /// `image_start` (`what` names it in the error, a protocol violation).
     pub(super) fn new(
-        guest: &Guest,
+        ram: &GuestRam,
+        image_start: u64,
         what: &str,
         gpa: u64,
         size: usize,
         data_offset: usize,
         cap: usize,
     ) -> Result<ByteRing, String> {
-        let inside = gpa >= guest.plan.image.start
+        let inside = gpa >= image_start
             && gpa
                 .checked_add(size as u64)
-                .is_some_and(|end| end <= guest.ram.size());
+                .is_some_and(|end| end <= ram.size());
         if !inside || !gpa.is_multiple_of(64) || data_offset + cap > size {
             return Err(format!(
-                "{what} {gpa:#x}+{size} is not 64-byte aligned in guest RAM at or above {:#x}",
-                guest.plan.image.start
+                "{what} {gpa:#x}+{size} is not 64-byte aligned in guest RAM at or above {image_start:#x}"
             ));
         }
         Ok(ByteRing {
             gpa,
+            end: gpa + size as u64,
             data_offset,
             cap,
         })
@@ -56,20 +58,22 @@ impl ByteRing {
         self.cap
     }
 
-    /// The atomic word at `offset` in the header.
-    pub(super) fn word<'g>(&self, guest: &'g Guest, offset: usize) -> &'g AtomicU32 {
-        debug_assert!(offset.is_multiple_of(4) && offset + 4 <= self.data_offset);
-        let ptr = (guest.ram.host_base() + self.gpa + offset as u64) as *mut u32;
-        // SAFETY: the area lies in guest RAM (checked in `new`), mapped for the guest's lifetime
-        // (which outlives `guest`'s borrow); `offset` is a 4-byte aligned header field of a
-        // 64-byte aligned area. The guest accesses these words atomically too.
+    /// The atomic word at `offset` in the header (`ram`: the RAM `new` checked against).
+    pub(super) fn word<'g>(&self, ram: &'g GuestRam, offset: usize) -> &'g AtomicU32 {
+        assert!(
+            offset.is_multiple_of(4) && offset + 4 <= self.data_offset && self.end <= ram.size()
+        );
+        let ptr = (ram.host_base() + self.gpa + offset as u64) as *mut u32;
+        // SAFETY: the area lies in `ram` (checked in `new` and above), mapped while `ram`
+        // lives; `offset` is a 4-byte aligned header field of a 64-byte aligned area. The guest
+        // accesses these words atomically too.
         unsafe { AtomicU32::from_ptr(ptr) }
     }
 
-    /// The host address of data byte `at` (`at < cap`).
-    pub(super) fn data_at(&self, guest: &Guest, at: usize) -> u64 {
-        debug_assert!(at < self.cap);
-        guest.ram.host_base() + self.gpa + (self.data_offset + at) as u64
+    /// The host address of data byte `at` (`at < cap`; `ram`: the RAM `new` checked against).
+    pub(super) fn data_at(&self, ram: &GuestRam, at: usize) -> u64 {
+        assert!(at < self.cap && self.end <= ram.size());
+        ram.host_base() + self.gpa + (self.data_offset + at) as u64
     }
 }
 

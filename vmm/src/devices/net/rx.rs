@@ -34,7 +34,8 @@ impl RxArea {
     /// A receive buffer at `gpa`, checked to lie in guest RAM at or above the image.
     pub(super) fn new(guest: &Guest, gpa: u64) -> Result<RxArea, String> {
         let ring = ByteRing::new(
-            guest,
+            &guest.ram,
+            guest.plan.image.start,
             "receive buffer",
             gpa,
             std::mem::size_of::<NetRx>(),
@@ -63,7 +64,7 @@ impl RxArea {
     }
 
     fn word<'g>(&self, guest: &'g Guest, offset: usize) -> &'g AtomicU32 {
-        self.ring.word(guest, offset)
+        self.ring.word(&guest.ram, offset)
     }
 
     /// `rx_resume`: the guest made room.
@@ -100,7 +101,7 @@ impl RxArea {
                 continue;
             }
             let (at, room) = first_span(self.head, NET_RX_BYTES - used, NET_RX_BYTES);
-            let data = self.ring.data_at(guest, at) as *mut libc::c_void;
+            let data = self.ring.data_at(&guest.ram, at) as *mut libc::c_void;
             // SAFETY: `data .. + room` lies inside the area's buffer (`first_span`), free space
             // the guest does not read until `head` passes it.
             let r = unsafe { libc::recv(fd, data, room, 0) };
