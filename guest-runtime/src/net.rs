@@ -182,6 +182,59 @@ pub(crate) fn waits_armed() -> bool {
         .any(|w| w.load(Ordering::Relaxed) != u64::MAX)
 }
 
+/// Whether the VMM's sender is awake and sends queued transmit-ring bytes without a doorbell
+/// (`NetRing::sender`; the caller stored its ring's `head` with sequentially consistent order
+/// before this load).
+pub fn sender_polling() -> bool {
+    STATE.load(Ordering::Relaxed) == READY && ring().sender.load(Ordering::SeqCst) != 0
+}
+
+/// When the oldest transmit-ring bytes not yet rung for were queued (TSC; 0: none).
+static DOORBELL_SINCE: AtomicU64 = AtomicU64::new(0);
+/// A deferred doorbell is rung at the latest this long after the bytes were queued (at the
+/// next scheduler loop), else when the vCPU runs out of threads.
+const DOORBELL_DUE_NS: u64 = 20_000;
+
+/// Bytes were queued in a transmit ring (`NetTx::head` stored, sequentially consistent): one
+/// doorbell for all rings is rung when this vCPU runs out of threads or
+/// [`DOORBELL_DUE_NS`] later, unless the VMM's sender is awake then. Replies of several threads
+/// that a vCPU serves in a row thus share one exit.
+pub fn defer_doorbell() {
+    if DOORBELL_SINCE.load(Ordering::Relaxed) == 0 {
+        let _ = DOORBELL_SINCE.compare_exchange(
+            0,
+            crate::arch::cpu::rdtsc().max(1),
+            Ordering::SeqCst,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Rings the deferred doorbell (`force`: now; else only if it is due).
+pub(crate) fn ring_deferred_doorbell(force: bool) {
+    let since = DOORBELL_SINCE.load(Ordering::Relaxed);
+    if since == 0
+        || (!force
+            && crate::arch::cpu::rdtsc().wrapping_sub(since)
+                < crate::percpu::ns_to_ticks(DOORBELL_DUE_NS))
+    {
+        return;
+    }
+    if DOORBELL_SINCE.swap(0, Ordering::SeqCst) == 0 || sender_polling() {
+        return;
+    }
+    // SAFETY: `tx_flush_all` takes no guest buffer.
+    unsafe {
+        hypercall::raw(
+            Hypercall::Net as u64,
+            activm_stub::protocol::net::net_arg(activm_stub::protocol::net::NET_OP_TX_FLUSH_ALL, 0),
+            0,
+            0,
+            0,
+        )
+    };
+}
+
 /// Whether readiness reports wait in the ring (looks only).
 pub(crate) fn completions_ready() -> bool {
     STATE.load(Ordering::Relaxed) == READY
@@ -190,6 +243,7 @@ pub(crate) fn completions_ready() -> bool {
 
 /// Takes every report in the ring and wakes its thread (scheduler loop).
 pub(crate) fn poll_completions() {
+    ring_deferred_doorbell(false);
     if !completions_ready() {
         return;
     }

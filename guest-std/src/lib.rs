@@ -24,6 +24,7 @@ pub mod futex;
 pub mod net;
 pub mod socket;
 pub mod socket_rx;
+pub mod socket_tx;
 pub mod sys;
 pub mod thread;
 

@@ -202,6 +202,7 @@ pub unsafe extern "C" fn sys_accept(fd: i32, addr: *mut u8, addrlen: *mut u32) -
     if !area.is_null() {
         crate::socket_rx::attach(r as u64, area);
     }
+    crate::socket_tx::set_up(r as u64);
     set_nonblocking(r as u64, false);
     write_addr(peer, addr, addrlen);
     SOCKET_FD_BASE + r as i32
@@ -229,8 +230,24 @@ pub unsafe extern "C" fn sys_connect(fd: i32, name: *const u8, namelen: u32) -> 
                 unsafe { crate::socket_rx::free_area(area) };
             }
         }
+        crate::socket_tx::set_up(s);
     }
     r
+}
+
+/// Registers `area` as the transmit ring of `s`; whether the VMM took it.
+pub(crate) fn tx_setup(s: u64, area: *mut NetTx) -> bool {
+    net(NET_OP_TX_SETUP, s, area as u64, 0, 0) == 0
+}
+
+/// The doorbell of the transmit ring of `s` (`socket_tx`): the VMM sends what is queued.
+pub(crate) fn tx_flush(s: u64, tag: u64) -> i64 {
+    net(NET_OP_TX_FLUSH, s, tag, 0, 0)
+}
+
+/// The doorbell, waiting (parked) while the host socket is full: 0 once the ring is empty.
+pub(crate) fn tx_flush_waiting(s: u64) -> i64 {
+    waiting(s, |tag| tx_flush(s, tag))
 }
 
 /// The receive buffer of `s` has room again (`socket_rx`).
@@ -290,6 +307,10 @@ pub unsafe extern "C" fn sys_recvfrom(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_send(fd: i32, mem: *const u8, len: usize, _flags: i32) -> isize {
     let s = socket_or_ebadf!(fd);
+    // SAFETY: the caller's contract.
+    if let Some(r) = unsafe { crate::socket_tx::send(s, mem, len, nonblocking(s)) } {
+        return done(r) as isize;
+    }
     done(waiting(s, |tag| {
         net(NET_OP_SEND, s, mem as u64, len as u64, tag)
     })) as isize
@@ -316,6 +337,10 @@ pub unsafe extern "C" fn sys_sendto(
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_shutdown(fd: i32, how: i32) -> i32 {
     let s = socket_or_ebadf!(fd);
+    if how != 0 {
+        // Queued bytes go out before the write side closes.
+        crate::socket_tx::drain(s);
+    }
     done(net(NET_OP_SHUTDOWN, s, how as u64, 0, 0)) as i32
 }
 
@@ -328,14 +353,24 @@ pub extern "C" fn sys_shutdown_socket(fd: i32, how: i32) -> i32 {
 /// Closes socket `fd` (`sys_close` of a socket descriptor).
 pub fn close(fd: i32) -> i32 {
     let s = socket_or_ebadf!(fd);
+    crate::socket_tx::drain(s);
     // Detached first: once the VMM closed it, an `accept` may reuse the number at once.
     let area = crate::socket_rx::detach(s);
+    let tx = crate::socket_tx::detach(s);
     let r = done(net(NET_OP_CLOSE, s, 0, 0, 0)) as i32;
     if r == 0 {
-        // SAFETY: the VMM closed the socket: it writes its buffer no more.
-        unsafe { crate::socket_rx::free_area(area) };
-    } else if !area.is_null() {
-        crate::socket_rx::attach(s, area);
+        // SAFETY: the VMM closed the socket: it uses its buffer and ring no more.
+        unsafe {
+            crate::socket_rx::free_area(area);
+            crate::socket_tx::free_area(tx);
+        }
+    } else {
+        if !area.is_null() {
+            crate::socket_rx::attach(s, area);
+        }
+        if !tx.is_null() {
+            crate::socket_tx::attach(s, tx);
+        }
     }
     r
 }

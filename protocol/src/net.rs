@@ -55,6 +55,19 @@ pub const NET_OP_RX_RESUME: u64 = 13;
 /// (64-byte aligned, in RAM at or above the image base). From then on the VMM receives ahead
 /// into it and `recv` on this socket is `-EINVAL`.
 pub const NET_OP_RX_SETUP: u64 = 14;
+/// `tx_setup(s, tx_gpa)`: a connected stream's transmit ring, a [`NetTx`] at `tx_gpa` (64-byte
+/// aligned, in RAM at or above the image base). From then on the guest queues its bytes there
+/// and `send` on this socket is `-EINVAL`.
+pub const NET_OP_TX_SETUP: u64 = 15;
+/// `tx_flush(s, tag)`: the doorbell of a transmit ring: the VMM sends what is queued. 0 once
+/// the ring is empty, `-errno` if the stream failed; when the host socket is full, the VMM
+/// keeps sending as it drains and the answer is [`NET_WAITING`] (`tag` reported when it can
+/// take more) or `-EAGAIN` for [`NET_NO_WAIT`].
+pub const NET_OP_TX_FLUSH: u64 = 16;
+/// `tx_flush_all()`: one doorbell for every transmit ring (the socket number is ignored): the
+/// VMM sends what each has queued, as far as the host sockets take it (a full one is sent as
+/// it drains). Returns 0.
+pub const NET_OP_TX_FLUSH_ALL: u64 = 17;
 
 /// `socket`'s kind: a TCP stream.
 pub const NET_KIND_TCP: u64 = 1;
@@ -121,6 +134,11 @@ pub struct NetRing {
     pub tail: CacheAligned<AtomicU32>,
     /// VMM writes.
     pub entries: [NetCompletion; NET_RING_CAPACITY],
+    /// VMM writes: [`NET_SENDER_POLLING`] while its sender looks at the transmit rings by
+    /// itself; a guest that queued bytes (`NetTx::head`, sequentially consistent) and then
+    /// reads 0 here rings the doorbell (`tx_flush`). The VMM stores 0, then looks at every
+    /// ring once more before it sleeps: one side always sees the other.
+    pub sender: CacheAligned<AtomicU32>,
 }
 
 impl NetRing {
@@ -129,6 +147,7 @@ impl NetRing {
             head: CacheAligned(AtomicU32::new(0)),
             tail: CacheAligned(AtomicU32::new(0)),
             entries: [NetCompletion { tag: 0, events: 0 }; NET_RING_CAPACITY],
+            sender: CacheAligned(AtomicU32::new(0)),
         }
     }
 }
@@ -138,6 +157,9 @@ impl Default for NetRing {
         NetRing::new()
     }
 }
+
+/// [`NetRing::sender`]: the VMM is awake and sends queued bytes without a doorbell.
+pub const NET_SENDER_POLLING: u32 = 1;
 
 /// Bytes in a [`NetRx`] buffer.
 pub const NET_RX_BYTES: usize = 16 * 1024;
@@ -191,6 +213,55 @@ impl Default for NetRx {
     }
 }
 
+/// Bytes in a [`NetTx`] ring.
+pub const NET_TX_BYTES: usize = 16 * 1024;
+/// [`NetTx::state`] bit (VMM writes): sending failed, its errno in bits 16 and up; queued
+/// bytes are dropped and every later `send` fails.
+pub const NET_TX_ERROR: u32 = 4;
+
+/// A stream socket's transmit ring in guest memory: `send` queues bytes here and the VMM sends
+/// them, so a `send` makes no exit while the VMM's sender is awake ([`NetRing::sender`]).
+///
+/// The guest writes `data[head % N ..]`, then `head` (bytes queued, free-running); the VMM
+/// sends `data[tail..head]` and stores `tail` (bytes sent). A guest thread that finds the ring
+/// full stores a free wait tag + 1 in `waiter` and looks at `tail` again (sequentially
+/// consistent order on both sides); after sending, the VMM swaps `waiter` to 0 and, if it held
+/// a tag, reports it in the [`NetRing`]. The VMM checks `head - tail <= N` on every look.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct NetTx {
+    /// Guest writes: bytes queued (free-running).
+    pub head: CacheAligned<AtomicU32>,
+    /// VMM writes: bytes sent (free-running).
+    pub tail: CacheAligned<AtomicU32>,
+    /// VMM writes: [`NET_TX_ERROR`] and an errno.
+    pub state: AtomicU32,
+    /// Guest writes a tag + 1; the VMM swaps in 0 when it reports the tag.
+    pub waiter: AtomicU32,
+    _pad: [u32; 14],
+    /// Guest writes.
+    pub data: [u8; NET_TX_BYTES],
+}
+
+impl NetTx {
+    pub const fn new() -> NetTx {
+        NetTx {
+            head: CacheAligned(AtomicU32::new(0)),
+            tail: CacheAligned(AtomicU32::new(0)),
+            state: AtomicU32::new(0),
+            waiter: AtomicU32::new(0),
+            _pad: [0; 14],
+            data: [0; NET_TX_BYTES],
+        }
+    }
+}
+
+impl Default for NetTx {
+    fn default() -> NetTx {
+        NetTx::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,7 +272,8 @@ mod tests {
         assert_eq!(offset_of!(NetRing, head), 0);
         assert_eq!(offset_of!(NetRing, tail), 64);
         assert_eq!(offset_of!(NetRing, entries), 128);
-        assert_eq!(size_of::<NetRing>(), 128 + 16 * NET_RING_CAPACITY);
+        assert_eq!(offset_of!(NetRing, sender), 128 + 16 * NET_RING_CAPACITY);
+        assert_eq!(size_of::<NetRing>(), 192 + 16 * NET_RING_CAPACITY);
         assert_eq!(net_arg(NET_OP_RECV, 7), (5 << 32) | 7);
         assert_eq!(offset_of!(NetRx, head), 0);
         assert_eq!(offset_of!(NetRx, tail), 64);
@@ -210,6 +282,16 @@ mod tests {
         assert_eq!(offset_of!(NetRx, data), 192);
         assert_eq!(size_of::<NetRx>(), 192 + NET_RX_BYTES);
         assert_eq!((NET_OP_RX_RESUME, NET_OP_RX_SETUP), (13, 14));
+        assert_eq!(
+            (NET_OP_TX_SETUP, NET_OP_TX_FLUSH, NET_OP_TX_FLUSH_ALL),
+            (15, 16, 17)
+        );
+        assert_eq!(offset_of!(NetTx, head), 0);
+        assert_eq!(offset_of!(NetTx, tail), 64);
+        assert_eq!(offset_of!(NetTx, state), 128);
+        assert_eq!(offset_of!(NetTx, waiter), 132);
+        assert_eq!(offset_of!(NetTx, data), 192);
+        assert_eq!(size_of::<NetTx>(), 192 + NET_TX_BYTES);
         assert_eq!(pack_addr(0x7f00_0001, 6379), 0x7f00_0001_18eb);
         assert_eq!(unpack_addr(0x7f00_0001_18eb), (0x7f00_0001, 6379));
         assert_eq!(

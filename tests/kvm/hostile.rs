@@ -149,10 +149,12 @@ const CASES: &[Case] = &[
     case("preempt-nonexistent", 0, "nr_vcpus: [1, 1, 1, 1, 1]"),
     case("queue-indices-huge", 125, "corrupted its queue indices"),
     case("never-consumes", 125, "does not consume its upcalls"),
+    // The upcall entry is the image base, the boot header: its bytes run as code until one
+    // faults, and where depends on them (the ABI version among them), so only the page is fixed.
     case(
         "entry-garbage",
         125,
-        "#PF page fault (vector 14) at CPL3: rip=0x200005",
+        "#PF page fault (vector 14) at CPL3: rip=0x2000",
     ),
     case(
         "stack-unaligned",

@@ -10,7 +10,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The fuzz targets (`fuzz/fuzz_targets/NAME.rs`).
-pub const TARGETS: &[&str] = &["hypercall", "shared_area", "loader", "config", "ctl", "blk"];
+pub const TARGETS: &[&str] = &[
+    "hypercall",
+    "shared_area",
+    "loader",
+    "config",
+    "ctl",
+    "blk",
+    "net_tx",
+];
 
 /// Seconds each target runs in `cargo xtask test`.
 pub const SMOKE_SECONDS: u64 = 3;

@@ -84,6 +84,7 @@ pub(crate) fn work_queued() -> bool {
 /// Nothing to run: spin a while looking, then halt until an interrupt. Nothing is in flight
 /// here (`Word::SchedIdle` = 1): a context the VMM takes in this function is simply dropped.
 pub(super) fn idle() {
+    crate::net::ring_deferred_doorbell(true);
     let me = activm_stub::vcpu_id();
     let bit = 1u64 << me;
     cpu::set(Word::SchedIdle, 1);

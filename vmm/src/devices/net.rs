@@ -25,53 +25,21 @@ use protocol::net::*;
 
 use crate::guest::Guest;
 
+mod byte_ring;
+mod config;
+mod opts;
 mod poll;
 mod rx;
+mod tx;
+pub use config::{parse_allow_connect, parse_publish, NetConfig};
+use opts::{so_error, sockopt};
 pub use poll::{after_call, spawn_thread};
 use poll::{epoll_update, post};
 use rx::RxArea;
-
-/// What a guest may reach (`--publish`, `--allow-connect`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NetConfig {
-    /// `(host port, guest port)`: a guest listening on the guest port is reached at
-    /// `127.0.0.1:host port`.
-    pub publish: Vec<(u16, u16)>,
-    /// Loopback addresses the guest may connect to.
-    pub allow_connect: Vec<SocketAddrV4>,
-}
-
-impl NetConfig {
-    pub fn is_empty(&self) -> bool {
-        self.publish.is_empty() && self.allow_connect.is_empty()
-    }
-}
-
-/// Parse `HOSTPORT:GUESTPORT`.
-pub fn parse_publish(s: &str) -> Result<(u16, u16), String> {
-    let (host, guest) = s
-        .split_once(':')
-        .ok_or_else(|| format!("'{s}' is not HOSTPORT:GUESTPORT"))?;
-    let port = |p: &str| match p.parse::<u16>() {
-        Ok(n) if n != 0 => Ok(n),
-        _ => Err(format!("'{p}' in '{s}' is not a port (1-65535)")),
-    };
-    Ok((port(host)?, port(guest)?))
-}
-
-/// Parse `HOST:PORT` with a loopback IPv4 host (`localhost` is 127.0.0.1).
-pub fn parse_allow_connect(s: &str) -> Result<SocketAddrV4, String> {
-    let s2 = s.replacen("localhost:", "127.0.0.1:", 1);
-    let addr: SocketAddrV4 = s2
-        .parse()
-        .map_err(|_| format!("'{s}' is not HOST:PORT with an IPv4 host"))?;
-    if !addr.ip().is_loopback() || addr.port() == 0 {
-        return Err(format!(
-            "'{s}': only loopback addresses (127.0.0.0/8) and a non-zero port are allowed"
-        ));
-    }
-    Ok(addr)
-}
+#[cfg(feature = "fuzzing")]
+pub use tx::TxArea;
+#[cfg(not(feature = "fuzzing"))]
+use tx::TxArea;
 
 #[derive(Debug)]
 enum Kind {
@@ -95,6 +63,8 @@ struct Sock {
     in_epoll: bool,
     /// The guest's receive buffer (`rx_setup`, or given to `accept`).
     rx: Option<RxArea>,
+    /// The guest's transmit ring (`tx_setup`).
+    tx: Option<TxArea>,
 }
 
 #[derive(Debug, Default)]
@@ -107,6 +77,8 @@ struct Table {
     head: u32,
     /// Tags armed in epoll, one bit each.
     waiting: [u64; NET_RING_CAPACITY / 64],
+    /// Sockets with a transmit ring, for the net thread's looks.
+    tx_socks: Vec<usize>,
 }
 
 /// A guest's sockets.
@@ -202,6 +174,10 @@ impl Net {
         if op == NET_OP_SOCKET {
             return Ok(self.socket(&mut table, args[1]));
         }
+        if op == NET_OP_TX_FLUSH_ALL {
+            self.send_all_queued(guest, &mut table)?;
+            return Ok(0);
+        }
         if !matches!(table.socks.get(s), Some(Some(_))) {
             return Ok(neg(libc::EBADF));
         }
@@ -211,6 +187,8 @@ impl Net {
             NET_OP_ACCEPT => self.accept(guest, &mut table, s, args)?,
             NET_OP_RX_SETUP => self.rx_setup(guest, &mut table, s, args[1])?,
             NET_OP_RX_RESUME => self.rx_resume(guest, &mut table, s)?,
+            NET_OP_TX_SETUP => self.tx_setup(guest, &mut table, s, args[1])?,
+            NET_OP_TX_FLUSH => self.tx_flush(guest, &mut table, s, args[1])?,
             NET_OP_CONNECT => self.connect(&mut table, s, args[1], args[2])?,
             NET_OP_RECV | NET_OP_SEND => self.transfer(guest, &mut table, s, op, args)?,
             NET_OP_SHUTDOWN => with_fd(&table, s, |fd| {
@@ -262,6 +240,7 @@ impl Net {
             write_tag: None,
             in_epoll: false,
             rx: None,
+            tx: None,
         });
         index as u64
     }
@@ -442,8 +421,8 @@ impl Net {
         let (Kind::Stream, Some(fd)) = (&sock.kind, &sock.fd) else {
             return Ok(neg(libc::ENOTCONN));
         };
-        if op == NET_OP_RECV && sock.rx.is_some() {
-            // The bytes go through the receive buffer, in order.
+        if (op == NET_OP_RECV && sock.rx.is_some()) || (op == NET_OP_SEND && sock.tx.is_some()) {
+            // The bytes go through the receive buffer or transmit ring, in order.
             return Ok(neg(libc::EINVAL));
         }
         let host = (guest.ram.host_base() + gpa) as *mut libc::c_void;
@@ -511,6 +490,11 @@ impl Net {
     }
 
     fn close(&self, guest: &Guest, table: &mut Table, s: usize) -> Result<u64, String> {
+        if matches!(table.socks.get(s), Some(Some(sock)) if sock.tx.is_some()) {
+            // What the guest queued last goes out if the host socket takes it.
+            self.send_queued(guest, table, s)?;
+            table.tx_socks.retain(|&t| t != s);
+        }
         let Some(sock) = table.socks[s].take() else {
             return Ok(neg(libc::EBADF));
         };
@@ -518,7 +502,11 @@ impl Net {
             Some(rx) => rx.take_waiter(guest)?,
             None => None,
         };
-        for tag in [sock.read_tag, sock.write_tag, rx_waiter]
+        let tx_waiter = match &sock.tx {
+            Some(tx) => tx.take_waiter(&guest.ram)?,
+            None => None,
+        };
+        for tag in [sock.read_tag, sock.write_tag, rx_waiter, tx_waiter]
             .into_iter()
             .flatten()
         {
@@ -575,70 +563,5 @@ fn with_fd(table: &Table, s: usize, f: impl FnOnce(RawFd) -> u64) -> u64 {
     match table.socks[s].as_ref().and_then(|k| k.fd.as_ref()) {
         Some(fd) => f(fd.as_raw_fd()),
         None => neg(libc::ENOTCONN),
-    }
-}
-
-fn so_error(fd: RawFd) -> i32 {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `value`/`len` are valid out-parameters for an int option.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ERROR,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r < 0 {
-        errno()
-    } else {
-        value
-    }
-}
-
-fn sockopt(table: &Table, s: usize, op: u64, opt: u64, value: u64) -> u64 {
-    with_fd(table, s, |fd| match (op, opt) {
-        (NET_OP_GETOPT, NET_OPT_ERROR) => so_error(fd) as u64,
-        (_, NET_OPT_NODELAY) => {
-            let mut v: libc::c_int = i32::from(value != 0);
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            let p = (&mut v as *mut libc::c_int).cast();
-            // SAFETY: `v`/`len` describe a valid int option buffer.
-            let r = unsafe {
-                if op == NET_OP_SETOPT {
-                    libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, p, len)
-                } else {
-                    libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, p, &mut len)
-                }
-            };
-            if r < 0 {
-                neg(errno())
-            } else if op == NET_OP_GETOPT {
-                v as u64
-            } else {
-                0
-            }
-        }
-        _ => neg(libc::ENOPROTOOPT),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn options_parse_and_refuse_other_hosts() {
-        assert_eq!(parse_publish("6380:6379"), Ok((6380, 6379)));
-        assert!(parse_publish("6380").is_err());
-        assert!(parse_publish("0:1").is_err());
-        assert_eq!(
-            parse_allow_connect("localhost:80"),
-            Ok(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 80))
-        );
-        assert!(parse_allow_connect("10.0.0.1:80").is_err());
-        assert!(parse_allow_connect("127.0.0.1:0").is_err());
     }
 }

@@ -92,8 +92,10 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
         ThreadKind::Net => &[
             libc::SYS_epoll_pwait,
             libc::SYS_epoll_ctl,
-            // Receiving ahead into guest buffers (`devices/net/rx.rs`).
+            // Receiving ahead into guest buffers and sending from guest transmit rings
+            // (`devices/net/rx.rs`, `devices/net/tx.rs`).
             libc::SYS_recvfrom,
+            libc::SYS_sendto,
         ],
         ThreadKind::Disk => &[
             libc::SYS_pread64,

@@ -4,12 +4,13 @@
 use std::io;
 use std::mem::offset_of;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use protocol::net::*;
 
-use super::{errno, Sock, Table};
+use super::{errno, Net, Sock, Table};
 use crate::guest::Guest;
 use crate::vm::Outcome;
 
@@ -22,7 +23,7 @@ pub(super) fn epoll_update(epoll: &OwnedFd, sock: &mut Sock, data: u64) -> Resul
     if sock.read_tag.is_some() || sock.rx.as_ref().is_some_and(|rx| rx.wants_data()) {
         events |= libc::EPOLLIN as u32;
     }
-    if sock.write_tag.is_some() {
+    if sock.write_tag.is_some() || sock.tx.as_ref().is_some_and(|tx| tx.wants_room()) {
         events |= libc::EPOLLOUT as u32;
     }
     let mut ev = libc::epoll_event { events, u64: data };
@@ -128,6 +129,24 @@ pub fn spawn_thread(guest: &Arc<Guest>) -> io::Result<()> {
         .map(|_| ())
 }
 
+/// How long the net thread keeps looking at the transmit rings after its last work before it
+/// sleeps in `epoll_pwait` (a reply comes this soon after its request was reported, or a
+/// doorbell exit sends it).
+const SENDER_SPIN: Duration = Duration::from_micros(50);
+
+/// Stores `NetRing::sender` (the guest reads it after queueing bytes).
+fn set_sender(guest: &Guest, table: &Table, polling: bool) {
+    let Some(ring) = table.ring else { return };
+    let ptr = (guest.ram.host_base() + ring + offset_of!(NetRing, sender) as u64) as *mut u32;
+    // SAFETY: the ring lies in guest RAM (checked by `Net::setup`), mapped while the guest
+    // lives; `sender` is an aligned `u32` the guest only reads, atomically.
+    let word = unsafe { AtomicU32::from_ptr(ptr) };
+    word.store(
+        if polling { NET_SENDER_POLLING } else { 0 },
+        Ordering::SeqCst,
+    );
+}
+
 fn net_thread(weak: &Weak<Guest>) {
     let epoll = match weak
         .upgrade()
@@ -138,9 +157,13 @@ fn net_thread(weak: &Weak<Guest>) {
         None => return,
     };
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
+    let mut polling = false;
+    let mut last_work = Instant::now();
     loop {
+        let timeout = if polling { 0 } else { 200 };
         // SAFETY: `events` holds 64 entries; a closed `epoll` makes this fail and the loop end.
-        let n = unsafe { libc::epoll_pwait(epoll, events.as_mut_ptr(), 64, 200, std::ptr::null()) };
+        let n =
+            unsafe { libc::epoll_pwait(epoll, events.as_mut_ptr(), 64, timeout, std::ptr::null()) };
         let Some(guest) = weak.upgrade() else { return };
         if guest.outcome().is_some() {
             return;
@@ -153,41 +176,29 @@ fn net_thread(weak: &Weak<Guest>) {
         }
         let Some(net) = &guest.net else { return };
         let mut table = net.lock();
-        for ev in &events[..n as usize] {
-            let (data, bits) = (ev.u64, u64::from(ev.events));
-            let s = (data & 0xffff_ffff) as usize;
-            let Some(Some(sock)) = table.socks.get_mut(s) else {
-                continue;
-            };
-            if sock.generation != (data >> 32) as u32 {
-                continue;
+        let mut work = handle_events(net, &guest, &mut table, &events[..n as usize])
+            .and_then(|events| Ok(net.send_all_queued(&guest, &mut table)? || events));
+        if polling && !matches!(work, Ok(true)) && last_work.elapsed() > SENDER_SPIN {
+            // To sleep: say so, then look at every ring once more (a guest that queued bytes
+            // before it saw the flag cleared is sent for here; after, it rings the doorbell).
+            set_sender(&guest, &table, false);
+            polling = false;
+            fence(Ordering::SeqCst);
+            work = net.send_all_queued(&guest, &mut table);
+        }
+        let work = match work {
+            Ok(work) => work,
+            Err(why) => {
+                drop(table);
+                guest.finish(Outcome::fault(0, why));
+                return;
             }
-            let bad = NET_ERROR | NET_HANGUP;
-            let mut ready = Vec::new();
-            if let (Some(rx), Some(fd)) = (&mut sock.rx, &sock.fd) {
-                if bits & (NET_READABLE | bad | libc::EPOLLRDHUP as u64) != 0 {
-                    match rx.fill(&guest, fd.as_raw_fd()) {
-                        Ok(filled) => ready.extend(filled.waiter.map(|t| (t, NET_READABLE))),
-                        Err(why) => {
-                            drop(table);
-                            guest.finish(Outcome::fault(0, why));
-                            return;
-                        }
-                    }
-                }
-            }
-            if bits & (NET_READABLE | bad | libc::EPOLLRDHUP as u64) != 0 {
-                ready.extend(sock.read_tag.take().map(|t| (t, bits & 0x1f)));
-            }
-            if bits & (NET_WRITABLE | bad) != 0 {
-                ready.extend(sock.write_tag.take().map(|t| (t, bits & 0x1f)));
-            }
-            let rx_watch = sock.rx.as_ref().is_some_and(|rx| rx.wants_data());
-            if sock.read_tag.is_some() || sock.write_tag.is_some() || rx_watch {
-                let _ = epoll_update(&net.epoll, sock, data);
-            }
-            for (tag, events) in ready {
-                post(&mut table, tag, events);
+        };
+        if work {
+            last_work = Instant::now();
+            if !polling {
+                set_sender(&guest, &table, true);
+                polling = true;
             }
         }
         let posted = publish(&mut table, &guest);
@@ -197,4 +208,52 @@ fn net_thread(weak: &Weak<Guest>) {
             crate::devices::blk_async::wake_one_idle(&guest);
         }
     }
+}
+
+/// Handles readiness events: fills receive buffers, sends what waited for room, posts the tags
+/// that waited. Whether there were any; `Err` is a protocol violation.
+fn handle_events(
+    net: &Net,
+    guest: &Guest,
+    table: &mut Table,
+    events: &[libc::epoll_event],
+) -> Result<bool, String> {
+    for ev in events {
+        let (data, bits) = (ev.u64, u64::from(ev.events));
+        let s = (data & 0xffff_ffff) as usize;
+        let Some(Some(sock)) = table.socks.get_mut(s) else {
+            continue;
+        };
+        if sock.generation != (data >> 32) as u32 {
+            continue;
+        }
+        let bad = NET_ERROR | NET_HANGUP;
+        let mut ready = Vec::new();
+        if let (Some(rx), Some(fd)) = (&mut sock.rx, &sock.fd) {
+            if bits & (NET_READABLE | bad | libc::EPOLLRDHUP as u64) != 0 {
+                let filled = rx.fill(guest, fd.as_raw_fd())?;
+                ready.extend(filled.waiter.map(|t| (t, NET_READABLE)));
+            }
+        }
+        if bits & (NET_READABLE | bad | libc::EPOLLRDHUP as u64) != 0 {
+            ready.extend(sock.read_tag.take().map(|t| (t, bits & 0x1f)));
+        }
+        let room = bits & (NET_WRITABLE | bad) != 0;
+        let resend = room && sock.tx.as_ref().is_some_and(|tx| tx.wants_room());
+        if room {
+            ready.extend(sock.write_tag.take().map(|t| (t, bits & 0x1f)));
+        }
+        let rx_watch = sock.rx.as_ref().is_some_and(|rx| rx.wants_data());
+        let tx_watch = sock.tx.as_ref().is_some_and(|tx| tx.wants_room());
+        if sock.read_tag.is_some() || sock.write_tag.is_some() || rx_watch || tx_watch {
+            let _ = epoll_update(&net.epoll, sock, data);
+        }
+        for (tag, events) in ready {
+            post(table, tag, events);
+        }
+        if resend {
+            net.send_queued(guest, table, s)?;
+        }
+    }
+    Ok(!events.is_empty())
 }

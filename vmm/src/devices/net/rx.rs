@@ -9,13 +9,14 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 use protocol::net::*;
 
+use super::byte_ring::{first_span, used, ByteRing};
 use super::{epoll_update, errno, neg, Kind, Net, Table};
 use crate::guest::Guest;
 
 /// The VMM's view of one receive buffer (the guest's copy of `head` is never read back).
 #[derive(Debug)]
 pub(super) struct RxArea {
-    gpa: u64,
+    ring: ByteRing,
     head: u32,
     /// Full: the VMM waits for `rx_resume`.
     pub(super) stalled: bool,
@@ -32,19 +33,17 @@ pub(super) struct Filled {
 impl RxArea {
     /// A receive buffer at `gpa`, checked to lie in guest RAM at or above the image.
     pub(super) fn new(guest: &Guest, gpa: u64) -> Result<RxArea, String> {
-        let size = std::mem::size_of::<NetRx>() as u64;
-        let inside = gpa >= guest.plan.image.start
-            && gpa
-                .checked_add(size)
-                .is_some_and(|end| end <= guest.ram.size());
-        if !inside || !gpa.is_multiple_of(64) {
-            return Err(format!(
-                "receive buffer {gpa:#x}+{size} is not 64-byte aligned in guest RAM at or above {:#x}",
-                guest.plan.image.start
-            ));
-        }
-        let area = RxArea {
+        let ring = ByteRing::new(
+            &guest.ram,
+            guest.plan.image.start,
+            "receive buffer",
             gpa,
+            std::mem::size_of::<NetRx>(),
+            offset_of!(NetRx, data),
+            NET_RX_BYTES,
+        )?;
+        let area = RxArea {
+            ring,
             head: 0,
             stalled: false,
             done: false,
@@ -65,11 +64,7 @@ impl RxArea {
     }
 
     fn word<'g>(&self, guest: &'g Guest, offset: usize) -> &'g AtomicU32 {
-        let ptr = (guest.ram.host_base() + self.gpa + offset as u64) as *mut u32;
-        // SAFETY: the area lies in guest RAM (checked in `new`), mapped for the guest's lifetime
-        // (which outlives `guest`'s borrow); `offset` is a 4-byte aligned field of a 64-byte
-        // aligned `NetRx`. The guest accesses these words atomically too.
-        unsafe { AtomicU32::from_ptr(ptr) }
+        self.ring.word(&guest.ram, offset)
     }
 
     /// `rx_resume`: the guest made room.
@@ -85,16 +80,15 @@ impl RxArea {
         let tail_word = self.word(guest, offset_of!(NetRx, tail));
         let head_word = self.word(guest, offset_of!(NetRx, head));
         let state = self.word(guest, offset_of!(NetRx, state));
-        let data = guest.ram.host_base() + self.gpa + offset_of!(NetRx, data) as u64;
         while self.wants_data() {
             let tail = tail_word.load(Ordering::SeqCst);
-            let used = self.head.wrapping_sub(tail) as usize;
-            if used > NET_RX_BYTES {
+            let Some(used) = used(self.head, tail, NET_RX_BYTES) else {
                 return Err(format!(
                     "receive buffer {:#x}: tail {tail} is past head {}",
-                    self.gpa, self.head
+                    self.ring.gpa(),
+                    self.head
                 ));
-            }
+            };
             if used == NET_RX_BYTES {
                 // Stalled unless the guest made room meanwhile (it checks `state` after its
                 // `tail` store: one of the two sides sees the other).
@@ -106,14 +100,19 @@ impl RxArea {
                 state.fetch_and(!NET_RX_STALLED, Ordering::SeqCst);
                 continue;
             }
-            let at = self.head as usize % NET_RX_BYTES;
-            let room = (NET_RX_BYTES - used).min(NET_RX_BYTES - at);
-            // SAFETY: `data + at .. + room` lies inside the area's buffer (checked in `new`),
-            // free space the guest does not read until `head` passes it.
-            let r = unsafe { libc::recv(fd, (data + at as u64) as *mut libc::c_void, room, 0) };
+            let (at, room) = first_span(self.head, NET_RX_BYTES - used, NET_RX_BYTES);
+            let data = self.ring.data_at(&guest.ram, at) as *mut libc::c_void;
+            // SAFETY: `data .. + room` lies inside the area's buffer (`first_span`), free space
+            // the guest does not read until `head` passes it.
+            let r = unsafe { libc::recv(fd, data, room, 0) };
             if r > 0 {
                 self.head = self.head.wrapping_add(r as u32);
                 head_word.store(self.head, Ordering::SeqCst);
+                if (r as usize) < room {
+                    // The socket is drained for now (a short read): the level-triggered
+                    // registration reports whatever comes next, without an `EAGAIN` call here.
+                    break;
+                }
                 continue;
             }
             if r == 0 {
@@ -146,7 +145,7 @@ impl RxArea {
             w if (w as usize) <= NET_RING_CAPACITY => Ok(Some(w - 1)),
             w => Err(format!(
                 "receive buffer {:#x}: waiter {w} is not a tag + 1",
-                self.gpa
+                self.ring.gpa()
             )),
         }
     }
