@@ -19,6 +19,7 @@ mod wire;
 
 pub mod arch;
 pub mod blk;
+pub mod blk_submit;
 pub mod boot;
 pub mod fs;
 pub mod hypercall;
@@ -31,7 +32,7 @@ pub use wire::UnknownWireValue;
 
 /// The ABI version. Both sides refuse to run with a peer of another version.
 /// Bump it on any change to a `#[repr(C)]` type, a hypercall or a constant in this crate.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// The largest number of vCPUs a guest may have.
 pub const MAX_VCPUS: usize = 64;
