@@ -127,6 +127,9 @@ fn consume(shared: &Shared, guest: &Arc<Guest>, ring: u64) -> Result<bool, Strin
         shared
             .start_request(guest, [req.sector, req.gpa, req.op_count, tag], true)
             .map_err(|why| format!("malformed block submission (tag {tag}): {why}"))?;
+        if let Some(disk) = &guest.disk {
+            disk.stats.ring_submitted.fetch_add(1, Ordering::Relaxed);
+        }
     }
     Ok(taken != 0)
 }
@@ -162,6 +165,9 @@ pub(super) fn consumer_thread(shared: &Shared, weak: &Weak<Guest>) {
         if let (Some(ring), Some(guest)) = (ring, weak.upgrade()) {
             if let Ok(word) = consumer_word(&guest, ring) {
                 word.store(BLK_CONSUMER_AWAKE, Ordering::SeqCst);
+            }
+            if let Some(disk) = &guest.disk {
+                disk.stats.consumer_wakeups.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
