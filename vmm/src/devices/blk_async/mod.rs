@@ -41,7 +41,8 @@ use crate::vm::Outcome;
 mod request;
 mod submit_ring;
 mod wake;
-pub use submit_ring::SUBMIT_POLL;
+pub use request::parse_request;
+pub use submit_ring::{check_ring_address, take_submissions, SUBMIT_POLL};
 pub(crate) use wake::wake_one_idle;
 use wake::{wake_for_completions, wake_one_running};
 

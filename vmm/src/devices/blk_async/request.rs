@@ -26,24 +26,9 @@ impl Shared {
         args: [u64; 4],
         from_ring: bool,
     ) -> Result<u64, String> {
-        let [sector, gpa, op_count, tag] = args;
+        let (req, tag) = parse_request(args)?;
         let Some(disk) = &guest.disk else {
             return Ok(protocol::blk::BLK_ERR_NO_DEVICE);
-        };
-        let op = match op_count >> 32 {
-            BLK_OP_READ => Op::Read,
-            BLK_OP_WRITE => Op::Write,
-            BLK_OP_FLUSH => Op::Flush,
-            other => return Err(format!("unknown operation {other}")),
-        };
-        if tag >= BLK_RING_CAPACITY as u64 {
-            return Err(format!("tag {tag} is not below {BLK_RING_CAPACITY}"));
-        }
-        let req = Request {
-            op,
-            sector,
-            gpa,
-            count: op_count & 0xffff_ffff,
         };
         let ring = self.lock().ring;
         let Some(ring) = ring else {
@@ -131,4 +116,26 @@ impl Shared {
         self.work.notify_one();
         Ok(BLK_IN_FLIGHT)
     }
+}
+
+/// The request `(sector, gpa, op << 32 | count, tag)` of `blk_submit` or a submission slot,
+/// with its tag; `Err` is a violation (the buffer is checked later, against the disk).
+pub fn parse_request(args: [u64; 4]) -> Result<(Request, u64), String> {
+    let [sector, gpa, op_count, tag] = args;
+    let op = match op_count >> 32 {
+        BLK_OP_READ => Op::Read,
+        BLK_OP_WRITE => Op::Write,
+        BLK_OP_FLUSH => Op::Flush,
+        other => return Err(format!("unknown operation {other}")),
+    };
+    if tag >= BLK_RING_CAPACITY as u64 {
+        return Err(format!("tag {tag} is not below {BLK_RING_CAPACITY}"));
+    }
+    let req = Request {
+        op,
+        sector,
+        gpa,
+        count: op_count & 0xffff_ffff,
+    };
+    Ok((req, tag))
 }

@@ -27,6 +27,7 @@ use protocol::blk_submit::{
 use super::{ring_field, AsyncQueue, Shared};
 use crate::arch::current::abi::HYPERCALL_BASE;
 use crate::guest::Guest;
+use crate::memory::{GuestRam, Plan};
 use crate::vm::Outcome;
 
 /// How long the consumer looks for more requests after a pass before it sleeps (each look is
@@ -48,20 +49,46 @@ pub(super) fn new_doorbell(vm: &VmFd) -> std::io::Result<(EventFd, bool)> {
     Ok((fd, registered))
 }
 
+/// Where a submission ring may lie: 64-byte aligned in guest RAM at or above the image.
+pub fn check_ring_address(plan: &Plan, gpa: u64) -> Result<(), String> {
+    let size = size_of::<BlkSubmitRing>() as u64;
+    let inside = gpa >= plan.image.start
+        && gpa
+            .checked_add(size)
+            .is_some_and(|end| end <= plan.mem_size);
+    if !inside || !gpa.is_multiple_of(64) {
+        return Err(format!(
+            "submission ring {gpa:#x}+{size} is not 64-byte aligned in guest RAM at or above {:#x}",
+            plan.image.start
+        ));
+    }
+    Ok(())
+}
+
+/// Take the bits the guest submitted in the ring at `ring` (checked by
+/// [`check_ring_address`]) and read their slots: the raw `blk_submit` arguments of each, tag
+/// last, in tag order. Nothing in them is checked yet.
+pub fn take_submissions(ram: &GuestRam, ring: u64) -> Result<Vec<[u64; 4]>, String> {
+    let word = ram
+        .atomic_u64(ring_field(ring, offset_of!(BlkSubmitRing, submitted)))
+        .map_err(|e| e.to_string())?;
+    let mut bits = word.swap(0, Ordering::AcqRel);
+    let mut taken = Vec::with_capacity(bits.count_ones() as usize);
+    while bits != 0 {
+        let tag = u64::from(bits.trailing_zeros());
+        bits &= bits - 1;
+        let slot = ring_field(ring, offset_of!(BlkSubmitRing, slots))
+            + tag * size_of::<BlkSubmission>() as u64;
+        let req: BlkSubmission = ram.read_struct(slot).map_err(|e| e.to_string())?;
+        taken.push([req.sector, req.gpa, req.op_count, tag]);
+    }
+    Ok(taken)
+}
+
 impl AsyncQueue {
     /// `blk_submit_ring_setup(gpa)`: `Err` is a protocol violation.
     pub fn setup_submit_ring(&self, guest: &Guest, gpa: u64) -> Result<u64, String> {
-        let size = size_of::<BlkSubmitRing>() as u64;
-        let inside = gpa >= guest.plan.image.start
-            && gpa
-                .checked_add(size)
-                .is_some_and(|end| end <= guest.plan.mem_size);
-        if !inside || !gpa.is_multiple_of(64) {
-            return Err(format!(
-                "submission ring {gpa:#x}+{size} is not 64-byte aligned in guest RAM at or above {:#x}",
-                guest.plan.image.start
-            ));
-        }
+        check_ring_address(&guest.plan, gpa)?;
         let mut state = self.shared.lock();
         if state.ring.is_none() {
             return Err("no completion ring: call blk_ring_setup first".into());
@@ -116,22 +143,16 @@ fn consumer_word(guest: &Guest, ring: u64) -> Result<&std::sync::atomic::AtomicU
 
 /// Take the submitted bits and start their requests; whether there were any.
 fn consume(shared: &Shared, guest: &Arc<Guest>, ring: u64) -> Result<bool, String> {
-    let taken = submitted_word(guest, ring)?.swap(0, Ordering::AcqRel);
-    let mut bits = taken;
-    while bits != 0 {
-        let tag = u64::from(bits.trailing_zeros());
-        bits &= bits - 1;
-        let slot = ring_field(ring, offset_of!(BlkSubmitRing, slots))
-            + tag * size_of::<BlkSubmission>() as u64;
-        let req: BlkSubmission = guest.ram.read_struct(slot).map_err(|e| e.to_string())?;
+    let taken = take_submissions(&guest.ram, ring)?;
+    for args in &taken {
         shared
-            .start_request(guest, [req.sector, req.gpa, req.op_count, tag], true)
-            .map_err(|why| format!("malformed block submission (tag {tag}): {why}"))?;
+            .start_request(guest, *args, true)
+            .map_err(|why| format!("malformed block submission (tag {}): {why}", args[3]))?;
         if let Some(disk) = &guest.disk {
             disk.stats.ring_submitted.fetch_add(1, Ordering::Relaxed);
         }
     }
-    Ok(taken != 0)
+    Ok(!taken.is_empty())
 }
 
 /// Whether the guest published bits since the last swap (one load).
