@@ -8,6 +8,11 @@
 //! completion and an idle one halts until the VMM's interrupt (it interrupts only vCPUs whose
 //! `idle_vcpus` bit is set).
 //!
+//! When the VMM offers a submission ring (`protocol::blk_submit`, `--rt-blk-ring`, default on)
+//! the request is not a hypercall: the thread writes it into its tag's slot, sets the tag's bit
+//! and rings the doorbell only if the VMM's consumer thread said it sleeps (a store KVM takes
+//! without an exit); the result then always comes through the completion ring.
+//!
 //! One consumer at a time (a try-lock: a vCPU that finds it taken just goes on; the holder
 //! takes everything up to the head it reads). Tags bound what the ring holds: a tag is free
 //! again only after its thread read its result, so in flight plus unconsumed never exceeds

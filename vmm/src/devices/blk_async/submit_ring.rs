@@ -31,8 +31,9 @@ use crate::memory::{GuestRam, Plan};
 use crate::vm::Outcome;
 
 /// How long the consumer looks for more requests after a pass before it sleeps (each look is
-/// one load; a request that comes meanwhile needs no doorbell). Short: the two processors of
-/// this machine are the vCPUs'.
+/// one load; a request that comes meanwhile needs no doorbell). None: the two processors of this
+/// machine are the vCPUs', and polls of 20 and 50 us saved few doorbells in `iobench serve`
+/// (requests there come ~100 us apart: 250-330 consumer wake-ups per 400 requests either way).
 pub const SUBMIT_POLL: Duration = Duration::from_micros(0);
 
 /// The doorbell's eventfd, registered with KVM as an ioeventfd on the doorbell's slot when the
