@@ -1,0 +1,150 @@
+//! Guests described in a TOML file: per-guest settings, machine-wide keys.
+
+use libtest_mimic::Trial;
+
+use super::{
+    activm, guest, guest_upcall_count, rt_suite_exact, Setup, TempDir, GUEST_TIMEOUT_SECS,
+};
+
+/// Guests from a TOML file (`activm run --config FILE.toml`, or the file alone), each with its
+/// own settings, on one budget of processors.
+pub(super) fn toml_tests() -> Vec<Trial> {
+    vec![
+        Trial::test("toml_two_guests_with_their_own_vcpus_and_args", || {
+            // rt-demo on 4 vCPUs with its own thread and iteration counts, selftest on 2 vCPUs
+            // printing each vCPU's privilege level: both outputs, each with its guest's label.
+            let dir = TempDir::new("toml-two")?;
+            dir.link_guest("rt-demo")?;
+            let selftest = guest("selftest")?;
+            let file = dir.file(
+                "two.toml",
+                &format!(
+                    "pcpus = 2\ntimeout = {GUEST_TIMEOUT_SECS}\n\n\
+                     [[guest]]\nimage = \"rt-demo\"\nname = \"adder\"\nvcpus = 4\nargs = [\"6\", \"2000\"]\n\n\
+                     [[guest]]\nimage = '{}'\nvcpus = 2\nmem = \"64M\"\nargs = [\"cpl\"]\n",
+                    selftest.display()
+                ),
+            )?;
+            activm(&["--config".as_ref(), file.as_os_str()])?
+                .expect_code(0)?
+                .stdout_has(
+                    "[adder] rt-demo: 6 threads x 2000 increments on 4 vCPUs: total 12000 (expected 12000)\n",
+                )?
+                .stdout_has("[selftest] vcpu 0 cpl=3\n")?
+                .stdout_has("[selftest] vcpu 1 cpl=3\n")?
+                .stderr_has("[adder] exit status 0")?
+                .stderr_has("[selftest] exit status 0")?;
+            Ok(())
+        }),
+        Trial::test("toml_mixes_oblivious_and_activation_guests", || {
+            // Two copies of rt-tests share 2 processors, each with its own disk (a slow one):
+            // the one with activations (blocking requests) gets BLOCKED / UNBLOCKED upcalls and
+            // skips the simulated
+            // VMM's test; the oblivious one gets no upcall at all and runs that test.
+            let dir = TempDir::new("toml-mixed")?;
+            dir.link_guest("rt-tests")?;
+            dir.disk("aware.img", 4)?;
+            dir.disk("oblivious.img", 4)?;
+            let file = dir.file(
+                "mixed.toml",
+                &format!(
+                    "pcpus = 2\ntimeout = {GUEST_TIMEOUT_SECS}\nstats = true\nio_latency = 500\n\n\
+                     [[guest]]\nimage = \"rt-tests\"\nname = \"aware\"\nvcpus = 3\n\
+                     args = [\"--rt-blk-async=off\", \"upcall-preempted\", \"blk\", \"blk-overlap\"]\ndisk = \"aware.img\"\n\n\
+                     [[guest]]\nimage = \"rt-tests\"\nname = \"oblivious\"\nvcpus = 2\nno_activations = true\n\
+                     args = [\"upcall-preempted\", \"blk\", \"blk-overlap\"]\ndisk = \"oblivious.img\"\n"
+                ),
+            )?;
+            // The file alone, without --config.
+            let run = activm(&[file.as_os_str()])?.expect_code(0)?;
+            let tests = ["upcall-preempted", "blk", "blk-overlap"];
+            let run = rt_suite_exact(run, Setup::new(true, 3, true), &tests, "[aware] ")?;
+            let run = rt_suite_exact(run, Setup::new(false, 2, true), &tests, "[oblivious] ")?;
+            let count = |who, kind| guest_upcall_count(&run.stderr, who, kind);
+            let (blocked, unblocked) = (count("aware", "BLOCKED"), count("aware", "UNBLOCKED"));
+            if !matches!(blocked, Some(n) if n > 0) || blocked != unblocked {
+                return Err(format!(
+                    "the activation guest: {blocked:?} BLOCKED, {unblocked:?} UNBLOCKED upcalls\n{}",
+                    run.stderr
+                )
+                .into());
+            }
+            for kind in ["NEWPROC", "PREEMPTED", "BLOCKED", "UNBLOCKED"] {
+                if count("oblivious", kind) != Some(0) {
+                    return Err(
+                        format!("the oblivious guest got {kind} upcalls\n{}", run.stderr).into(),
+                    );
+                }
+            }
+            Ok(())
+        }),
+        Trial::test("toml_activation_guest_beside_a_flush_storm", || {
+            // Issues 12 and 13: rt-demo (activations, 2 vCPUs) beside a guest whose vCPUs block
+            // in the VMM all the time (iobench storm on the blocking path: 8 threads writing and flushing, every
+            // flush a BLOCKED / UNBLOCKED pair), in one process on 2 processors with the budget
+            // changing too (--chaos), five times over: both guests' results exact, every
+            // BLOCKED matched by its UNBLOCKED. Before the fixes it named (issue 12) about 1 run
+            // in 6 failed: rt-demo hung (a lock holder's PREEMPTED record never retried behind a
+            // record whose state never came, `upcall::drain::retry_later`), or the storm guest
+            // ran its activation-stack pool dry (`upcall::stacks::produce_spares`).
+            let dir = TempDir::new("toml-neighbour")?;
+            dir.link_guest("rt-demo")?;
+            dir.link_guest("iobench")?;
+            dir.disk("storm.img", 4)?;
+            let file = dir.file(
+                "neighbours.toml",
+                &format!(
+                    "pcpus = 2\ntimeout = {GUEST_TIMEOUT_SECS}\nstats = true\nchaos = 3\n\n\
+                     [[guest]]\nimage = \"rt-demo\"\nname = \"demo\"\nvcpus = 2\n\
+                     args = [\"8\", \"10000000\"]\n\n\
+                     [[guest]]\nimage = \"iobench\"\nname = \"io\"\nvcpus = 4\n\
+                     args = [\"--rt-blk-async=off\", \"storm\", \"8\", \"300\"]\ndisk = \"storm.img\"\n"
+                ),
+            )?;
+            for _ in 0..5 {
+                let run = activm(&["--config".as_ref(), file.as_os_str()])?
+                    .expect_code(0)?
+                    .stdout_has(
+                        "[demo] rt-demo: 8 threads x 10000000 increments on 2 vCPUs: \
+                         total 80000000 (expected 80000000)\n",
+                    )?
+                    .stdout_has(" flushes=2400 check=8\n")?
+                    .stderr_has("[demo] exit status 0")?
+                    .stderr_has("[io] exit status 0")?;
+                let count = |who, kind| guest_upcall_count(&run.stderr, who, kind);
+                let (blocked, unblocked) = (count("io", "BLOCKED"), count("io", "UNBLOCKED"));
+                if !matches!(blocked, Some(n) if n >= 2400) || blocked != unblocked {
+                    return Err(format!(
+                        "the storm: {blocked:?} BLOCKED, {unblocked:?} UNBLOCKED upcalls\n{}",
+                        run.stderr
+                    )
+                    .into());
+                }
+            }
+            Ok(())
+        }),
+        Trial::test("toml_machine_flags_override_the_file", || {
+            // The file says 60 s; --timeout 1 on the command line wins, and --stats adds the
+            // counters the file does not ask for.
+            let dir = TempDir::new("toml-override")?;
+            let file = dir.file(
+                "spin.toml",
+                &format!(
+                    "timeout = 60\n[[guest]]\nimage = '{}'\nargs = [\"spin\"]\n",
+                    guest("selftest")?.display()
+                ),
+            )?;
+            activm(&[
+                "--config".as_ref(),
+                file.as_os_str(),
+                "--timeout".as_ref(),
+                "1".as_ref(),
+                "--stats".as_ref(),
+            ])?
+            .expect_code(124)?
+            .stderr_has("after the 1s timeout")?
+            .stderr_has("upcalls: NEWPROC=0")?;
+            Ok(())
+        }),
+    ]
+}
