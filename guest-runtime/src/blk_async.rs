@@ -8,7 +8,7 @@
 //! completion and an idle one halts until the VMM's interrupt (it interrupts only vCPUs whose
 //! `idle_vcpus` bit is set).
 //!
-//! When the VMM offers a submission ring (`protocol::blk_submit`, `--rt-blk-ring`, default on)
+//! When the VMM offers a submission ring (`protocol::blk_submit`, `--rt-blk-ring=on`; off by default)
 //! the request is not a hypercall: the thread writes it into its tag's slot, sets the tag's bit
 //! and rings the doorbell only if the VMM's consumer thread said it sleeps (a store KVM takes
 //! without an exit); the result then always comes through the completion ring.
