@@ -7,8 +7,12 @@
 //! vCPUs, the better one counting) or time-sliced by activm (`--no-activations`). Utilization is
 //! against the same computation without the device, measured in the same run. Then the cost of
 //! one request. The guest runtime submits requests asynchronously when the VMM offers it (a
-//! completion ring: the vCPU never blocks, in every mode); rows marked "blocking" run it with
-//! `--rt-blk-async=off`, today's guests: each request blocks its vCPU in the VMM.
+//! completion ring: the vCPU never blocks, in every mode), and through a submission ring (no
+//! exit per request; a doorbell store, taken by KVM as an ioeventfd, only when the VMM's
+//! consumer thread sleeps); rows marked "blocking" run it with `--rt-blk-async=off`, today's
+//! guests: each request blocks its vCPU in the VMM. The runtime's default is one `blk_submit`
+//! exit per request; two more rows use the submission ring (`--rt-blk-ring=on`), its doorbell
+//! an ioeventfd store or a hypercall (`--rt-blk-doorbell-exit=on`).
 //!
 //! `cargo xtask bench io`; `ACTIVM_BENCH_QUICK=1` for a short smoke run.
 
@@ -60,44 +64,67 @@ fn main() {
     println!("I/O overlap on 2 physical CPUs: 16 threads serve {requests} requests; each reads 4 KiB from a device");
     println!("with {latency_us} us latency, hashes it (~0.5 ms), then updates a table under one mutex (~5 us)");
     println!("baseline: the same work without the device; utilization = baseline / time; medians of {rounds} rounds\n");
-    // (name, vCPUs, mode, asynchronous requests)
-    let configs: [(&str, u32, Mode, bool); 9] = [
+    // (name, vCPUs, mode, runtime arguments before the app's)
+    const ASYNC: &[&str] = &[];
+    const BLOCKING: &[&str] = &["--rt-blk-async=off"];
+    let configs: [(&str, u32, Mode, &[&str]); 11] = [
         (
             "activations, 8 vCPUs (activations to spare)",
             8,
             Mode::Activations,
-            true,
+            ASYNC,
         ),
         (
             "host-sched, 8 vCPUs (Linux schedules them)",
             8,
             Mode::HostSched,
-            true,
+            ASYNC,
         ),
-        ("host-sched, 16 vCPUs", 16, Mode::HostSched, true),
+        ("host-sched, 16 vCPUs", 16, Mode::HostSched, ASYNC),
         (
             "time slicer, 2 vCPUs (one per processor)",
             2,
             Mode::TimeSlicer,
-            true,
+            ASYNC,
         ),
         (
             "time slicer, 8 vCPUs (time-sliced by activm)",
             8,
             Mode::TimeSlicer,
-            true,
+            ASYNC,
         ),
-        ("time slicer, 16 vCPUs", 16, Mode::TimeSlicer, true),
+        ("time slicer, 16 vCPUs", 16, Mode::TimeSlicer, ASYNC),
         (
             "activations, 8 vCPUs, blocking",
             8,
             Mode::Activations,
-            false,
+            BLOCKING,
         ),
-        ("host-sched, 8 vCPUs, blocking", 8, Mode::HostSched, false),
-        ("host-sched, 16 vCPUs, blocking", 16, Mode::HostSched, false),
+        (
+            "host-sched, 8 vCPUs, blocking",
+            8,
+            Mode::HostSched,
+            BLOCKING,
+        ),
+        (
+            "host-sched, 16 vCPUs, blocking",
+            16,
+            Mode::HostSched,
+            BLOCKING,
+        ),
+        (
+            "activations, 8 vCPUs, submission ring",
+            8,
+            Mode::Activations,
+            &["--rt-blk-ring=on"],
+        ),
+        (
+            "activations, 8 vCPUs, submission ring, hypercall doorbell",
+            8,
+            Mode::Activations,
+            &["--rt-blk-ring=on", "--rt-blk-doorbell-exit=on"],
+        ),
     ];
-    let blocking_serve = blocking(&serve);
     let mut baseline = Vec::new();
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for _ in 0..rounds {
@@ -105,13 +132,9 @@ fn main() {
             Ok(ms) => baseline.push(ms),
             Err(e) => println!("  baseline failed: {e}"),
         }
-        for (i, &(_, vcpus, mode, asynchronous)) in configs.iter().enumerate() {
-            let args: &[&str] = if asynchronous {
-                &serve
-            } else {
-                &blocking_serve
-            };
-            match run(Some((&disk, latency_us)), vcpus, mode, args, "ms") {
+        for (i, &(_, vcpus, mode, runtime)) in configs.iter().enumerate() {
+            let args: Vec<&str> = runtime.iter().chain(&serve).copied().collect();
+            match run(Some((&disk, latency_us)), vcpus, mode, &args, "ms") {
                 Ok(ms) => times[i].push(ms),
                 Err(e) => println!("  {} failed: {e}", configs[i].0),
             }
@@ -153,39 +176,41 @@ fn main() {
         best(&[7, 8]) / medians[0],
         medians[6] / medians[0]
     );
+    println!(
+        "  activations: submission ring vs one blk_submit exit per request: {:.2}x; its doorbell as an ioeventfd store vs a hypercall: {:.2}x (above 1: the first faster)",
+        medians[0] / medians[9],
+        medians[10] / medians[9]
+    );
 
     // One thread, an idle guest: what a blocking request costs beyond the device's own time.
     let reads = if quick { "200" } else { "1000" };
     println!(
         "\none 4 KiB read, 1 thread on 2 vCPUs (us per read, medians of {rounds}); the first three"
     );
-    println!("columns submit asynchronously, the last two block (--rt-blk-async=off)");
+    println!("columns submit asynchronously (one blk_submit exit each), \"act. ring\" through the");
+    println!("submission ring, the last two block (--rt-blk-async=off)");
     println!(
-        "  {:<44} {:>11} {:>11} {:>11} {:>11} {:>11}",
-        "device", "activations", "host-sched", "slicer", "act. block", "host block"
+        "  {:<44} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "device", "activations", "host-sched", "slicer", "act. ring", "act. block", "host block"
     );
-    let columns = [
-        (Mode::Activations, true),
-        (Mode::HostSched, true),
-        (Mode::TimeSlicer, true),
-        (Mode::Activations, false),
-        (Mode::HostSched, false),
+    let columns: [(Mode, &[&str]); 6] = [
+        (Mode::Activations, &[]),
+        (Mode::HostSched, &[]),
+        (Mode::TimeSlicer, &[]),
+        (Mode::Activations, &["--rt-blk-ring=on"]),
+        (Mode::Activations, &["--rt-blk-async=off"]),
+        (Mode::HostSched, &["--rt-blk-async=off"]),
     ];
     for (name, latency) in [
         ("in the host page cache (completes in the exit)", None),
         ("1 us latency", Some(1)),
         ("1 ms latency", Some(1000)),
     ] {
-        let mut row: [Vec<f64>; 5] = Default::default();
+        let mut row: [Vec<f64>; 6] = Default::default();
         for _ in 0..rounds {
-            for (j, &(mode, asynchronous)) in columns.iter().enumerate() {
+            for (j, &(mode, runtime)) in columns.iter().enumerate() {
                 let reads = if latency == Some(1000) { "100" } else { reads };
-                let args = ["latency", reads];
-                let args = if asynchronous {
-                    args.to_vec()
-                } else {
-                    blocking(&args)
-                };
+                let args: Vec<&str> = runtime.iter().chain(&["latency", reads]).copied().collect();
                 if let Ok(us) = run(
                     Some((&disk, latency.unwrap_or(0))),
                     2,
@@ -205,15 +230,8 @@ fn main() {
             }
         });
         println!(
-            "  {name:<44} {:>11} {:>11} {:>11} {:>11} {:>11}",
-            cells[0], cells[1], cells[2], cells[3], cells[4]
+            "  {name:<44} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+            cells[0], cells[1], cells[2], cells[3], cells[4], cells[5]
         );
     }
-}
-
-/// `args` for a guest whose runtime blocks in the VMM on each request.
-fn blocking<'a>(args: &[&'a str]) -> Vec<&'a str> {
-    std::iter::once("--rt-blk-async=off")
-        .chain(args.iter().copied())
-        .collect()
 }

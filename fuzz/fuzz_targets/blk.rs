@@ -1,7 +1,10 @@
 //! Block-device requests as a guest sends them: a sequence of reads, writes and flushes with
 //! arbitrary sector, buffer and count, against a disk of fuzzer-chosen size (read-only or
 //! not). Checked against a model of the disk: what `check` accepts lies in guest RAM, the
-//! result codes are the protocol's, and a read returns what was written.
+//! result codes are the protocol's, and a read returns what was written. First, a submission
+//! ring (`protocol::blk_submit`) at a fuzzer-chosen address with fuzzer-written bits and slots:
+//! its address check, the taking of the bits and the decoding of each slot must never panic,
+//! and every request they let through is one `check` would see from `blk_submit`.
 
 #![no_main]
 
@@ -9,6 +12,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::OnceLock;
 
 use activm::devices::blk::{Disk, DiskConfig, Op, Request};
+use activm::devices::blk_async::{check_ring_address, parse_request, take_submissions};
 use activm_fuzz::{scratch_dir, Guest, Input};
 use libfuzzer_sys::fuzz_target;
 use protocol::blk::{
@@ -32,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
     })
     .expect("disk");
     assert_eq!(disk.info(BLK_INFO_SECTORS), Some(sectors));
+    submission_ring(guest, &disk, &mut input);
     let stop = AtomicBool::new(false);
     while !input.is_empty() {
         let op = match input.u8() % 3 {
@@ -104,3 +109,42 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// A submission ring the fuzzer placed and filled, taken and decoded as the consumer does.
+fn submission_ring(guest: &Guest, disk: &Disk, input: &mut Input) {
+    let plan = &guest.plan;
+    let ring = if input.u8() % 4 != 0 {
+        plan.heap.start + (input.u32() as u64 % (plan.mem_size - plan.heap.start + 4096) & !63)
+    } else {
+        input.number()
+    };
+    if check_ring_address(plan, ring).is_err() {
+        return;
+    }
+    let bits = input.u64();
+    guest.ram.write_u64(ring, bits).expect("checked ring");
+    for _ in 0..input.u8() % 8 {
+        let slot = ring + 128 + 32 * (input.u8() as u64 % 64);
+        let words = [input.number(), input.number(), input.number(), input.number()];
+        for (i, w) in words.iter().enumerate() {
+            guest.ram.write_u64(slot + 8 * i as u64, *w).expect("checked ring");
+        }
+    }
+    let taken = take_submissions(&guest.ram, ring).expect("a checked ring is readable");
+    assert_eq!(taken.len(), bits.count_ones() as usize);
+    assert_eq!(guest.ram.read_u64(ring).unwrap(), 0, "the bits are taken");
+    for args in taken {
+        assert!(bits & (1 << args[3]) != 0);
+        let Ok((req, tag)) = parse_request(args) else {
+            continue;
+        };
+        assert_eq!(tag, args[3]);
+        if let Ok(Ok(())) = disk.check(plan, &req) {
+            if req.op != Op::Flush {
+                let len = req.count * SECTOR_SIZE;
+                assert!((1..=BLK_MAX_SECTORS).contains(&req.count));
+                assert!(req.gpa >= plan.image.start && req.gpa + len <= plan.mem_size);
+            }
+        }
+    }
+}

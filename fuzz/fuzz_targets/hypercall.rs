@@ -111,7 +111,13 @@ fuzz_target!(|data: &[u8]| {
         | Call::SaPreempt { .. } => {}
         // The asynchronous queue keeps its state in a live guest (`Arc<Guest>`, a VM): only
         // its decoding is fuzzed here; its requests' checks are `Disk::check`, as above.
-        Call::BlkRingSetup { .. } | Call::BlkSubmit { .. } => {}
+        Call::BlkRingSetup { .. } | Call::BlkSubmit { .. } | Call::BlkDoorbell => {}
+        // The submission ring's address check (its contents: the `blk` target).
+        Call::BlkSubmitRingSetup { ring } => {
+            if activm::devices::blk_async::check_ring_address(plan, ring).is_ok() {
+                assert!(ring >= plan.image.start && ring.is_multiple_of(64));
+            }
+        }
         // Files and sockets act on host descriptors of a live guest: decoding only here (their
         // argument checks run in `devices/fs.rs` and `devices/net.rs` under the KVM tests).
         Call::Fs { .. } | Call::Net { .. } | Call::NetRingSetup { .. } => {}

@@ -129,3 +129,29 @@ pub unsafe fn blk_submit(sector: u64, buf: u64, op: u64, count: u64, tag: u64) -
         )
     }
 }
+
+/// Registers the submission ring of asynchronous block requests
+/// (`protocol::blk_submit::BlkSubmitRing`), after [`blk_ring_setup`]; returns `BLK_OK` or
+/// `BLK_ERR_NO_DEVICE`.
+///
+/// # Safety
+/// As [`blk_ring_setup`], for `ring` (the VMM reads it from its disk thread).
+pub unsafe fn blk_submit_ring_setup(ring: *const protocol::blk_submit::BlkSubmitRing) -> u64 {
+    // SAFETY: the caller upholds the ring contract above.
+    unsafe { raw(Hypercall::BlkSubmitRingSetup as u64, ring as u64, 0, 0, 0) }
+}
+
+/// Wakes the submission ring's consumer with a store the host takes in the kernel (an
+/// ioeventfd: no exit to the VMM; a host without one exits and is served the same way).
+pub fn blk_doorbell() {
+    let addr = protocol::blk_submit::blk_doorbell_address(HYPERCALL_BASE);
+    // SAFETY: the doorbell's slot in the hypercall page is mapped (uncached, user-accessible)
+    // with nothing behind it; a 4-byte store there only signals the VMM.
+    unsafe { core::ptr::write_volatile(addr as *mut u32, protocol::blk_submit::BLK_DOORBELL_RING) };
+}
+
+/// The same doorbell through an exit (the `blk_doorbell` hypercall, a load).
+pub fn blk_doorbell_exit() {
+    // SAFETY: blk_doorbell takes no arguments.
+    unsafe { raw(Hypercall::BlkDoorbell as u64, 0, 0, 0, 0) };
+}

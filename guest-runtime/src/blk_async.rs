@@ -8,6 +8,11 @@
 //! completion and an idle one halts until the VMM's interrupt (it interrupts only vCPUs whose
 //! `idle_vcpus` bit is set).
 //!
+//! When the VMM offers a submission ring (`protocol::blk_submit`, `--rt-blk-ring=on`; off by default)
+//! the request is not a hypercall: the thread writes it into its tag's slot, sets the tag's bit
+//! and rings the doorbell only if the VMM's consumer thread said it sleeps (a store KVM takes
+//! without an exit); the result then always comes through the completion ring.
+//!
 //! One consumer at a time (a try-lock: a vCPU that finds it taken just goes on; the holder
 //! takes everything up to the head it reads). Tags bound what the ring holds: a tag is free
 //! again only after its thread read its result, so in flight plus unconsumed never exceeds
@@ -15,12 +20,15 @@
 
 use core::cell::UnsafeCell;
 use core::ptr;
-use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
 use activm_stub::hypercall;
 use activm_stub::protocol::blk::{
-    BlkCompletion, BlkRing, BLK_FLAG_ASYNC, BLK_INFO_FLAGS, BLK_IN_FLIGHT, BLK_OK,
+    blk_submit_arg, BlkCompletion, BlkRing, BLK_FLAG_ASYNC, BLK_INFO_FLAGS, BLK_IN_FLIGHT, BLK_OK,
     BLK_RING_CAPACITY,
+};
+use activm_stub::protocol::blk_submit::{
+    BlkSubmission, BlkSubmitRing, BLK_CONSUMER_SLEEPING, BLK_FLAG_SUBMIT_RING,
 };
 use activm_stub::sync::SpinLock;
 
@@ -45,6 +53,50 @@ fn entry(slot: usize) -> BlkCompletion {
     // SAFETY: `slot < BLK_RING_CAPACITY`; the entry is plain data the VMM finished writing
     // before it published the head this slot is below.
     unsafe { ptr::read_volatile(ptr::addr_of!((*RING.0.get()).entries[slot])) }
+}
+
+/// The submission ring: read by the VMM's consumer thread, hence the cell.
+struct SubmitRing(UnsafeCell<BlkSubmitRing>);
+
+// SAFETY: `submitted` and `consumer` are atomics; a slot is written only by the thread that
+// holds its tag, before the release (SeqCst) OR that publishes it, and read only by the VMM.
+unsafe impl Sync for SubmitRing {}
+
+static SUBMIT_RING: SubmitRing = SubmitRing(UnsafeCell::new(BlkSubmitRing::new()));
+
+/// Requests go through the submission ring (decided with `MODE`).
+static SUBMIT_RING_ON: AtomicBool = AtomicBool::new(false);
+
+fn submit_ring() -> &'static BlkSubmitRing {
+    // SAFETY: only the atomics are accessed through this reference; slots go through
+    // `submit_through_ring` (volatile writes by the tag's holder).
+    unsafe { &*SUBMIT_RING.0.get() }
+}
+
+/// Starts a request through the submission ring (the result comes in the completion ring).
+///
+/// The handshake with the VMM's consumer (`protocol::blk_submit`): publish the tag's bit, then
+/// look whether the consumer sleeps; the consumer says it sleeps, then looks at the bits. Both
+/// are SeqCst store-then-load, so one of the two sees the other: no request is left unseen
+/// with its consumer asleep, and an awake consumer costs no doorbell.
+fn submit_through_ring(tag: u32, request: BlkSubmission) {
+    // SAFETY: `tag < BLK_RING_CAPACITY` and we hold it, so no other thread writes this slot
+    // and the VMM does not read it before the bit below is set.
+    unsafe {
+        ptr::write_volatile(
+            ptr::addr_of_mut!((*SUBMIT_RING.0.get()).slots[tag as usize]),
+            request,
+        )
+    };
+    let r = submit_ring();
+    r.submitted.fetch_or(1 << tag, Ordering::SeqCst);
+    if r.consumer.load(Ordering::SeqCst) == BLK_CONSUMER_SLEEPING {
+        if config::blk_doorbell_exit() {
+            hypercall::blk_doorbell_exit();
+        } else {
+            hypercall::blk_doorbell();
+        }
+    }
 }
 
 const UNDECIDED: u8 = 0;
@@ -100,10 +152,17 @@ fn async_on() -> bool {
     ring()
         .nudge_us
         .store(config::blk_nudge_us(), Ordering::Relaxed);
+    let flags = hypercall::blk_info(BLK_INFO_FLAGS);
     let on = config::use_blk_async()
-        && hypercall::blk_info(BLK_INFO_FLAGS) & BLK_FLAG_ASYNC != 0
+        && flags & BLK_FLAG_ASYNC != 0
         // SAFETY: the ring is a static (in the image, 64-byte aligned) for the guest's lifetime.
         && unsafe { hypercall::blk_ring_setup(RING.0.get()) } == BLK_OK;
+    let submit_ring_on = on
+        && config::use_blk_ring()
+        && flags & BLK_FLAG_SUBMIT_RING != 0
+        // SAFETY: as above, for the submission ring.
+        && unsafe { hypercall::blk_submit_ring_setup(SUBMIT_RING.0.get()) } == BLK_OK;
+    SUBMIT_RING_ON.store(submit_ring_on, Ordering::Relaxed);
     MODE.store(if on { ON } else { OFF }, Ordering::Release);
     on
 }
@@ -151,9 +210,20 @@ pub(crate) unsafe fn request(
         .thread
         .store(me as *const tcb::Tcb as *mut tcb::Tcb, Ordering::Relaxed);
     me.prepare_wait();
-    // SAFETY: the caller upholds the buffer contract until we return, which is after the
-    // completion; `tag` is ours (taken from the free set) and so not in flight.
-    let code = unsafe { hypercall::blk_submit(sector, buf, op, count, u64::from(tag)) };
+    let code = if SUBMIT_RING_ON.load(Ordering::Relaxed) {
+        let request = BlkSubmission {
+            sector,
+            gpa: buf,
+            op_count: blk_submit_arg(op, count),
+            _reserved: 0,
+        };
+        submit_through_ring(tag, request);
+        BLK_IN_FLIGHT
+    } else {
+        // SAFETY: the caller upholds the buffer contract until we return, which is after the
+        // completion; `tag` is ours (taken from the free set) and so not in flight.
+        unsafe { hypercall::blk_submit(sector, buf, op, count, u64::from(tag)) }
+    };
     let code = if code == BLK_IN_FLIGHT {
         sched::wait(me);
         waiter.result.load(Ordering::Acquire)

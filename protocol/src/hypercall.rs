@@ -11,7 +11,8 @@
 //! | x86_64  | `rdi`, `rsi`, `rdx`, `r10` | the load's destination register |
 //! | aarch64 | `x0`, `x1`, `x2`, `x3`     | the load's destination register |
 //!
-//! A load at an offset that is not a multiple of 8, any store to the page, an unknown number, or
+//! A load at an offset that is not a multiple of 8, any store to the page (but the block
+//! doorbell's, [`crate::blk_submit`]), an unknown number, or
 //! arguments that break a call's rules (a buffer outside guest memory, say) stop the guest with an
 //! error naming the call: protocol violations are never silently ignored.
 
@@ -72,6 +73,12 @@ wire_enum! {
         /// `blk_submit(sector, gpa, op << 32 | count, tag) -> result | BLK_IN_FLIGHT`: start a
         /// request without blocking; its completion goes to the ring under `tag`.
         BlkSubmit = 37 => "blk_submit",
+        /// `blk_submit_ring_setup(gpa) -> BLK_OK | BLK_ERR_NO_DEVICE`: register the guest's
+        /// [`crate::blk_submit::BlkSubmitRing`] (once, after `blk_ring_setup`).
+        BlkSubmitRingSetup = 38 => "blk_submit_ring_setup",
+        /// `blk_doorbell() -> 0`: wake the submission ring's consumer. A 4-byte *store* to this
+        /// slot is the same doorbell without an exit (an ioeventfd; the one store allowed).
+        BlkDoorbell = 39 => "blk_doorbell",
         /// `net(op << 32 | socket, a1, a2, a3) -> value | -errno | NET_WAITING`: a socket
         /// operation through the VMM ([`crate::net`]).
         Net = 48 => "net",

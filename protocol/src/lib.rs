@@ -19,6 +19,7 @@ mod wire;
 
 pub mod arch;
 pub mod blk;
+pub mod blk_submit;
 pub mod boot;
 pub mod fs;
 pub mod hypercall;

@@ -167,8 +167,32 @@ pub(super) fn blk_tests() -> Vec<Trial> {
             if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
                 return Err(format!("asynchronous requests blocked\n{}", run.stderr).into());
             }
+            run.stderr_has("from the submission ring=0 ")?;
             check_blk_pattern(&disk)
         }),
+        Trial::test(
+            "blk_async_requests_exact_through_the_submission_ring",
+            || {
+                // `--rt-blk-ring=on`: requests through the submission ring, no exit each.
+                let (run, disk) = rt_tests_on_slow_disk(
+                    "blk-async-ring",
+                    "1000",
+                    &["--vcpus", "4", "--pcpus", "2", "--stats"],
+                    &["--rt-blk-ring=on", "blk", "blk-overlap"],
+                )?;
+                let tests = ["blk", "blk-overlap"];
+                let run =
+                    rt_suite_exact(run.expect_code(0)?, Setup::new(true, 4, true), &tests, "")?
+                        .stdout_has("40 asynchronous reads")?;
+                if upcall_count(&run.stderr, "BLOCKED") != Some(0) {
+                    return Err(format!("asynchronous requests blocked\n{}", run.stderr).into());
+                }
+                if run.stderr.contains("from the submission ring=0 ") {
+                    return Err(format!("the submission ring was not used\n{}", run.stderr).into());
+                }
+                check_blk_pattern(&disk)
+            },
+        ),
         Trial::test("blk_async_requests_exact_oblivious", || {
             let (run, disk) = rt_tests_on_slow_disk(
                 "blk-async-obl",
@@ -187,6 +211,18 @@ pub(super) fn blk_tests() -> Vec<Trial> {
                 "300",
                 &["--vcpus", "4", "--pcpus", "2", "--chaos", "12"],
                 &["blk", "blk-overlap", "sa-chaos"],
+            )?;
+            let tests = ["blk", "blk-overlap", "sa-chaos"];
+            rt_suite_exact(run.expect_code(0)?, Setup::new(true, 4, true), &tests, "")?
+                .stdout_has("40 asynchronous reads")?;
+            check_blk_pattern(&disk)
+        }),
+        Trial::test("blk_submission_ring_survives_allocation_chaos", || {
+            let (run, disk) = rt_tests_on_slow_disk(
+                "blk-ring-chaos",
+                "300",
+                &["--vcpus", "4", "--pcpus", "2", "--chaos", "13"],
+                &["--rt-blk-ring=on", "blk", "blk-overlap", "sa-chaos"],
             )?;
             let tests = ["blk", "blk-overlap", "sa-chaos"];
             rt_suite_exact(run.expect_code(0)?, Setup::new(true, 4, true), &tests, "")?

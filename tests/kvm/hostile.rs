@@ -77,6 +77,16 @@ const CASES: &[Case] = &[
         0,
         "ok (blk_info(99) = 0xffffffffffffffff)",
     ),
+    case(
+        "blk-ring-garbage",
+        125,
+        "malformed block submission (tag 5): unknown operation 7",
+    ),
+    case(
+        "blk-ring-without-completions",
+        125,
+        "blk_submit_ring_setup: no completion ring: call blk_ring_setup first",
+    ),
     // The hypercall page: unknown, misaligned, narrow calls, stores, past the page.
     case("unknown-hypercall", 125, "unknown hypercall 511 on vCPU 0"),
     case("hypercall-gap", 125, "unknown hypercall 7 on vCPU 0"),

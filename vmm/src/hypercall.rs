@@ -44,6 +44,10 @@ pub enum Call {
     /// Start an asynchronous block request: the raw `(sector, gpa, op << 32 | count, tag)`,
     /// checked by `devices/blk_async.rs`.
     BlkSubmit { args: [u64; 4] },
+    /// Register the submission ring (`protocol::blk_submit::BlkSubmitRing`).
+    BlkSubmitRingSetup { ring: u64 },
+    /// Wake the submission ring's consumer (the doorbell through an exit).
+    BlkDoorbell,
     /// A file call (`fs_*`, `devices/fs.rs`) with its raw arguments.
     Fs { args: [u64; 4] },
     /// A socket operation (`protocol::net`), checked by `devices/net.rs`.
@@ -125,6 +129,8 @@ impl Call {
             Hypercall::BlkFlush => blk(Op::Flush),
             Hypercall::BlkRingSetup => Call::BlkRingSetup { ring: a[0] },
             Hypercall::BlkSubmit => Call::BlkSubmit { args: a },
+            Hypercall::BlkSubmitRingSetup => Call::BlkSubmitRingSetup { ring: a[0] },
+            Hypercall::BlkDoorbell => Call::BlkDoorbell,
             Hypercall::FsOpen
             | Hypercall::FsClose
             | Hypercall::FsRead

@@ -1,6 +1,7 @@
 //! Guest RAM and the plan of what goes where in it.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
@@ -120,6 +121,30 @@ impl GuestRam {
             );
         }
         Ok(value)
+    }
+
+    /// The aligned 8-byte word at `gpa` as an atomic shared with the guest (for words both sides
+    /// change with read-modify-write operations, such as `BlkSubmitRing::submitted`).
+    pub fn atomic_u64(&self, gpa: u64) -> Result<&AtomicU64, Error> {
+        self.check(gpa, 8)?;
+        if !gpa.is_multiple_of(8) {
+            return Err(Error::Memory(format!("{gpa:#x} is not 8-byte aligned")));
+        }
+        // SAFETY: `gpa..gpa + 8` lies inside the one mapping of guest RAM, which lives (mapped,
+        // read-write) as long as `self`, and is 8-byte aligned (the mapping is page aligned).
+        // Guest memory is shared with the guest, which may access it at any time: only atomic
+        // accesses are made through this reference, and any bit pattern is a valid `AtomicU64`.
+        Ok(unsafe { &*((self.host_base() + gpa) as *const AtomicU64) })
+    }
+
+    /// The aligned 4-byte word at `gpa` as an atomic shared with the guest.
+    pub fn atomic_u32(&self, gpa: u64) -> Result<&AtomicU32, Error> {
+        self.check(gpa, 4)?;
+        if !gpa.is_multiple_of(4) {
+            return Err(Error::Memory(format!("{gpa:#x} is not 4-byte aligned")));
+        }
+        // SAFETY: as in `atomic_u64`, for 4 aligned bytes inside guest RAM.
+        Ok(unsafe { &*((self.host_base() + gpa) as *const AtomicU32) })
     }
 
     fn check(&self, gpa: u64, len: u64) -> Result<(), Error> {

@@ -134,7 +134,7 @@ pub fn render(guest: &Guest) -> String {
         let blocking = n(&d.blocking);
         let _ = write!(
             out,
-            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} asynchronous={} blocked the vCPU={} (mean {:.0} us)",
+            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} asynchronous={} blocked the vCPU={} (mean {:.0} us) from the submission ring={} consumer wake-ups={}",
             disk.path().display(),
             n(&d.reads),
             n(&d.writes),
@@ -143,7 +143,9 @@ pub fn render(guest: &Guest) -> String {
             n(&d.immediate),
             n(&d.asynchronous),
             blocking,
-            n(&d.blocked_us) as f64 / blocking.max(1) as f64
+            n(&d.blocked_us) as f64 / blocking.max(1) as f64,
+            n(&d.ring_submitted),
+            n(&d.consumer_wakeups)
         );
     }
     out

@@ -60,6 +60,9 @@ pub struct DiskStats {
     pub blocking: AtomicU64,
     /// Asynchronous requests that went on after their exit (`blk_submit` → `BLK_IN_FLIGHT`).
     pub asynchronous: AtomicU64,
+    /// Requests taken from the submission ring (no exit), and the times its consumer woke.
+    pub ring_submitted: AtomicU64,
+    pub consumer_wakeups: AtomicU64,
     pub bytes: AtomicU64,
     /// Total time blocking requests took, in microseconds.
     pub blocked_us: AtomicU64,
@@ -134,6 +137,7 @@ impl Disk {
             BLK_INFO_SECTORS => Some(self.sectors),
             BLK_INFO_FLAGS => Some(
                 BLK_FLAG_ASYNC
+                    | protocol::blk_submit::BLK_FLAG_SUBMIT_RING
                     | if self.read_only {
                         BLK_FLAG_READ_ONLY
                     } else {
@@ -426,7 +430,7 @@ mod tests {
         assert_eq!(disk.info(BLK_INFO_SECTORS), Some(8));
         assert_eq!(
             disk.info(BLK_INFO_FLAGS),
-            Some(BLK_FLAG_READ_ONLY | BLK_FLAG_ASYNC)
+            Some(BLK_FLAG_READ_ONLY | BLK_FLAG_ASYNC | protocol::blk_submit::BLK_FLAG_SUBMIT_RING)
         );
         assert_eq!(disk.info(7), None);
     }

@@ -98,6 +98,8 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
             libc::SYS_sendto,
         ],
         ThreadKind::Disk => &[
+            // The submission ring's doorbell (an eventfd).
+            libc::SYS_read,
             libc::SYS_pread64,
             libc::SYS_pwrite64,
             libc::SYS_preadv,

@@ -62,6 +62,13 @@ impl VcpuThread {
             }
             Exit::MmioWrite { addr, len } => {
                 count(EXIT_OTHER);
+                if addr == protocol::blk_submit::blk_doorbell_address(arch::abi::HYPERCALL_BASE) {
+                    // The doorbell's store when KVM did not take it as an ioeventfd.
+                    if let Some(disk) = &self.guest.disk {
+                        disk.queue.ring_doorbell();
+                        return ExitAction::Continue;
+                    }
+                }
                 let what = if protocol::hypercall::decode(addr, arch::abi::HYPERCALL_BASE).is_some()
                 {
                     format!(

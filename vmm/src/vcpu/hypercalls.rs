@@ -92,6 +92,13 @@ impl VcpuThread {
             Call::BlkSubmit { args } => {
                 self.blk_async(kind, |queue| queue.submit(&self.guest, args))
             }
+            Call::BlkSubmitRingSetup { ring } => {
+                self.blk_async(kind, |queue| queue.setup_submit_ring(&self.guest, ring))
+            }
+            Call::BlkDoorbell => self.blk_async(kind, |queue| {
+                queue.ring_doorbell();
+                Ok(0)
+            }),
             Call::Fs { args } => self.fs(kind, args),
             Call::Net { args } => self.net(kind, |net| net.call(&self.guest, args)),
             Call::NetRingSetup { ring } => self.net(kind, |net| net.setup(&self.guest, ring)),

@@ -11,6 +11,7 @@
 
 extern crate alloc;
 
+mod blk_ring;
 mod sa;
 
 use activm_stub::protocol::arch::x86_64::HYPERCALL_BASE;
@@ -33,6 +34,8 @@ pub const MODES: &[&str] = &[
     "blk-count-huge",
     "blk-sector-huge",
     "blk-info-unknown",
+    "blk-ring-garbage",
+    "blk-ring-without-completions",
     "unknown-hypercall",
     "hypercall-gap",
     "misaligned-hypercall",
@@ -70,6 +73,7 @@ fn main(vcpu: u32) -> ! {
         "all-vcpus-stop" => vcpu_stop(),
         "hypercall-flood" => flood(vcpu),
         _ if vcpu != 0 => vcpu_stop(),
+        _ if blk_ring::mode(mode).is_some() => blk_ring::mode(mode).expect("checked")(mode),
         "console-outside-ram" => {
             stopped(mode, raw(Hypercall::ConsoleWrite, 0x7fff_0000_0000, 16, 0))
         }

@@ -26,22 +26,23 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::mem::offset_of;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::VcpuFd;
 
-use protocol::blk::{
-    BlkCompletion, BlkRing, BLK_IN_FLIGHT, BLK_OP_FLUSH, BLK_OP_READ, BLK_OP_WRITE,
-    BLK_RING_CAPACITY,
-};
+use protocol::blk::{BlkCompletion, BlkRing, BLK_RING_CAPACITY};
 
-use crate::devices::blk::{Op, Request};
+use crate::devices::blk::Request;
 use crate::guest::Guest;
 use crate::kick::KickTimer;
 use crate::vm::Outcome;
 
+mod request;
+mod submit_ring;
 mod wake;
+pub use request::parse_request;
+pub use submit_ring::{check_ring_address, take_submissions, SUBMIT_POLL};
 pub(crate) use wake::wake_one_idle;
 use wake::{wake_for_completions, wake_one_running};
 
@@ -67,12 +68,16 @@ struct Shared {
     work: Condvar,
     /// The timer thread waits here.
     timer: Condvar,
+    /// The submission ring's doorbell (set when the queue starts).
+    doorbell: OnceLock<vmm_sys_util::eventfd::EventFd>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     /// Guest-physical address of the guest's `BlkRing` (after `blk_ring_setup`).
     ring: Option<u64>,
+    /// Guest-physical address of its `BlkSubmitRing` (after `blk_submit_ring_setup`).
+    submit_ring: Option<u64>,
     /// The VMM's producer index (the ring's `head` is only ever written from it).
     head: u32,
     /// Tags of requests in flight, one bit each.
@@ -101,6 +106,7 @@ impl Drop for AsyncQueue {
         self.shared.lock().closed = true;
         self.shared.work.notify_all();
         self.shared.timer.notify_all();
+        self.shared.ring_doorbell();
     }
 }
 
@@ -155,96 +161,23 @@ impl AsyncQueue {
     /// `blk_submit(sector, gpa, op << 32 | count, tag)`: the result now, or `BLK_IN_FLIGHT`
     /// with the request queued for an I/O thread. `Err` is a protocol violation.
     pub fn submit(&self, guest: &Arc<Guest>, args: [u64; 4]) -> Result<u64, String> {
-        let [sector, gpa, op_count, tag] = args;
-        let Some(disk) = &guest.disk else {
-            return Ok(protocol::blk::BLK_ERR_NO_DEVICE);
-        };
-        let op = match op_count >> 32 {
-            BLK_OP_READ => Op::Read,
-            BLK_OP_WRITE => Op::Write,
-            BLK_OP_FLUSH => Op::Flush,
-            other => return Err(format!("unknown operation {other}")),
-        };
-        if tag >= BLK_RING_CAPACITY as u64 {
-            return Err(format!("tag {tag} is not below {BLK_RING_CAPACITY}"));
-        }
-        let req = Request {
-            op,
-            sector,
-            gpa,
-            count: op_count & 0xffff_ffff,
-        };
-        let ring = self.shared.lock().ring;
-        let Some(ring) = ring else {
-            return Err("no completion ring: call blk_ring_setup first".into());
-        };
-        if let Err(code) = disk.check(&guest.plan, &req)? {
-            return Ok(code);
-        }
-        if let Some(result) = disk.try_now(&guest.ram, &req) {
-            return Ok(result);
-        }
-        let started = Instant::now();
-        let moved = disk.transfer_now(&guest.ram, &req);
-        let due = started + disk.latency();
-        if let Some(result) = moved {
-            if due.saturating_duration_since(Instant::now()) <= INLINE_WAIT {
-                while Instant::now() < due {
-                    std::hint::spin_loop();
-                }
-                disk.stats.immediate.fetch_add(1, Ordering::Relaxed);
-                return Ok(result);
-            }
-        }
-        let mut state = self.shared.lock();
-        // Read under the lock, so no completion is published meanwhile: read before it, on a
-        // busy host, the tail could lag far behind a head that moved on.
-        let tail = read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail)))?;
-        let bit = 1u64 << tag;
-        if state.in_flight & bit != 0 {
-            return Err(format!("tag {tag} is in flight already"));
-        }
-        let unconsumed = state.head.wrapping_sub(tail) as usize;
-        if unconsumed > BLK_RING_CAPACITY {
-            return Err(format!(
-                "the completion ring's tail ({tail}) is not within {BLK_RING_CAPACITY} of its head ({})",
-                state.head
-            ));
-        }
-        if state.in_flight.count_ones() as usize + unconsumed >= BLK_RING_CAPACITY {
-            return Err(format!(
-                "more than {BLK_RING_CAPACITY} requests in flight or unconsumed"
-            ));
-        }
-        if !state.started {
-            return Ok(protocol::blk::BLK_ERR_IO);
-        }
-        state.in_flight |= bit;
-        disk.stats.asynchronous.fetch_add(1, Ordering::Relaxed);
-        if let Some(result) = moved {
-            let wake_timer = state
-                .delayed
-                .peek()
-                .is_none_or(|Reverse((first, _, _))| due < *first);
-            state.delayed.push(Reverse((due, tag as u32, result)));
-            drop(state);
-            if wake_timer {
-                self.shared.timer.notify_one();
-            }
-            return Ok(BLK_IN_FLIGHT);
-        }
-        state.jobs.push_back((req, tag as u32));
-        drop(state);
-        self.shared.work.notify_one();
-        Ok(BLK_IN_FLIGHT)
+        self.shared.start_request(guest, args, false)
     }
 
     /// Start the queue's threads: the timer thread and [`IO_THREADS`] I/O threads, each in the
     /// sandbox of a disk thread. Called once the guest exists, before its vCPUs run.
     pub fn start(&self, guest: &Arc<Guest>) -> Result<(), std::io::Error> {
-        let bodies = std::iter::once(timer_thread as fn(&Shared, &Weak<Guest>)).chain(
-            std::iter::repeat_n(io_thread as fn(&Shared, &Weak<Guest>), IO_THREADS),
-        );
+        let (doorbell, _in_kernel) = submit_ring::new_doorbell(&guest.vm)?;
+        let _ = self.shared.doorbell.set(doorbell);
+        let bodies = [
+            timer_thread as fn(&Shared, &Weak<Guest>),
+            submit_ring::consumer_thread,
+        ]
+        .into_iter()
+        .chain(std::iter::repeat_n(
+            io_thread as fn(&Shared, &Weak<Guest>),
+            IO_THREADS,
+        ));
         for body in bodies {
             let shared = Arc::clone(&self.shared);
             let weak = Arc::downgrade(guest);

@@ -1,0 +1,141 @@
+//! Starting one asynchronous request, for `blk_submit` and for the submission ring alike.
+
+use std::cmp::Reverse;
+use std::mem::offset_of;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use protocol::blk::{
+    BlkRing, BLK_IN_FLIGHT, BLK_OP_FLUSH, BLK_OP_READ, BLK_OP_WRITE, BLK_RING_CAPACITY,
+};
+
+use super::{
+    publish, read_u32, ring_field, timer_must_wake, wake_for_completions, Shared, INLINE_WAIT,
+};
+use crate::devices::blk::{Op, Request};
+use crate::guest::Guest;
+
+impl Shared {
+    /// Start the request `(sector, gpa, op << 32 | count, tag)`. From `blk_submit`: the result
+    /// now, or `BLK_IN_FLIGHT`. From the submission ring (`from_ring`): always `BLK_IN_FLIGHT`,
+    /// an immediate result is posted to the completion ring at once. `Err` is a violation.
+    pub(super) fn start_request(
+        &self,
+        guest: &Arc<Guest>,
+        args: [u64; 4],
+        from_ring: bool,
+    ) -> Result<u64, String> {
+        let (req, tag) = parse_request(args)?;
+        let Some(disk) = &guest.disk else {
+            return Ok(protocol::blk::BLK_ERR_NO_DEVICE);
+        };
+        let ring = self.lock().ring;
+        let Some(ring) = ring else {
+            return Err("no completion ring: call blk_ring_setup first".into());
+        };
+        let mut moved = None;
+        let mut due = Instant::now();
+        let mut result_now = match disk.check(&guest.plan, &req)? {
+            Err(code) => Some(code),
+            Ok(()) => disk.try_now(&guest.ram, &req),
+        };
+        if result_now.is_none() {
+            let started = Instant::now();
+            moved = disk.transfer_now(&guest.ram, &req);
+            due = started + disk.latency();
+            if let Some(result) = moved {
+                if due.saturating_duration_since(Instant::now()) <= INLINE_WAIT {
+                    while Instant::now() < due {
+                        std::hint::spin_loop();
+                    }
+                    disk.stats.immediate.fetch_add(1, Ordering::Relaxed);
+                    result_now = Some(result);
+                }
+            }
+        }
+        if let (Some(result), false) = (result_now, from_ring) {
+            return Ok(result);
+        }
+        let mut state = self.lock();
+        // Read under the lock, so no completion is published meanwhile: read before it, on a
+        // busy host, the tail could lag far behind a head that moved on.
+        let tail = read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail)))?;
+        let bit = 1u64 << tag;
+        if state.in_flight & bit != 0 {
+            return Err(format!("tag {tag} is in flight already"));
+        }
+        let unconsumed = state.head.wrapping_sub(tail) as usize;
+        if unconsumed > BLK_RING_CAPACITY {
+            return Err(format!(
+                "the completion ring's tail ({tail}) is not within {BLK_RING_CAPACITY} of its head ({})",
+                state.head
+            ));
+        }
+        if state.in_flight.count_ones() as usize + unconsumed >= BLK_RING_CAPACITY {
+            return Err(format!(
+                "more than {BLK_RING_CAPACITY} requests in flight or unconsumed"
+            ));
+        }
+        if !state.started {
+            if !from_ring {
+                return Ok(protocol::blk::BLK_ERR_IO);
+            }
+            result_now = Some(protocol::blk::BLK_ERR_IO);
+        }
+        state.in_flight |= bit;
+        if let Some(result) = result_now {
+            // From the ring: the completion goes where every other one goes.
+            let posted = publish(&mut state, guest, tag as u32, result);
+            let tell_timer = timer_must_wake(&state);
+            drop(state);
+            if tell_timer {
+                self.timer.notify_one();
+            }
+            if posted {
+                fence(Ordering::SeqCst);
+                wake_for_completions(guest);
+            }
+            return Ok(BLK_IN_FLIGHT);
+        }
+        disk.stats.asynchronous.fetch_add(1, Ordering::Relaxed);
+        if let Some(result) = moved {
+            let wake_timer = state
+                .delayed
+                .peek()
+                .is_none_or(|Reverse((first, _, _))| due < *first);
+            state.delayed.push(Reverse((due, tag as u32, result)));
+            drop(state);
+            if wake_timer {
+                self.timer.notify_one();
+            }
+            return Ok(BLK_IN_FLIGHT);
+        }
+        state.jobs.push_back((req, tag as u32));
+        drop(state);
+        self.work.notify_one();
+        Ok(BLK_IN_FLIGHT)
+    }
+}
+
+/// The request `(sector, gpa, op << 32 | count, tag)` of `blk_submit` or a submission slot,
+/// with its tag; `Err` is a violation (the buffer is checked later, against the disk).
+pub fn parse_request(args: [u64; 4]) -> Result<(Request, u64), String> {
+    let [sector, gpa, op_count, tag] = args;
+    let op = match op_count >> 32 {
+        BLK_OP_READ => Op::Read,
+        BLK_OP_WRITE => Op::Write,
+        BLK_OP_FLUSH => Op::Flush,
+        other => return Err(format!("unknown operation {other}")),
+    };
+    if tag >= BLK_RING_CAPACITY as u64 {
+        return Err(format!("tag {tag} is not below {BLK_RING_CAPACITY}"));
+    }
+    let req = Request {
+        op,
+        sector,
+        gpa,
+        count: op_count & 0xffff_ffff,
+    };
+    Ok((req, tag))
+}
