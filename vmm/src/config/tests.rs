@@ -94,6 +94,7 @@ fn a_full_file_parses() {
             args: vec!["blk".into(), "two words".into()],
             activations: true,
             latency_critical: false,
+            prefault: false,
             disk: Some("/etc/activm/disk.img".into()),
             disk_read_only: true,
             mounts: vec![
