@@ -52,10 +52,13 @@ pub(super) fn class(layout: Layout) -> Option<Class> {
 #[repr(C, align(64))]
 struct Cache([[AtomicPtr<u8>; ENTRIES]; CLASSES]);
 
-const EMPTY: Cache =
-    Cache([const { [const { AtomicPtr::new(ptr::null_mut()) }; ENTRIES] }; CLASSES]);
+impl Cache {
+    const fn new() -> Cache {
+        Cache([const { [const { AtomicPtr::new(ptr::null_mut()) }; ENTRIES] }; CLASSES])
+    }
+}
 
-static CACHES: [Cache; MAX_VCPUS] = [EMPTY; MAX_VCPUS];
+static CACHES: [Cache; MAX_VCPUS] = [const { Cache::new() }; MAX_VCPUS];
 
 /// This vCPU's entries for `class` (another vCPU's if the code moved meanwhile: still correct).
 #[inline]
