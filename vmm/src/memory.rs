@@ -370,6 +370,17 @@ mod tests {
     }
 
     #[test]
+    fn prefault_keeps_guest_ram_contents() {
+        let ram = GuestRam::new(4 << 20).unwrap();
+        ram.write_u64(0, 7).unwrap();
+        ram.write_u64((4 << 20) - 8, 9).unwrap();
+        ram.prefault().unwrap();
+        assert_eq!(ram.read_u64(0).unwrap(), 7);
+        assert_eq!(ram.read_u64((4 << 20) - 8).unwrap(), 9);
+        assert_eq!(ram.read_u64(1 << 20).unwrap(), 0);
+    }
+
+    #[test]
     fn ram_accesses_are_bounds_checked() {
         let ram = GuestRam::new(1 << 20).unwrap();
         ram.write_u64(8, 42).unwrap();
