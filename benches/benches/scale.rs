@@ -7,7 +7,10 @@
 //! activations on 2 processors beside the same guest host-scheduled (`--host-sched`, every
 //! vCPU a host thread left to Linux). Reports the guest's own time (TSC) and the host CPU time
 //! the run took (user + system, every thread of the VMM), whose ratio to the wall time says how
-//! much of the machine the run really had: these machines are shared.
+//! much of the machine the run really had: these machines are shared. A second table runs the
+//! first round with guest RAM faulted in before boot (`--prefault`, `VmConfig::prefault`)
+//! beside the same round without, with each whole run's wall time: what prefaulting moves to
+//! boot.
 //!
 //! The VMM's threads are pinned to 2 host CPUs (host-scheduled vCPUs included).
 //!
@@ -62,6 +65,9 @@ fn host_first_touch_ms(bytes: usize) -> Option<f64> {
     Some(ms)
 }
 
+/// Guest RAM of every run.
+const MEM: u64 = 3 << 30;
+
 /// One run's numbers.
 #[derive(Clone, Copy)]
 struct Run {
@@ -73,6 +79,8 @@ struct Run {
     heap_per_thread: f64,
     /// Host CPU time of the whole run (boot and every round), ms.
     cpu_ms: f64,
+    /// Wall time of the whole run (boot, every round, exit), ms.
+    wall_ms: f64,
 }
 
 /// One run of `nbody spawn threads rounds`, or why it failed.
@@ -82,10 +90,12 @@ fn run(
     rounds: usize,
     vcpus: u32,
     mode: Mode,
+    prefault: bool,
 ) -> Result<Run, String> {
     let config = VmConfig {
         vcpus,
-        mem_size: 3 << 30,
+        mem_size: MEM,
+        prefault,
         args: vec!["spawn".into(), threads.to_string(), rounds.to_string()],
         ..VmConfig::new(image)
     };
@@ -95,9 +105,11 @@ fn run(
         ..mode.options(2)
     };
     let cpu_before = cpu_ms();
+    let started = std::time::Instant::now();
     let reports = activm::run_guests(&[config], vec![Box::new(console.clone())], &options)
         .map_err(|e| e.to_string())?;
     let cpu = cpu_ms() - cpu_before;
+    let wall_ms = started.elapsed().as_secs_f64() * 1e3;
     let text = console.text();
     if reports[0].outcome != Outcome::Exited(0) {
         return Err(format!(
@@ -112,6 +124,7 @@ fn run(
         warm_ms: field(&text, "warm_ms").unwrap_or(f64::NAN),
         heap_per_thread: field(&text, "heap_per_thread").unwrap_or(f64::NAN),
         cpu_ms: cpu,
+        wall_ms,
     })
 }
 
@@ -123,10 +136,11 @@ fn medians(
     rounds: usize,
     vcpus: u32,
     mode: Mode,
+    prefault: bool,
 ) -> Result<Run, String> {
     let mut all = Vec::new();
     for _ in 0..runs {
-        all.push(run(image, threads, rounds, vcpus, mode)?);
+        all.push(run(image, threads, rounds, vcpus, mode, prefault)?);
     }
     let median = |f: fn(&Run) -> f64| summary(&mut all.iter().map(f).collect::<Vec<_>>()).0;
     Ok(Run {
@@ -134,6 +148,7 @@ fn medians(
         warm_ms: median(|r| r.warm_ms),
         heap_per_thread: median(|r| r.heap_per_thread),
         cpu_ms: median(|r| r.cpu_ms),
+        wall_ms: median(|r| r.wall_ms),
     })
 }
 
@@ -176,8 +191,10 @@ fn main() {
         &[1_000, 10_000, 100_000, 1_000_000]
     };
     let (mut cold_base, mut warm_base) = (None, None);
+    let (mut prefault_rows, mut prefault_base) = (Vec::new(), None);
     for &n in counts {
-        match medians(&image, runs, n, 2, 2, Mode::Activations) {
+        prefault_rows.push(prefault_row(&image, runs, n, &mut prefault_base));
+        match medians(&image, runs, n, 2, 2, Mode::Activations, false) {
             Ok(r) => {
                 let per = |ms: f64| ms * 1e6 / n as f64;
                 let (cold, warm) = (per(r.cold_ms), per(r.warm_ms));
@@ -198,6 +215,7 @@ fn main() {
             Err(e) => println!("  {n:>9} n/a: {e}"),
         }
     }
+    print_prefault(&prefault_rows);
 
     let n = if quick { 10_000 } else { 100_000 };
     println!("\n  {n} threads on V vCPUs: activations on 2 processors vs host-scheduled");
@@ -212,8 +230,8 @@ fn main() {
     };
     for &v in vcpus {
         match (
-            medians(&image, runs, n, 1, v, Mode::Activations),
-            medians(&image, runs, n, 1, v, Mode::HostSched),
+            medians(&image, runs, n, 1, v, Mode::Activations, false),
+            medians(&image, runs, n, 1, v, Mode::HostSched, false),
         ) {
             (Ok(a), Ok(h)) => println!(
                 "  {v:>5} {:>15.1} {:>15.0} {:>15.1} {:>15.0} {:>7.2}x",
@@ -227,4 +245,43 @@ fn main() {
         }
     }
     println!("\n  ratio = host-scheduled guest time / activations guest time (above 1: activations faster)");
+}
+
+/// The same first round with all of guest RAM faulted in before boot (`--prefault`), and the
+/// wall time of a whole run with and without it (what the prefault costs at boot).
+fn prefault_row(image: &std::path::Path, runs: usize, n: usize, base: &mut Option<f64>) -> String {
+    let per = |ms: f64| ms * 1e6 / n as f64;
+    match (
+        medians(image, runs, n, 1, 2, Mode::Activations, true),
+        medians(image, runs, n, 1, 2, Mode::Activations, false),
+    ) {
+        (Ok(pre), Ok(plain)) => {
+            let cold = per(pre.cold_ms);
+            let base = *base.get_or_insert(cold);
+            format!(
+                "  {n:>9} {:>9.1} {cold:>9.0} {:>6.2}x {:>11.0} {:>11.0} {:>11.0}",
+                pre.cold_ms,
+                cold / base,
+                per(plain.cold_ms),
+                pre.wall_ms,
+                plain.wall_ms
+            )
+        }
+        (Err(e), _) | (_, Err(e)) => format!("  {n:>9} n/a: {e}"),
+    }
+}
+
+fn print_prefault(rows: &[String]) {
+    println!(
+        "\n  With --prefault ({} GiB of guest RAM faulted in before boot), one round each, the",
+        MEM >> 30
+    );
+    println!("  same round without it beside; run ms = the whole run's wall time (boot included)");
+    println!(
+        "  {:>9} {:>9} {:>9} {:>7} {:>11} {:>11} {:>11}",
+        "threads", "cold ms", "ns/thr", "x 10^3", "plain ns/t", "run ms", "plain run"
+    );
+    for row in rows {
+        println!("{row}");
+    }
 }

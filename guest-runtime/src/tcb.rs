@@ -107,6 +107,9 @@ pub struct Tcb {
     pub sleep_next: Cell<*const Tcb>,
     /// A timed wait (`timer::TIMED_*`): who of the timer and a notifier claimed the wake-up.
     pub timed: AtomicU32,
+    /// A word for a layer above the runtime ([`crate::thread::spare_word`]): never read nor
+    /// cleared here, so it stays with the TCB through the pool.
+    pub spare: Cell<*mut u8>,
 }
 
 // Every live thread costs a TCB of fresh memory at scale: keep it at five cache lines.
@@ -223,6 +226,7 @@ impl Tcb {
             sleep_deadline: Cell::new(0),
             sleep_next: Cell::new(ptr::null()),
             timed: AtomicU32::new(0),
+            spare: Cell::new(ptr::null_mut()),
         }
     }
 

@@ -145,6 +145,17 @@ pub fn current() -> Thread {
     Thread::from_tcb(sched::current())
 }
 
+/// The calling thread's spare word and its id: one pointer a layer above the runtime may keep
+/// per thread without a thread-local (activm-std keeps its emulated-TLS table there). The word
+/// is never read, cleared or freed by the runtime and stays with the thread's control block when
+/// that is pooled and reused, so a later thread finds the word a finished one left: compare the
+/// id kept with it to tell them apart (ids are never reused).
+#[inline]
+pub fn spare_word() -> (&'static core::cell::Cell<*mut u8>, u64) {
+    let t = sched::current();
+    (&t.spare, t.id.get())
+}
+
 /// Gives up the processor to another runnable thread, if there is one.
 pub fn yield_now() {
     sched::yield_current();

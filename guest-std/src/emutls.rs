@@ -5,14 +5,16 @@
 //! Native TLS would need `%fs` to follow each user thread from vCPU to vCPU, and CPL3 cannot
 //! set `%fs` here (no FSGSBASE; `wrmsr` is CPL0, emulated and slow). With emulated TLS, LLVM
 //! gives each thread-local a control block ([`Control`], layout as compiler-rt's
-//! `__emutls_control`) and asks for the calling thread's copy by address; this module keeps the
-//! copies in one activm-rt thread-local table, created on first use from the variable's
-//! template and freed when the thread exits (after std's own TLS destructors have run).
+//! `__emutls_control`) and asks for the calling thread's copy by address. This module keeps the
+//! copies in one table per thread control block, in activm-rt's spare word of the TCB: made on
+//! a TCB's first use and kept when the TCB is pooled, so a spawn reuses the table of a finished
+//! thread (its copies are forgotten, not freed, when a thread with another id first asks: std
+//! has run its own TLS destructors by then). A std spawn+join thus allocates no table.
 
 use alloc::alloc::{alloc, dealloc, handle_alloc_error};
+use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::alloc::Layout;
-use core::cell::RefCell;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 /// LLVM's (and compiler-rt's) `__emutls_control`, one per thread-local variable.
@@ -48,10 +50,13 @@ impl core::fmt::Debug for Chunk {
     }
 }
 
-/// One thread's copies: addresses by index, the blocks to free at exit, the first chunk. It is
-/// boxed by activm-rt's thread-local table and never moves, so the chunk's address is stable.
+/// One thread's copies: addresses by index, the blocks to free when the table is reused, the
+/// first chunk. It is boxed, kept with its TCB for good and never moves, so the chunk's address
+/// is stable.
 #[derive(Debug)]
 struct Copies {
+    /// The thread whose copies these are (activm-rt's thread id; never reused).
+    owner: u64,
     first: [*mut u8; INLINE],
     more: Vec<*mut u8>,
     blocks: Vec<(*mut u8, Layout)>,
@@ -61,18 +66,10 @@ struct Copies {
     chunk: Chunk,
 }
 
-impl Drop for Copies {
-    fn drop(&mut self) {
-        for (ptr, layout) in self.blocks.drain(..) {
-            // SAFETY: allocated in `Copies::block` with this layout, owned by this table only.
-            unsafe { dealloc(ptr, layout) };
-        }
-    }
-}
-
 impl Copies {
-    fn new() -> Copies {
+    fn new(owner: u64) -> Copies {
         Copies {
+            owner,
             first: [core::ptr::null_mut(); INLINE],
             more: Vec::new(),
             blocks: Vec::new(),
@@ -80,6 +77,20 @@ impl Copies {
             end: 0,
             chunk: Chunk(core::mem::MaybeUninit::uninit()),
         }
+    }
+
+    /// Forgets a finished thread's copies (std ran their destructors) for thread `owner`.
+    fn reuse(&mut self, owner: u64) {
+        for (ptr, layout) in self.blocks.drain(..) {
+            // SAFETY: allocated in `Copies::block` with this layout, owned by this table only;
+            // the thread that used it has finished.
+            unsafe { dealloc(ptr, layout) };
+        }
+        self.first = [core::ptr::null_mut(); INLINE];
+        self.more.fill(core::ptr::null_mut());
+        self.next = 0;
+        self.end = 0;
+        self.owner = owner;
     }
 
     /// The address slot of variable `i`.
@@ -144,10 +155,6 @@ impl Copies {
     }
 }
 
-activm_rt::thread_local! {
-    static COPIES: RefCell<Copies> = RefCell::new(Copies::new());
-}
-
 fn index(control: &Control) -> usize {
     let i = control.index.load(Ordering::Acquire);
     if i != 0 {
@@ -163,6 +170,25 @@ fn index(control: &Control) -> usize {
     }
 }
 
+/// The calling thread's table: its TCB's, made on the TCB's first use, cleared when it last
+/// served another thread.
+fn copies() -> &'static mut Copies {
+    let (word, id) = activm_rt::thread::spare_word();
+    let mut table = word.get() as *mut Copies;
+    if table.is_null() {
+        table = Box::into_raw(Box::new(Copies::new(id)));
+        word.set(table as *mut u8);
+    }
+    // SAFETY: only this module writes the spare word, always a leaked `Copies`; a TCB runs one
+    // thread at a time and only that thread calls here, so nothing else borrows the table
+    // (nothing below re-enters: the heap uses no thread-locals).
+    let copies = unsafe { &mut *table };
+    if copies.owner != id {
+        copies.reuse(id);
+    }
+    copies
+}
+
 /// `void *__emutls_get_address(__emutls_control *)`: the calling thread's copy of a
 /// thread-local variable.
 ///
@@ -173,21 +199,12 @@ pub unsafe extern "C" fn __emutls_get_address(control: *mut Control) -> *mut u8 
     // SAFETY: the caller passes LLVM's control block, which lives for the whole program.
     let control = unsafe { &*control };
     let i = index(control);
-    let found = COPIES.try_with(|copies| {
-        let mut copies = copies.borrow_mut();
-        let ptr = *copies.slot(i);
-        if !ptr.is_null() {
-            return ptr;
-        }
-        let ptr = copies.create(control);
-        *copies.slot(i) = ptr;
-        ptr
-    });
-    match found {
-        Ok(ptr) => ptr,
-        Err(_) => {
-            activm_rt::println!("activm-std: thread-local used after its thread's table was freed");
-            activm_stub::exit(134)
-        }
+    let copies = copies();
+    let ptr = *copies.slot(i);
+    if !ptr.is_null() {
+        return ptr;
     }
+    let ptr = copies.create(control);
+    *copies.slot(i) = ptr;
+    ptr
 }

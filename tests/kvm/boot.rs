@@ -148,6 +148,23 @@ pub(super) fn kvm_tests() -> Vec<Trial> {
             }
             Ok(())
         }),
+        Trial::test("prefault_faults_ram_in_before_boot", || {
+            activm_run(
+                &guest("demo")?,
+                &[
+                    "--prefault",
+                    "--mem",
+                    "64M",
+                    "--boot-timing",
+                    "--vcpus",
+                    "2",
+                ],
+                &[],
+            )?
+            .expect_code(0)?
+            .stderr_has("guest RAM faulted in")?;
+            Ok(())
+        }),
         Trial::test("abi_version_mismatch_is_refused", || {
             let image = temp_image(
                 "abi",

@@ -49,13 +49,13 @@ pub(crate) struct RunArgs {
     /// `activm ctl`),
     /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only, mounts
     /// (an array of "HOSTDIR:GUESTDIR[:ro]"),
-    /// thread_stack, thread_stacks. Sizes are numbers of bytes or strings like "256M"; paths
+    /// thread_stack, thread_stacks, prefault. Sizes are numbers of bytes or strings like "256M"; paths
     /// are relative to the file's directory. Unknown keys are errors.
     ///
     /// Machine-wide flags given with --config (--pcpus, --quantum, --chaos, --timeout, --stats,
     /// --boot-timing, --trace, --ctl, --io-latency, --host-sched) override the file. Per-guest
     /// ones (GUEST, --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
-    /// --thread-stacks, GUEST_ARGS) are refused: set them in the [[guest]] tables.
+    /// --thread-stacks, --prefault, GUEST_ARGS) are refused: set them in the [[guest]] tables.
     #[arg(long, value_name = "FILE.toml")]
     pub(crate) config: Option<PathBuf>,
     /// Number of vCPUs per guest (1 to 64; more than host cores is fine).
@@ -78,6 +78,11 @@ pub(crate) struct RunArgs {
     /// not apply. To confine activm to some host CPUs, run it under `taskset -c LIST`.
     #[arg(long, conflicts_with = "chaos")]
     pub(crate) host_sched: bool,
+    /// Fault in all of guest RAM before the guest starts (as QEMU's -mem-prealloc): the host's
+    /// zeroing of fresh pages moves from the guest's first touches to boot, and boot takes time
+    /// proportional to --mem.
+    #[arg(long)]
+    pub(crate) prefault: bool,
     /// Report process start → first guest instruction → guest main on stderr.
     #[arg(long)]
     pub(crate) boot_timing: bool,

@@ -183,6 +183,10 @@ impl Guest {
         let kvm = open_kvm()?;
         let vm = kvm.create_vm().map_err(Error::kvm("KVM_CREATE_VM"))?;
         let ram = GuestRam::new(config.mem_size)?;
+        if config.prefault {
+            ram.prefault()?;
+            phases.push(("guest RAM faulted in", arch::timestamp()));
+        }
         let region = kvm_userspace_memory_region {
             slot: 0,
             flags: 0,

@@ -43,8 +43,9 @@ fn given_on_command_line(matches: &ArgMatches) -> Vec<String> {
 }
 
 /// Options that set something for each guest: refused together with a configuration file.
-const PER_GUEST_OPTIONS: [&str; 11] = [
+const PER_GUEST_OPTIONS: [&str; 12] = [
     "vcpus",
+    "prefault",
     "mem",
     "no_activations",
     "disk",
@@ -204,6 +205,7 @@ fn guests_from_flags(args: &RunArgs) -> Result<Vec<GuestSpec>, config::Problem> 
             args: args.args.clone(),
             activations: !args.no_activations,
             latency_critical: false,
+            prefault: args.prefault,
             disk: if shared {
                 args.disk.first().cloned()
             } else {

@@ -181,6 +181,7 @@ pub fn build(
             net,
             activations: guest.activations,
             latency_critical: guest.latency_critical,
+            prefault: guest.prefault,
         };
         if let Err((key, what)) = config.check() {
             // The latency is the machine's setting, not the guest's.

@@ -121,6 +121,8 @@ struct FileGuest {
     no_activations: bool,
     #[serde(default)]
     latency_critical: bool,
+    #[serde(default)]
+    prefault: bool,
     disk: Option<PathBuf>,
     #[serde(default)]
     disk_read_only: bool,
@@ -205,6 +207,7 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
                 args: g.args,
                 activations: !g.no_activations,
                 latency_critical: g.latency_critical,
+                prefault: g.prefault,
                 disk: g.disk.map(here),
                 disk_read_only: g.disk_read_only,
                 thread_stack: g.thread_stack.map_or(defaults.thread_stack, |s| s.0),

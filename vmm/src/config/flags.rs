@@ -124,6 +124,8 @@ pub struct GuestSpec {
     /// A latency-critical guest (`latency_critical` in a configuration file): the allocator
     /// serves its demand before other guests' (see `allocator.rs`).
     pub latency_critical: bool,
+    /// Guest RAM faulted in before boot (`--prefault`).
+    pub prefault: bool,
     pub disk: Option<PathBuf>,
     pub disk_read_only: bool,
     /// Host directories mapped into the guest.
@@ -148,6 +150,7 @@ impl GuestSpec {
             args: Vec::new(),
             activations: true,
             latency_critical: false,
+            prefault: false,
             disk: None,
             disk_read_only: false,
             mounts: Vec::new(),

@@ -24,6 +24,7 @@
 //! thread_stack = "124K"
 //! thread_stacks = 256
 //! latency_critical = false  # true: the allocator serves its demand before other guests'
+//! prefault = false     # true: all of guest RAM is faulted in before boot
 //!
 //! [[guest]]
 //! image = "rt-tests"
@@ -141,6 +142,9 @@ pub struct VmConfig {
     /// for processors before that of the other guests, who share what is left. Its demand must
     /// be real: it yields idle processors (its runtime does, even while threads sleep).
     pub latency_critical: bool,
+    /// Fault in all of guest RAM before boot (`--prefault`): boot pays the host's zeroing of
+    /// every page, the guest's first touches do not.
+    pub prefault: bool,
 }
 
 impl VmConfig {
@@ -162,6 +166,7 @@ impl VmConfig {
             net: Default::default(),
             activations: true,
             latency_critical: false,
+            prefault: false,
         }
     }
 

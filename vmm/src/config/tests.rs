@@ -62,6 +62,7 @@ fn a_full_file_parses() {
         mounts = ["data:/data", "/srv/ro:/ro/:ro"]
         thread_stack = 65536
         thread_stacks = 64
+        prefault = true
 
         [[guest]]
         image = "/opt/guests/demo"
@@ -94,6 +95,7 @@ fn a_full_file_parses() {
             args: vec!["blk".into(), "two words".into()],
             activations: true,
             latency_critical: false,
+            prefault: true,
             disk: Some("/etc/activm/disk.img".into()),
             disk_read_only: true,
             mounts: vec![
