@@ -7,7 +7,8 @@
 //! `target/bench/overcommit-*.svg`. Then the upcall latency beside the raw cost of a kick and of
 //! an interrupt.
 //!
-//! `cargo xtask bench overcommit`; `ACTIVM_BENCH_QUICK=1` for a short smoke run.
+//! `cargo xtask bench overcommit`; `ACTIVM_BENCH_QUICK=1` for a short smoke run;
+//! `ACTIVM_BENCH_UPCALL_ONLY=1` for the upcall latency table alone (no Table V rows).
 
 use std::time::Duration;
 
@@ -55,6 +56,9 @@ fn main() {
     let rounds = if quick { 1 } else { 3 };
     let pcpus = 2;
     pin_and_report(pcpus);
+    if std::env::var_os("ACTIVM_BENCH_UPCALL_ONLY").is_some() {
+        return upcall_latency(quick);
+    }
     println!(
         "vCPU overcommit, multiprogramming level 2: two copies of an app on {pcpus} physical CPUs"
     );
