@@ -123,3 +123,39 @@ pub(super) fn place_granted(state: &mut State, granted: &[(GuestId, usize)]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::{Acquired, Allocator, Release};
+
+    /// The processor each vCPU of guest 0 is bound to.
+    fn bound(alloc: &Allocator) -> Vec<Option<usize>> {
+        alloc.lock().placement.threads[0]
+            .iter()
+            .map(|t| t.1)
+            .collect()
+    }
+
+    #[test]
+    fn a_granted_vcpu_takes_the_freed_processor_or_keeps_its_own() {
+        let alloc = Allocator::new(2, Duration::ZERO);
+        // Two host CPUs and no thread registered: the bindings are recorded, no call is made.
+        alloc.lock().placement.cpus = vec![0, 1];
+        let g = alloc.add_guest(3);
+        assert!(alloc.rebalance().is_empty());
+        assert_eq!(bound(&alloc), [Some(0), Some(1), None]);
+        assert_eq!(alloc.acquire(g, 0), Acquired::Resume);
+        assert_eq!(alloc.acquire(g, 1), Acquired::Resume);
+        // vCPU 0 gives processor 0 back: the waiting vCPU 2 gets that one, not vCPU 1's.
+        alloc.release(g, 0, Release::Descheduled);
+        assert_eq!(bound(&alloc), [Some(0), Some(1), Some(0)]);
+        assert_eq!(alloc.acquire(g, 2), Acquired::Resume);
+        // vCPU 1 gives processor 1 back: vCPU 0's own is taken, so it moves to processor 1.
+        alloc.release(g, 1, Release::Descheduled);
+        assert_eq!(bound(&alloc), [Some(1), Some(1), Some(0)]);
+        assert_eq!(alloc.acquire(g, 0), Acquired::Resume);
+        assert_eq!(alloc.lock().placement.rebinds, 0);
+    }
+}
