@@ -256,9 +256,12 @@ impl Allocator {
     }
 
     /// Bind every processor to a host CPU of this process and a granted vCPU's thread to its
-    /// processor's CPU (`place.rs`); not for host-scheduled runs. Says whether it is on.
+    /// processor's CPU (`place.rs`), if the budget covers every CPU this process may use; not
+    /// for host-scheduled runs. Says whether it is on.
     pub fn place_on_host_cpus(&self) -> bool {
-        self.lock().placement.enable()
+        let mut state = self.lock();
+        let budget = state.budget;
+        state.placement.enable(budget)
     }
 
     /// The calling thread runs `vcpu` of `guest` (its id is `tid`), until

@@ -6,13 +6,14 @@
 //! waker's, which is often one where another vCPU thread still runs guest code (the one whose
 //! processor was just taken has not parked yet, or the other guest's). The woken thread then
 //! waits there for that thread's slice to end at a host tick (4 ms at HZ=250) while the CPU the
-//! allocator meant for it idles: the 2 ms median of a vCPU added through `activm ctl`, the 4-5 ms
-//! tail of a latency-critical server beside a batch guest (docs/activations.md, "Against the
-//! host scheduler"). Bound to its processor's CPU, the thread runs where the allocator freed a
-//! processor. Host-scheduled runs (`--host-sched`) never turn this on.
+//! allocator meant for it idles: that was the ~2 ms of most vCPU adds through `activm ctl`
+//! (seen in a scheduler trace; docs/activations.md, "Against the host scheduler"). Bound to its
+//! processor's CPU, the thread runs where the allocator freed a processor.
 //!
-//! A thread is re-bound only when its processor changes (one `sched_setaffinity`, a few
-//! microseconds); a vCPU that gets its own processor back costs nothing.
+//! Only when the budget covers every CPU the process may use (the default, or a `taskset` as
+//! wide as `--pcpus`); never for host-scheduled runs (`--host-sched`), which are the baseline.
+//! A thread is re-bound only when its processor changes (one `sched_setaffinity`: ~1.3 us of
+//! CPU time on a sleeping thread here); a vCPU that gets its own processor back costs nothing.
 
 use super::{GuestId, State};
 
@@ -28,23 +29,28 @@ pub(super) struct Placement {
 }
 
 impl Placement {
-    /// Turn placement on over the CPUs this process may run on now. `false` if they cannot be
-    /// read (placement stays off).
-    pub(super) fn enable(&mut self) -> bool {
+    /// Turn placement on over the CPUs this process may run on now, if the budget covers them
+    /// all: a smaller budget must not crowd every activm process onto the same first CPUs (the
+    /// user confines activm with `taskset` to get both). Says whether it is on.
+    pub(super) fn enable(&mut self, budget: usize) -> bool {
         // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         // SAFETY: `set` is a valid cpu_set_t of the size given, for the kernel to fill.
-        let ok = unsafe {
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set)
-        } == 0;
+        let ok =
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
+                == 0;
         if !ok {
             return false;
         }
-        self.cpus = (0..libc::CPU_SETSIZE as usize)
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
             // SAFETY: CPU_ISSET reads the set in bounds (i < CPU_SETSIZE).
             .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
             .collect();
-        !self.cpus.is_empty()
+        if cpus.is_empty() || budget < cpus.len() {
+            return false;
+        }
+        self.cpus = cpus;
+        true
     }
 
     pub(super) fn add_guest(&mut self, nr_vcpus: usize) {
