@@ -193,6 +193,7 @@ fn upcall_latency(quick: bool) {
         let options = MonitorOptions {
             pcpus: 2,
             timeout: Some(Duration::from_secs(30)),
+            place_vcpus: true,
             ..MonitorOptions::default()
         };
         match activm::run_guests(&[config], vec![Box::new(console.clone())], &options) {
@@ -238,6 +239,7 @@ fn upcall_latency(quick: bool) {
             pcpus: 2,
             timeout: Some(Duration::from_secs(60)),
             ctl_socket: Some(socket.clone()),
+            place_vcpus: true,
             ..MonitorOptions::default()
         };
         let console = Captured::default();

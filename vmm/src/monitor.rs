@@ -92,7 +92,7 @@ pub fn run_guests(
         options.pcpus,
         options.quantum,
     )));
-    if !options.host_sched {
+    if options.place_vcpus && !options.host_sched {
         // Each processor one host CPU, a granted vCPU's thread on it (allocator/place.rs);
         // host-scheduled vCPU threads are left wholly to Linux.
         procs.alloc.place_on_host_cpus();
