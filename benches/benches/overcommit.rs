@@ -7,7 +7,8 @@
 //! `target/bench/overcommit-*.svg`. Then the upcall latency beside the raw cost of a kick and of
 //! an interrupt.
 //!
-//! `cargo xtask bench overcommit`; `ACTIVM_BENCH_QUICK=1` for a short smoke run.
+//! `cargo xtask bench overcommit`; `ACTIVM_BENCH_QUICK=1` for a short smoke run;
+//! `ACTIVM_BENCH_UPCALL_ONLY=1` for the upcall latency table alone (no Table V rows).
 
 use std::time::Duration;
 
@@ -55,6 +56,9 @@ fn main() {
     let rounds = if quick { 1 } else { 3 };
     let pcpus = 2;
     pin_and_report(pcpus);
+    if std::env::var_os("ACTIVM_BENCH_UPCALL_ONLY").is_some() {
+        return upcall_latency(quick);
+    }
     println!(
         "vCPU overcommit, multiprogramming level 2: two copies of an app on {pcpus} physical CPUs"
     );
@@ -189,6 +193,7 @@ fn upcall_latency(quick: bool) {
         let options = MonitorOptions {
             pcpus: 2,
             timeout: Some(Duration::from_secs(30)),
+            place_vcpus: true,
             ..MonitorOptions::default()
         };
         match activm::run_guests(&[config], vec![Box::new(console.clone())], &options) {
@@ -234,6 +239,7 @@ fn upcall_latency(quick: bool) {
             pcpus: 2,
             timeout: Some(Duration::from_secs(60)),
             ctl_socket: Some(socket.clone()),
+            place_vcpus: true,
             ..MonitorOptions::default()
         };
         let console = Captured::default();

@@ -40,6 +40,8 @@ impl Mode {
             pcpus,
             activations: self == Mode::Activations,
             host_sched: self == Mode::HostSched,
+            // The allocator's modes place granted vCPUs on host CPUs (never host-sched).
+            place_vcpus: self != Mode::HostSched,
             ..MonitorOptions::default()
         }
     }

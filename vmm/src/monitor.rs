@@ -92,6 +92,11 @@ pub fn run_guests(
         options.pcpus,
         options.quantum,
     )));
+    if options.place_vcpus && !options.host_sched {
+        // Each processor one host CPU, a granted vCPU's thread on it (allocator/place.rs);
+        // host-scheduled vCPU threads are left wholly to Linux.
+        procs.alloc.place_on_host_cpus();
+    }
     let trace = match &options.trace {
         Some(path) => Some(Arc::new(
             Trace::create(path, crate::tsc_khz_estimate()).map_err(|e| {

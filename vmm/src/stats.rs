@@ -81,7 +81,7 @@ pub fn render(guest: &Guest) -> String {
     }
     let _ = write!(
         out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}) deferred={} waits for an upcall stack={} canceled activations={}",
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={}",
         n(&s.preemptions),
         n(&s.deschedules),
         n(&s.run_forwards),
@@ -90,7 +90,8 @@ pub fn render(guest: &Guest) -> String {
         guest.procs.alloc.view(guest.id).wakes_fired,
         n(&s.deferrals),
         n(&s.stack_waits),
-        n(&s.canceled)
+        n(&s.canceled),
+        guest.procs.alloc.rebinds()
     );
     let (mut delays, seen) = {
         let reservoir = s.preempt_delays.lock().unwrap_or_else(|e| e.into_inner());

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::{tiered_shares, GuestId, GuestState, Slot, State};
+use super::{place, tiered_shares, GuestId, GuestState, Slot, State};
 
 /// Recompute the shares, mark revokes and grants, and wake the threads of the vCPUs granted
 /// a processor or told to hand over; returns the vCPUs to kick.
@@ -77,6 +77,7 @@ pub(super) fn decide(state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
         .budget
         .saturating_sub(state.guests.iter().map(GuestState::holding).sum());
     let prefer = state.prefer_new;
+    let mut granted = Vec::new();
     while free > 0 {
         let Some((id, g)) = state
             .guests
@@ -114,8 +115,13 @@ pub(super) fn decide(state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
             continue;
         };
         g.vcpus[i] = grant;
-        g.wake[i].notify_one();
+        granted.push((id, i));
         free -= 1;
+    }
+    // Bound to their processors' host CPUs before they wake (`place.rs`).
+    place::place_granted(state, &granted);
+    for (id, i) in granted {
+        state.guests[id].wake[i].notify_one();
     }
     kicks
 }

@@ -17,6 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod decide;
+mod place;
 mod shares;
 mod timed;
 use shares::tiered_shares;
@@ -185,6 +186,8 @@ struct State {
     /// Yielded vCPUs of latency-critical guests and when they want a processor again
     /// ([`Allocator::yield_until`]).
     timed_wakes: Vec<(Instant, GuestId, usize)>,
+    /// Which host CPU each processor is, and the vCPU threads bound to them (`place.rs`).
+    placement: place::Placement,
 }
 
 /// The processor allocator (see the module comment).
@@ -222,6 +225,7 @@ impl Allocator {
                 prefer_new: None,
                 settle_waiters: 0,
                 timed_wakes: Vec::new(),
+                placement: place::Placement::default(),
             }),
             wakes_pending: AtomicBool::new(false),
             settling: Condvar::new(),
@@ -247,7 +251,33 @@ impl Allocator {
             latency_critical: false,
             wakes_fired: 0,
         });
+        state.placement.add_guest(nr_vcpus);
         state.guests.len() - 1
+    }
+
+    /// Bind every processor to a host CPU of this process and a granted vCPU's thread to its
+    /// processor's CPU (`place.rs`), if the budget covers every CPU this process may use; not
+    /// for host-scheduled runs. Says whether it is on.
+    pub fn place_on_host_cpus(&self) -> bool {
+        let mut state = self.lock();
+        let budget = state.budget;
+        state.placement.enable(budget)
+    }
+
+    /// The calling thread runs `vcpu` of `guest` (its id is `tid`), until
+    /// [`Allocator::unregister_thread`].
+    pub fn register_thread(&self, guest: GuestId, vcpu: usize, tid: libc::pid_t) {
+        self.lock().placement.register(guest, vcpu, tid);
+    }
+
+    /// The thread of `vcpu` of `guest` ends.
+    pub fn unregister_thread(&self, guest: GuestId, vcpu: usize) {
+        self.lock().placement.unregister(guest, vcpu);
+    }
+
+    /// vCPU threads moved to another host CPU so far (for `--stats`).
+    pub fn rebinds(&self) -> u64 {
+        self.lock().placement.rebinds
     }
 
     /// Mark `guest` latency-critical (served first) or not; takes effect at the next rebalance.

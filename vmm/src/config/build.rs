@@ -203,6 +203,7 @@ pub fn build(
             ctl_socket: machine.ctl.clone(),
             chaos_seed: machine.chaos,
             host_sched: machine.host_sched,
+            place_vcpus: false,
         },
         stats: machine.stats,
     })

@@ -238,6 +238,11 @@ pub struct MonitorOptions {
     /// No allocator: every vCPU thread is left to the host's scheduler, as plain KVM monitors
     /// run them (one host thread per vCPU). Implies oblivious guests; `pcpus` is ignored.
     pub host_sched: bool,
+    /// Bind each processor to one host CPU and a granted vCPU's thread to it
+    /// (`allocator/place.rs`). Off by default: with it on, the chaos soak
+    /// (`chaos_soak_keeps_every_invariant`) stalls in about 1 run of 6 (docs/activations.md,
+    /// "Placing granted vCPUs on host CPUs"). The benchmarks turn it on.
+    pub place_vcpus: bool,
 }
 
 impl Default for MonitorOptions {
@@ -252,6 +257,7 @@ impl Default for MonitorOptions {
             ctl_socket: None,
             chaos_seed: None,
             host_sched: false,
+            place_vcpus: false,
         }
     }
 }

@@ -28,6 +28,9 @@ const BASE: &[libc::c_long] = &[
     libc::SYS_sigaltstack,
     libc::SYS_sched_yield,
     libc::SYS_sched_getaffinity,
+    // Binding a granted vCPU's thread to its processor's host CPU (allocator/place.rs), from
+    // whichever thread grants it.
+    libc::SYS_sched_setaffinity,
     libc::SYS_gettid,
     libc::SYS_getpid,
     libc::SYS_clock_gettime,

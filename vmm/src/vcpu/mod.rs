@@ -75,6 +75,10 @@ struct VcpuThread {
 pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
     let control = Arc::clone(&guest.vcpus[index as usize]);
     control.bind(fd.get_kvm_run() as *mut kvm_run);
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let alloc = &guest.procs.alloc;
+    alloc.register_thread(guest.id, index as usize, tid);
     arch::prepare_run(&mut fd);
     let mut vcpu = VcpuThread {
         fd,
@@ -88,5 +92,9 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
     };
     crate::sandbox::enter(crate::sandbox::ThreadKind::Vcpu);
     vcpu.run();
+    vcpu.guest
+        .procs
+        .alloc
+        .unregister_thread(vcpu.guest.id, index as usize);
     vcpu.control.unbind();
 }
