@@ -13,16 +13,47 @@ pub(super) struct Case {
     pub(super) expect: Vec<String>,
     /// A further check of the whole output (counts that must agree).
     pub(super) check: Option<OutputCheck>,
+    /// The guest's whole stdout, exactly (the command prints it between [`STDOUT_BEGIN`] and
+    /// [`STDOUT_END`] lines: see [`stdout_of`]).
+    pub(super) stdout: Option<String>,
+}
+
+/// The lines around a guest's stdout in a case's output.
+pub(super) const STDOUT_BEGIN: &str = "@@STDOUT";
+pub(super) const STDOUT_END: &str = "@@STDOUT-END";
+
+/// `/activm run OPTIONS -- GUEST_ARGS` with the guest's stdout kept in a file, printed between
+/// [`STDOUT_BEGIN`] and [`STDOUT_END`] afterwards (stderr goes to the case's output as it
+/// comes); the case's status is activm's.
+pub(super) fn stdout_of(name: &str, options: &str, guest_args: &str) -> String {
+    let out = format!("/tmp/{name}.out");
+    format!(
+        "/activm run {options} -- {guest_args} > {out}; s=$?; echo {STDOUT_BEGIN}; cat {out}; \
+         echo {STDOUT_END}; (exit $s)"
+    )
 }
 
 impl Case {
-    fn new(name: &'static str, command: &str, status: i32, expect: &[&str]) -> Case {
+    pub(super) fn new(name: &'static str, command: &str, status: i32, expect: &[&str]) -> Case {
         Case {
             name,
             command: command.into(),
             status,
             expect: expect.iter().map(|s| s.to_string()).collect(),
             check: None,
+            stdout: None,
+        }
+    }
+
+    /// A case whose guest stdout must be `stdout` exactly (command from [`stdout_of`]).
+    pub(super) fn exact(name: &'static str, command: String, status: i32, stdout: String) -> Case {
+        Case {
+            name,
+            command,
+            status,
+            expect: Vec::new(),
+            check: None,
+            stdout: Some(stdout),
         }
     }
 
@@ -99,6 +130,7 @@ pub(super) fn cases() -> Vec<Case> {
             status: 0,
             expect: hello,
             check: None,
+            stdout: None,
         },
         Case {
             name: "archcheck-irq",
@@ -110,6 +142,7 @@ pub(super) fn cases() -> Vec<Case> {
                 "SGIs at EL0, registers intact".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
             name: "archcheck-upcall",
@@ -121,6 +154,7 @@ pub(super) fn cases() -> Vec<Case> {
                 "USER=1".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
             name: "archcheck-preempt",
@@ -133,6 +167,7 @@ pub(super) fn cases() -> Vec<Case> {
                 "PREEMPTED=1".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
             name: "rt-demo-1-noact",
@@ -143,6 +178,7 @@ pub(super) fn cases() -> Vec<Case> {
                 "4 threads x 2000 increments on 1 vCPUs: total 8000 (expected 8000)".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
             name: "rt-demo-2-noact",
@@ -153,6 +189,7 @@ pub(super) fn cases() -> Vec<Case> {
                 "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
             name: "rt-tests-1-noact",
@@ -160,6 +197,7 @@ pub(super) fn cases() -> Vec<Case> {
             status: 0,
             expect: rt_tests_no_activations(),
             check: None,
+            stdout: None,
         },
         Case {
             name: "rt-tests-2-noact",
@@ -167,6 +205,7 @@ pub(super) fn cases() -> Vec<Case> {
             status: 0,
             expect: rt_tests_no_activations(),
             check: None,
+            stdout: None,
         },
         Case {
             name: "rt-demo-2",
@@ -176,6 +215,7 @@ pub(super) fn cases() -> Vec<Case> {
                 "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
             name: "rt-tests-2",
@@ -187,6 +227,7 @@ pub(super) fn cases() -> Vec<Case> {
                 " passed, 0 failed".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case::new(
             // The runtime's timeline (CNTVCT timestamps) merged into --trace.
@@ -207,11 +248,13 @@ pub(super) fn cases() -> Vec<Case> {
             status: 125,
             expect: vec!["synchronous exception from EL0 on vCPU 0: data abort".into()],
             check: None,
+            stdout: None,
         },
     ];
     cases.extend(exception_cases());
     cases.extend(blk_cases());
     cases.extend(scale_cases());
+    cases.extend(super::std_cases::cases());
     cases
 }
 

@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 use crate::{dpkg_installed, is_root, repo_root, run};
 
 mod cases;
+mod std_cases;
 
-use cases::{cases, Case};
+use cases::{cases, Case, STDOUT_BEGIN, STDOUT_END};
 
 /// Exit status of a skipped run (the automake convention).
 pub const SKIPPED: u8 = 77;
@@ -312,7 +313,7 @@ fn make_initramfs(activm: &Path, busybox: &Path, cases: &[Case]) -> Result<PathB
     }
     copy(busybox, &dir.join("bin/busybox"))?;
     copy(activm, &dir.join("activm"))?;
-    for app in APPS {
+    for app in APPS.iter().chain(std_cases::STD_APPS) {
         copy(
             &crate::elf_path_for(crate::GuestArch::Aarch64, app, true),
             &dir.join("guests").join(app),
@@ -395,6 +396,14 @@ fn boot(kernel: &Path, initrd: &Path, smp: u32) -> Result<String, Failure> {
     Ok(text)
 }
 
+/// The guest stdout a [`cases::stdout_of`] command printed between its markers.
+fn guest_stdout(output: &str) -> Option<&str> {
+    let begin = format!("\n{STDOUT_BEGIN}\n");
+    let start = output.find(&begin)? + begin.len();
+    let len = output[start..].find(&format!("{STDOUT_END}\n"))?;
+    Some(&output[start..start + len])
+}
+
 /// Prints each case's output and checks its status and expected lines.
 fn check(console: &str, cases: &[Case]) -> Result<(), String> {
     let console = console.replace('\r', "");
@@ -438,6 +447,16 @@ fn check(console: &str, cases: &[Case]) -> Result<(), String> {
         }
         if let Some(Err(why)) = case.check.map(|check| check(output)) {
             failures.push(format!("{}: {why}", case.name));
+        }
+        if let Some(want) = &case.stdout {
+            match guest_stdout(output) {
+                Some(got) if got == want => {}
+                Some(got) => failures.push(format!(
+                    "{}: stdout differs\n--- got\n{got}--- wanted\n{want}",
+                    case.name
+                )),
+                None => failures.push(format!("{}: no guest stdout markers", case.name)),
+            }
         }
     }
     if failures.is_empty() {
