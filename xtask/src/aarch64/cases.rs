@@ -57,7 +57,7 @@ impl Case {
         }
     }
 
-    fn checked(mut self, check: OutputCheck) -> Case {
+    pub(super) fn checked(mut self, check: OutputCheck) -> Case {
         self.check = Some(check);
         self
     }
@@ -78,7 +78,7 @@ fn with_disk(name: &str, options: &str, guest_args: &str) -> String {
 }
 
 /// `NAME=count` from the `--stats` upcall line.
-fn upcalls(output: &str, name: &str) -> Option<u64> {
+pub(super) fn upcalls(output: &str, name: &str) -> Option<u64> {
     let line = output.lines().find(|l| l.starts_with("upcalls:"))?;
     line.split_whitespace()
         .find_map(|w| w.strip_prefix(&format!("{name}=")))
@@ -254,6 +254,7 @@ pub(super) fn cases() -> Vec<Case> {
     cases.extend(exception_cases());
     cases.extend(blk_cases());
     cases.extend(scale_cases());
+    cases.extend(super::app_cases::cases());
     cases.extend(super::std_cases::cases());
     cases
 }

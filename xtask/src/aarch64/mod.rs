@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::{dpkg_installed, is_root, repo_root, run};
 
+mod app_cases;
 mod cases;
 mod std_cases;
 
@@ -39,7 +40,16 @@ const HOST_PACKAGES: &[&str] = &[
 const RUST_TARGET: &str = "aarch64-unknown-linux-gnu";
 const CROSS_GCC: &str = "aarch64-linux-gnu-gcc";
 /// Guest apps that build for aarch64 so far.
-pub const APPS: &[&str] = &["demo", "archcheck", "rt-demo", "rt-tests", "iobench"];
+pub const APPS: &[&str] = &[
+    "demo",
+    "archcheck",
+    "rt-demo",
+    "rt-tests",
+    "iobench",
+    "selftest",
+    "threadbench",
+    "nbody",
+];
 /// Whole QEMU run (boot + every case) under TCG on a shared machine.
 const QEMU_TIMEOUT: Duration = Duration::from_secs(600);
 
