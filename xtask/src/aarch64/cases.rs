@@ -6,7 +6,7 @@ pub(super) type OutputCheck = fn(&str) -> Result<(), String>;
 
 /// One command the arm64 `/init` runs, and what it must print.
 pub(super) struct Case {
-    pub(super) name: &'static str,
+    pub(super) name: String,
     pub(super) command: String,
     pub(super) status: i32,
     /// Text the output must contain, each on some line.
@@ -34,9 +34,14 @@ pub(super) fn stdout_of(name: &str, options: &str, guest_args: &str) -> String {
 }
 
 impl Case {
-    pub(super) fn new(name: &'static str, command: &str, status: i32, expect: &[&str]) -> Case {
+    pub(super) fn new(
+        name: impl Into<String>,
+        command: &str,
+        status: i32,
+        expect: &[&str],
+    ) -> Case {
         Case {
-            name,
+            name: name.into(),
             command: command.into(),
             status,
             expect: expect.iter().map(|s| s.to_string()).collect(),
@@ -46,9 +51,14 @@ impl Case {
     }
 
     /// A case whose guest stdout must be `stdout` exactly (command from [`stdout_of`]).
-    pub(super) fn exact(name: &'static str, command: String, status: i32, stdout: String) -> Case {
+    pub(super) fn exact(
+        name: impl Into<String>,
+        command: String,
+        status: i32,
+        stdout: String,
+    ) -> Case {
         Case {
-            name,
+            name: name.into(),
             command,
             status,
             expect: Vec::new(),
@@ -125,7 +135,7 @@ pub(super) fn cases() -> Vec<Case> {
     hello.push("all 4 vCPUs reported".into());
     let mut cases = vec![
         Case {
-            name: "demo-4",
+            name: "demo-4".into(),
             command: "/activm run /guests/demo --vcpus 4 --stats".into(),
             status: 0,
             expect: hello,
@@ -133,7 +143,7 @@ pub(super) fn cases() -> Vec<Case> {
             stdout: None,
         },
         Case {
-            name: "archcheck-irq",
+            name: "archcheck-irq".into(),
             command: "/activm run /guests/archcheck --vcpus 2 --stats".into(),
             status: 0,
             expect: vec![
@@ -145,7 +155,7 @@ pub(super) fn cases() -> Vec<Case> {
             stdout: None,
         },
         Case {
-            name: "archcheck-upcall",
+            name: "archcheck-upcall".into(),
             command: "/activm run /guests/archcheck --vcpus 2 --pcpus 2 --stats -- upcall".into(),
             status: 0,
             expect: vec![
@@ -157,7 +167,7 @@ pub(super) fn cases() -> Vec<Case> {
             stdout: None,
         },
         Case {
-            name: "archcheck-preempt",
+            name: "archcheck-preempt".into(),
             command:
                 "/activm run /guests/archcheck --vcpus 2 --pcpus 2 --timeout 120 --stats -- preempt"
                     .into(),
@@ -170,7 +180,7 @@ pub(super) fn cases() -> Vec<Case> {
             stdout: None,
         },
         Case {
-            name: "rt-demo-1-noact",
+            name: "rt-demo-1-noact".into(),
             command: "/activm run /guests/rt-demo --vcpus 1 --no-activations --stats -- 4 2000"
                 .into(),
             status: 0,
@@ -181,7 +191,7 @@ pub(super) fn cases() -> Vec<Case> {
             stdout: None,
         },
         Case {
-            name: "rt-demo-2-noact",
+            name: "rt-demo-2-noact".into(),
             command: "/activm run /guests/rt-demo --vcpus 2 --no-activations --stats -- 6 2000"
                 .into(),
             status: 0,
@@ -192,7 +202,7 @@ pub(super) fn cases() -> Vec<Case> {
             stdout: None,
         },
         Case {
-            name: "rt-tests-1-noact",
+            name: "rt-tests-1-noact".into(),
             command: "/activm run /guests/rt-tests --vcpus 1 --no-activations --timeout 150".into(),
             status: 0,
             expect: rt_tests_no_activations(),
@@ -200,7 +210,7 @@ pub(super) fn cases() -> Vec<Case> {
             stdout: None,
         },
         Case {
-            name: "rt-tests-2-noact",
+            name: "rt-tests-2-noact".into(),
             command: "/activm run /guests/rt-tests --vcpus 2 --no-activations --timeout 150".into(),
             status: 0,
             expect: rt_tests_no_activations(),
@@ -208,7 +218,7 @@ pub(super) fn cases() -> Vec<Case> {
             stdout: None,
         },
         Case {
-            name: "rt-demo-2",
+            name: "rt-demo-2".into(),
             command: "/activm run /guests/rt-demo --vcpus 2 --stats --timeout 60 -- 6 2000".into(),
             status: 0,
             expect: vec![
@@ -218,7 +228,7 @@ pub(super) fn cases() -> Vec<Case> {
             stdout: None,
         },
         Case {
-            name: "rt-tests-2",
+            name: "rt-tests-2".into(),
             command: "/activm run /guests/rt-tests --vcpus 2 --stats --timeout 150".into(),
             status: 0,
             expect: vec![
@@ -243,7 +253,7 @@ pub(super) fn cases() -> Vec<Case> {
             ],
         ),
         Case {
-            name: "archcheck-fault",
+            name: "archcheck-fault".into(),
             command: "/activm run /guests/archcheck -- fault".into(),
             status: 125,
             expect: vec!["synchronous exception from EL0 on vCPU 0: data abort".into()],
@@ -255,6 +265,7 @@ pub(super) fn cases() -> Vec<Case> {
     cases.extend(blk_cases());
     cases.extend(scale_cases());
     cases.extend(super::app_cases::cases());
+    cases.extend(super::hostile_cases::cases());
     cases.extend(super::std_cases::cases());
     cases
 }

@@ -23,6 +23,7 @@ use crate::{dpkg_installed, is_root, repo_root, run};
 
 mod app_cases;
 mod cases;
+mod hostile_cases;
 mod std_cases;
 
 use cases::{cases, Case, STDOUT_BEGIN, STDOUT_END};
@@ -49,6 +50,7 @@ pub const APPS: &[&str] = &[
     "selftest",
     "threadbench",
     "nbody",
+    "hostile",
 ];
 /// Whole QEMU run (boot + every case) under TCG on a shared machine.
 const QEMU_TIMEOUT: Duration = Duration::from_secs(600);
@@ -103,7 +105,7 @@ pub fn test(args: &[String]) -> Result<(), Failure> {
                 None => name == o,
             })
         };
-        cases.retain(|c| wanted(c.name));
+        cases.retain(|c| wanted(&c.name));
         if cases.is_empty() {
             return Err(Failure::Failed(format!(
                 "--only {}: no such case",
