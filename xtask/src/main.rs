@@ -477,7 +477,7 @@ fn clippy_guests(arch: GuestArch) -> Result<(), String> {
             cmd.arg("--workspace");
         }
         GuestArch::Aarch64 => {
-            cmd.args(["--target", "aarch64-activm.json"]);
+            cmd.args(["--target", "aarch64-activm.json", "-p", "activm-std"]);
             for app in aarch64::APPS {
                 cmd.args(["-p", app]);
             }
