@@ -252,7 +252,9 @@ mod arch {
     pub unsafe fn load64(addr: u64) -> u64 {
         let value: u64;
         // SAFETY: as the caller guarantees.
-        unsafe { core::arch::asm!("ldr {v}, [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack)) };
+        unsafe {
+            core::arch::asm!("ldr {v}, [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack))
+        };
         value
     }
 
@@ -261,7 +263,9 @@ mod arch {
     pub unsafe fn load32(addr: u64) -> u32 {
         let value: u32;
         // SAFETY: as the caller guarantees.
-        unsafe { core::arch::asm!("ldr {v:w}, [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack)) };
+        unsafe {
+            core::arch::asm!("ldr {v:w}, [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack))
+        };
         value
     }
 
@@ -269,14 +273,18 @@ mod arch {
     /// As [`load64`].
     pub unsafe fn store64(addr: u64, value: u64) {
         // SAFETY: as the caller guarantees.
-        unsafe { core::arch::asm!("str {v}, [{a}]", a = in(reg) addr, v = in(reg) value, options(nostack)) };
+        unsafe {
+            core::arch::asm!("str {v}, [{a}]", a = in(reg) addr, v = in(reg) value, options(nostack))
+        };
     }
 
     /// # Safety
     /// As [`load64`].
     pub unsafe fn store8(addr: u64, value: u8) {
         // SAFETY: as the caller guarantees.
-        unsafe { core::arch::asm!("strb {v:w}, [{a}]", a = in(reg) addr, v = in(reg) u32::from(value), options(nostack)) };
+        unsafe {
+            core::arch::asm!("strb {v:w}, [{a}]", a = in(reg) addr, v = in(reg) u32::from(value), options(nostack))
+        };
     }
 }
 
