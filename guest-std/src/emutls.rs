@@ -1,9 +1,12 @@
-//! Thread-locals: `__emutls_get_address`, which the `x86_64-activm-std` target's emulated TLS
-//! model (`"tls-model": "emulated"`) calls for every `#[thread_local]` access in std and the
-//! program.
+//! Thread-locals: `__emutls_get_address`, which the std targets' emulated TLS model
+//! (`"tls-model": "emulated"` in `x86_64-activm-std` and `aarch64-activm-std`) calls for every
+//! `#[thread_local]` access in std and the program.
 //!
-//! Native TLS would need `%fs` to follow each user thread from vCPU to vCPU, and CPL3 cannot
-//! set `%fs` here (no FSGSBASE; `wrmsr` is CPL0, emulated and slow). With emulated TLS, LLVM
+//! Native TLS on x86_64 would need `%fs` to follow each user thread from vCPU to vCPU, and CPL3
+//! cannot set `%fs` here (no FSGSBASE; `wrmsr` is CPL0, emulated and slow). On aarch64 EL0 can
+//! write TPIDR_EL0, and activm-rt already carries it with each thread; the target still uses
+//! emulated TLS there, so both architectures share this one path (native TLS would also need
+//! a per-thread TLS block laid out from the image's PT_TLS segment). With emulated TLS, LLVM
 //! gives each thread-local a control block ([`Control`], layout as compiler-rt's
 //! `__emutls_control`) and asks for the calling thread's copy by address. This module keeps the
 //! copies in one table per thread control block, in activm-rt's spare word of the TCB: made on

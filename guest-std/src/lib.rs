@@ -4,13 +4,14 @@
 //! functions) for threads, futexes, time, memory, entropy, I/O and exit. This crate provides
 //! those functions on top of activm-rt, plus the guest entry that starts std's runtime
 //! (`runtime_entry`, which calls the program's `main`). Link it into a `fn main()` program built
-//! for `guests/x86_64-activm-std.json` (`cargo xtask app PATH` does it all); see
+//! for `guests/x86_64-activm-std.json` or `guests/aarch64-activm-std.json` (`cargo xtask app PATH
+//! [--arch aarch64]` does it all); see
 //! `docs/std-guests.md` for the contract.
 //!
 //! * threads ([`thread`]): activm-rt's M:N user threads (`sys_spawn2`, `sys_join`, ...);
 //! * futexes ([`futex`]): wait queues at user level, keyed by address;
-//! * thread-locals ([`emutls`]): the target uses emulated TLS, served from activm-rt's
-//!   per-thread table (CPL3 cannot move `%fs` with a thread);
+//! * thread-locals ([`emutls`]): the targets use emulated TLS, served from activm-rt's
+//!   per-thread table (on x86_64 CPL3 cannot move `%fs` with a thread);
 //! * time, memory, entropy, console I/O, exit ([`sys`]);
 //! * files in the VMM's mounts ([`fs`]); sockets return `ENOSYS`.
 #![no_std]

@@ -45,7 +45,7 @@ const STDERR: i32 = 2;
 /// host process would report it.
 const ABORT_STATUS: i32 = 134;
 
-/// Nanoseconds since the guest started, from the TSC.
+/// Nanoseconds since the guest started, from the TSC (aarch64: the virtual counter, CNTVCT_EL0).
 pub fn monotonic_ns() -> u64 {
     rt::ticks_to_ns(rt::rdtsc())
 }

@@ -1,9 +1,9 @@
-//! `cargo xtask app PATH [--release] [--bin NAME]`: builds an ordinary `std` Rust program (a
+//! `cargo xtask app PATH [--release] [--bin NAME] [--arch ARCH]`: builds an ordinary `std` Rust program (a
 //! cargo project anywhere, unmodified) into an activm guest and prints the ELF's path.
 //!
-//! Two runs of the Debian cargo with the same target (`guests/x86_64-activm-std.json`), the
-//! same `-Zbuild-std=std,panic_abort` and the same profile settings, into the project's own
-//! target directory, so both use one build of std:
+//! Two runs of the Debian cargo with the same target (`guests/ARCH-activm-std.json`: x86_64 by
+//! default, aarch64 with `--arch aarch64`), the same `-Zbuild-std=std,panic_abort` and the same
+//! profile settings, into the project's own target directory, so both use one build of std:
 //! 1. `activm-std` (guest-std/: the hermit-abi functions std calls, on activm-rt), as a library;
 //! 2. the project's binary with `cargo rustc`, which links that library in with
 //!    `--extern force:activm_std=...` (the program never names it) and puts the stub's linker
@@ -12,24 +12,38 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::{check_elf, guest_cargo, install_toolchain, repo_root, run, GuestArch, USAGE};
+use super::{
+    check_elf, guest_cargo, install_toolchain, parse_arch, repo_root, run, GuestArch, USAGE,
+};
 
-/// The `std` guest target, relative to the repository root.
-const STD_TARGET_JSON: &str = "guests/x86_64-activm-std.json";
-pub(crate) const STD_TARGET: &str = "x86_64-activm-std";
-/// Where the stub's linker script (`link.ld`) is, relative to the repository root.
-const LINK_SCRIPT_DIR: &str = "guest-kernel-stub/src/arch/x86_64";
+/// The `std` guest target of `arch`: its name, which is also its JSON file's under guests/ and
+/// its output directory under the target directory.
+pub(crate) fn std_target(arch: GuestArch) -> &'static str {
+    match arch {
+        GuestArch::X86_64 => "x86_64-activm-std",
+        GuestArch::Aarch64 => "aarch64-activm-std",
+    }
+}
+
+/// Where the stub's linker script (`link.ld`) for `arch` is, relative to the repository root.
+fn link_script_dir(arch: GuestArch) -> &'static str {
+    match arch {
+        GuestArch::X86_64 => "guest-kernel-stub/src/arch/x86_64",
+        GuestArch::Aarch64 => "guest-kernel-stub/src/arch/aarch64",
+    }
+}
 
 struct Options {
     project: PathBuf,
     release: bool,
+    arch: GuestArch,
     bin: Option<String>,
     /// Cargo's target directory (default: the project's `target/`).
     target_dir: PathBuf,
 }
 
 /// The std guests of this repository (guests/apps/NAME, each its own workspace), built by
-/// `build-guests` into guests/target/x86_64-activm-std/PROFILE/NAME with one build of std.
+/// `build-guests` into guests/target/ARCH-activm-std/PROFILE/NAME with one build of std.
 pub(crate) const STD_APPS: &[&str] = &[
     "std-demo",
     "std-fs",
@@ -40,16 +54,23 @@ pub(crate) const STD_APPS: &[&str] = &[
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let usage = || {
-        format!("usage: cargo xtask app PATH [--release] [--bin NAME] [--target-dir DIR]\n{USAGE}")
+        format!(
+            "usage: cargo xtask app PATH [--release] [--bin NAME] [--target-dir DIR] [--arch ARCH]\n{USAGE}"
+        )
     };
     let mut project = None;
     let mut release = false;
+    let mut arch = GuestArch::X86_64;
     let mut bin = None;
     let mut target_dir = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--release" => release = true,
+            "--arch" => {
+                let value = it.next().ok_or_else(usage)?.clone();
+                arch = parse_arch(&["--arch".to_string(), value])?;
+            }
             "--bin" => bin = Some(it.next().ok_or_else(usage)?.clone()),
             "--target-dir" => target_dir = Some(PathBuf::from(it.next().ok_or_else(usage)?)),
             s if s.starts_with('-') => return Err(usage()),
@@ -75,6 +96,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     Ok(Options {
         project,
         release,
+        arch,
         bin,
         target_dir,
     })
@@ -90,7 +112,10 @@ fn shared_args(cmd: &mut Command, o: &Options) {
         "-Zjson-target-spec",
     ])
     .arg("--target")
-    .arg(root.join(STD_TARGET_JSON))
+    .arg(
+        root.join("guests")
+            .join(format!("{}.json", std_target(o.arch))),
+    )
     .arg("--target-dir")
     .arg(&o.target_dir);
     let profile = if o.release {
@@ -145,8 +170,8 @@ pub(crate) fn app(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds this repository's std guests ([`STD_APPS`]) and returns their ELF paths.
-pub(crate) fn build_std_apps(release: bool) -> Result<Vec<PathBuf>, String> {
+/// Builds this repository's std guests ([`STD_APPS`]) for `arch` and returns their ELF paths.
+pub(crate) fn build_std_apps(arch: GuestArch, release: bool) -> Result<Vec<PathBuf>, String> {
     let root = repo_root();
     STD_APPS
         .iter()
@@ -154,6 +179,7 @@ pub(crate) fn build_std_apps(release: bool) -> Result<Vec<PathBuf>, String> {
             build(&Options {
                 project: root.join("guests/apps").join(app),
                 release,
+                arch,
                 bin: None,
                 target_dir: root.join("guests/target"),
             })
@@ -164,7 +190,7 @@ pub(crate) fn build_std_apps(release: bool) -> Result<Vec<PathBuf>, String> {
 fn build(o: &Options) -> Result<PathBuf, String> {
     let root = repo_root();
     let profile_dir = if o.release { "release" } else { "debug" };
-    let out_dir = o.target_dir.join(STD_TARGET).join(profile_dir);
+    let out_dir = o.target_dir.join(std_target(o.arch)).join(profile_dir);
 
     let mut runtime = guest_cargo();
     runtime.current_dir(&o.project).arg("build").arg("--quiet");
@@ -201,7 +227,10 @@ fn build(o: &Options) -> Result<PathBuf, String> {
         .arg("--check-cfg")
         .arg("cfg(activm_std_build, values(any()))")
         .arg("-L")
-        .arg(format!("native={}", root.join(LINK_SCRIPT_DIR).display()));
+        .arg(format!(
+            "native={}",
+            root.join(link_script_dir(o.arch)).display()
+        ));
     println!("xtask: building {}", o.project.display());
     let out = program
         .stderr(std::process::Stdio::inherit())
@@ -227,6 +256,6 @@ fn build(o: &Options) -> Result<PathBuf, String> {
         .next_back()
         .ok_or_else(|| format!("{}: cargo built no executable", o.project.display()))?;
     let elf = PathBuf::from(elf);
-    check_elf(GuestArch::X86_64, &elf)?;
+    check_elf(o.arch, &elf)?;
     Ok(elf)
 }

@@ -67,8 +67,8 @@ usage: cargo xtask COMMAND
                                  then aarch64-test, then each fuzz target for a few seconds
   bench [NAME]                   build the guests, then run the benchmarks (or only benches/NAME)
   build-guests [--release] [--arch x86_64|aarch64]
-                                 install the guest toolchain if missing, build guests/ (x86_64: and
-                                 the std guests guests/apps/std-*), print the ELF paths
+                                 install the guest toolchain if missing, build guests/ and the std
+                                 guests guests/apps/std-*, print the ELF paths
   aarch64-test [--keep] [--only NAME,...] [--smp N]
                                  end to end on arm64 KVM inside QEMU (installs QEMU and an arm64
                                  kernel when missing; exit status 77 = skipped; --only runs the
@@ -77,7 +77,7 @@ usage: cargo xtask COMMAND
   clippy-guests [--arch ARCH]    run clippy on the guest workspace for the guest target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
   fuzz [TARGET] [--seconds N]    build the fuzz targets (fuzz/) and run each (or TARGET) for N s (default 60)
-  app PATH [--release] [--bin NAME] [--target-dir DIR]
+  app PATH [--release] [--bin NAME] [--target-dir DIR] [--arch x86_64|aarch64]
                                  build the ordinary `std` Rust program (cargo project) at PATH into an
                                  activm guest (see docs/std-guests.md) and print the ELF's path
   install-toolchain              only install the Debian packages the guest build needs";
@@ -243,21 +243,19 @@ fn profile_dir(release: bool) -> &'static str {
 
 /// The ELF of x86_64 guest `app`.
 fn elf_path(app: &str, release: bool) -> PathBuf {
-    if app::STD_APPS.contains(&app) {
-        return guests_dir()
-            .join("target")
-            .join(app::STD_TARGET)
-            .join(profile_dir(release))
-            .join(app);
-    }
     elf_path_for(GuestArch::X86_64, app, release)
 }
 
-/// The ELF of guest `app` for `arch`.
+/// The ELF of guest `app` for `arch` (a std guest's is under its std target's directory).
 fn elf_path_for(arch: GuestArch, app: &str, release: bool) -> PathBuf {
+    let target = if app::STD_APPS.contains(&app) {
+        app::std_target(arch)
+    } else {
+        arch.target()
+    };
     guests_dir()
         .join("target")
-        .join(arch.target())
+        .join(target)
         .join(profile_dir(release))
         .join(app)
 }
@@ -463,11 +461,9 @@ fn build_guests_for(arch: GuestArch, release: bool) -> Result<(), String> {
         check_elf(arch, &path)?;
         println!("{}", path.display());
     }
-    // The std guests' target is x86_64 only (guests/x86_64-activm-std.json).
-    if matches!(arch, GuestArch::X86_64) {
-        for path in app::build_std_apps(release)? {
-            println!("{}", path.display());
-        }
+    // The std guests (guests/ARCH-activm-std.json).
+    for path in app::build_std_apps(arch, release)? {
+        println!("{}", path.display());
     }
     Ok(())
 }
@@ -481,7 +477,7 @@ fn clippy_guests(arch: GuestArch) -> Result<(), String> {
             cmd.arg("--workspace");
         }
         GuestArch::Aarch64 => {
-            cmd.args(["--target", "aarch64-activm.json"]);
+            cmd.args(["--target", "aarch64-activm.json", "-p", "activm-std"]);
             for app in aarch64::APPS {
                 cmd.args(["-p", app]);
             }

@@ -6,27 +6,68 @@ pub(super) type OutputCheck = fn(&str) -> Result<(), String>;
 
 /// One command the arm64 `/init` runs, and what it must print.
 pub(super) struct Case {
-    pub(super) name: &'static str,
+    pub(super) name: String,
     pub(super) command: String,
     pub(super) status: i32,
     /// Text the output must contain, each on some line.
     pub(super) expect: Vec<String>,
     /// A further check of the whole output (counts that must agree).
     pub(super) check: Option<OutputCheck>,
+    /// The guest's whole stdout, exactly (the command prints it between [`STDOUT_BEGIN`] and
+    /// [`STDOUT_END`] lines: see [`stdout_of`]).
+    pub(super) stdout: Option<String>,
+}
+
+/// The lines around a guest's stdout in a case's output.
+pub(super) const STDOUT_BEGIN: &str = "@@STDOUT";
+pub(super) const STDOUT_END: &str = "@@STDOUT-END";
+
+/// `/activm run OPTIONS -- GUEST_ARGS` with the guest's stdout kept in a file, printed between
+/// [`STDOUT_BEGIN`] and [`STDOUT_END`] afterwards (stderr goes to the case's output as it
+/// comes); the case's status is activm's.
+pub(super) fn stdout_of(name: &str, options: &str, guest_args: &str) -> String {
+    let out = format!("/tmp/{name}.out");
+    format!(
+        "/activm run {options} -- {guest_args} > {out}; s=$?; echo {STDOUT_BEGIN}; cat {out}; \
+         echo {STDOUT_END}; (exit $s)"
+    )
 }
 
 impl Case {
-    fn new(name: &'static str, command: &str, status: i32, expect: &[&str]) -> Case {
+    pub(super) fn new(
+        name: impl Into<String>,
+        command: &str,
+        status: i32,
+        expect: &[&str],
+    ) -> Case {
         Case {
-            name,
+            name: name.into(),
             command: command.into(),
             status,
             expect: expect.iter().map(|s| s.to_string()).collect(),
             check: None,
+            stdout: None,
         }
     }
 
-    fn checked(mut self, check: OutputCheck) -> Case {
+    /// A case whose guest stdout must be `stdout` exactly (command from [`stdout_of`]).
+    pub(super) fn exact(
+        name: impl Into<String>,
+        command: String,
+        status: i32,
+        stdout: String,
+    ) -> Case {
+        Case {
+            name: name.into(),
+            command,
+            status,
+            expect: Vec::new(),
+            check: None,
+            stdout: Some(stdout),
+        }
+    }
+
+    pub(super) fn checked(mut self, check: OutputCheck) -> Case {
         self.check = Some(check);
         self
     }
@@ -47,7 +88,7 @@ fn with_disk(name: &str, options: &str, guest_args: &str) -> String {
 }
 
 /// `NAME=count` from the `--stats` upcall line.
-fn upcalls(output: &str, name: &str) -> Option<u64> {
+pub(super) fn upcalls(output: &str, name: &str) -> Option<u64> {
     let line = output.lines().find(|l| l.starts_with("upcalls:"))?;
     line.split_whitespace()
         .find_map(|w| w.strip_prefix(&format!("{name}=")))
@@ -94,14 +135,15 @@ pub(super) fn cases() -> Vec<Case> {
     hello.push("all 4 vCPUs reported".into());
     let mut cases = vec![
         Case {
-            name: "demo-4",
+            name: "demo-4".into(),
             command: "/activm run /guests/demo --vcpus 4 --stats".into(),
             status: 0,
             expect: hello,
             check: None,
+            stdout: None,
         },
         Case {
-            name: "archcheck-irq",
+            name: "archcheck-irq".into(),
             command: "/activm run /guests/archcheck --vcpus 2 --stats".into(),
             status: 0,
             expect: vec![
@@ -110,9 +152,10 @@ pub(super) fn cases() -> Vec<Case> {
                 "SGIs at EL0, registers intact".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
-            name: "archcheck-upcall",
+            name: "archcheck-upcall".into(),
             command: "/activm run /guests/archcheck --vcpus 2 --pcpus 2 --stats -- upcall".into(),
             status: 0,
             expect: vec![
@@ -121,9 +164,10 @@ pub(super) fn cases() -> Vec<Case> {
                 "USER=1".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
-            name: "archcheck-preempt",
+            name: "archcheck-preempt".into(),
             command:
                 "/activm run /guests/archcheck --vcpus 2 --pcpus 2 --timeout 120 --stats -- preempt"
                     .into(),
@@ -133,9 +177,10 @@ pub(super) fn cases() -> Vec<Case> {
                 "PREEMPTED=1".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
-            name: "rt-demo-1-noact",
+            name: "rt-demo-1-noact".into(),
             command: "/activm run /guests/rt-demo --vcpus 1 --no-activations --stats -- 4 2000"
                 .into(),
             status: 0,
@@ -143,9 +188,10 @@ pub(super) fn cases() -> Vec<Case> {
                 "4 threads x 2000 increments on 1 vCPUs: total 8000 (expected 8000)".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
-            name: "rt-demo-2-noact",
+            name: "rt-demo-2-noact".into(),
             command: "/activm run /guests/rt-demo --vcpus 2 --no-activations --stats -- 6 2000"
                 .into(),
             status: 0,
@@ -153,32 +199,36 @@ pub(super) fn cases() -> Vec<Case> {
                 "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
-            name: "rt-tests-1-noact",
+            name: "rt-tests-1-noact".into(),
             command: "/activm run /guests/rt-tests --vcpus 1 --no-activations --timeout 150".into(),
             status: 0,
             expect: rt_tests_no_activations(),
             check: None,
+            stdout: None,
         },
         Case {
-            name: "rt-tests-2-noact",
+            name: "rt-tests-2-noact".into(),
             command: "/activm run /guests/rt-tests --vcpus 2 --no-activations --timeout 150".into(),
             status: 0,
             expect: rt_tests_no_activations(),
             check: None,
+            stdout: None,
         },
         Case {
-            name: "rt-demo-2",
+            name: "rt-demo-2".into(),
             command: "/activm run /guests/rt-demo --vcpus 2 --stats --timeout 60 -- 6 2000".into(),
             status: 0,
             expect: vec![
                 "6 threads x 2000 increments on 2 vCPUs: total 12000 (expected 12000)".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case {
-            name: "rt-tests-2",
+            name: "rt-tests-2".into(),
             command: "/activm run /guests/rt-tests --vcpus 2 --stats --timeout 150".into(),
             status: 0,
             expect: vec![
@@ -187,6 +237,7 @@ pub(super) fn cases() -> Vec<Case> {
                 " passed, 0 failed".into(),
             ],
             check: None,
+            stdout: None,
         },
         Case::new(
             // The runtime's timeline (CNTVCT timestamps) merged into --trace.
@@ -202,16 +253,20 @@ pub(super) fn cases() -> Vec<Case> {
             ],
         ),
         Case {
-            name: "archcheck-fault",
+            name: "archcheck-fault".into(),
             command: "/activm run /guests/archcheck -- fault".into(),
             status: 125,
             expect: vec!["synchronous exception from EL0 on vCPU 0: data abort".into()],
             check: None,
+            stdout: None,
         },
     ];
     cases.extend(exception_cases());
     cases.extend(blk_cases());
     cases.extend(scale_cases());
+    cases.extend(super::app_cases::cases());
+    cases.extend(super::hostile_cases::cases());
+    cases.extend(super::std_cases::cases());
     cases
 }
 

@@ -42,6 +42,14 @@ pub fn vcpu_id() -> u32 {
     this_cpu().vcpu()
 }
 
+/// The index of the vCPU running this code, from TPIDRRO_EL0 itself (which `_start` sets at EL1
+/// before any EL0 code runs) rather than from the block's contents, which the EL0 entry fills:
+/// right for a vCPU whose boot context never got that far.
+#[inline(always)]
+pub fn vcpu_index_of_register() -> u32 {
+    ((base() - CPU_LOCAL.as_ptr() as u64) >> CPU_LOCAL_SHIFT) as u32
+}
+
 /// Stores a word for the layer above in this vCPU's block.
 pub fn set_user(value: u64) {
     this_cpu().user_field().store(value, Ordering::Relaxed);

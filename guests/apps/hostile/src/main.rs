@@ -14,6 +14,9 @@ extern crate alloc;
 mod blk_ring;
 mod sa;
 
+#[cfg(target_arch = "aarch64")]
+use activm_stub::protocol::arch::aarch64::HYPERCALL_BASE;
+#[cfg(target_arch = "x86_64")]
 use activm_stub::protocol::arch::x86_64::HYPERCALL_BASE;
 use activm_stub::protocol::blk::{BLK_ERR_RANGE, BLK_OK};
 use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED, MAX_WRITE_LEN};
@@ -43,7 +46,10 @@ pub const MODES: &[&str] = &[
     "store-hypercall",
     "byte-store-hypercall",
     "unbacked-load",
+    #[cfg(target_arch = "x86_64")]
     "port-io",
+    #[cfg(target_arch = "aarch64")]
+    "el1-register",
     "all-vcpus-stop",
     "stack-overflow",
     "hypercall-flood",
@@ -120,33 +126,32 @@ fn main(vcpu: u32) -> ! {
         "misaligned-hypercall" => stopped(mode, load(HYPERCALL_BASE + 8 * 2 + 4)),
         "narrow-hypercall" => {
             let addr = Hypercall::BlkInfo.address(HYPERCALL_BASE);
-            let value: u32;
             // SAFETY: a 4-byte load from the hypercall page: the VMM must stop the guest.
-            unsafe {
-                core::arch::asm!("mov {v:e}, dword ptr [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack))
-            };
-            stopped(mode, u64::from(value))
+            stopped(mode, u64::from(unsafe { arch::load32(addr) }))
         }
         "store-hypercall" => {
-            let addr = Hypercall::Exit.address(HYPERCALL_BASE);
             // SAFETY: an 8-byte store to the hypercall page: the VMM must stop the guest.
-            unsafe {
-                core::arch::asm!("mov qword ptr [{a}], {v}", a = in(reg) addr, v = in(reg) 0u64, options(nostack))
-            };
+            unsafe { arch::store64(Hypercall::Exit.address(HYPERCALL_BASE), 0) };
             stopped(mode, 0)
         }
         "byte-store-hypercall" => {
             // SAFETY: a 1-byte store into an unused slot of the hypercall page: stopped.
-            unsafe {
-                core::arch::asm!("mov byte ptr [{a}], 0x41", a = in(reg) HYPERCALL_BASE + 8 * 300 + 3, options(nostack))
-            };
+            unsafe { arch::store8(HYPERCALL_BASE + 8 * 300 + 3, 0x41) };
             stopped(mode, 0)
         }
         // Past the hypercall page, inside its 2 MiB mapping: nothing there.
         "unbacked-load" => stopped(mode, load(HYPERCALL_BASE + 0x1000)),
+        #[cfg(target_arch = "x86_64")]
         "port-io" => {
             // SAFETY: port I/O at CPL3 with IOPL 0 raises #GP: a fatal trap.
             unsafe { core::arch::asm!("out 0x80, al", in("al") 0u8, options(nomem, nostack)) };
+            stopped(mode, 0)
+        }
+        // aarch64 has no port I/O: the nearest abuse is an EL1 system register at EL0.
+        #[cfg(target_arch = "aarch64")]
+        "el1-register" => {
+            // SAFETY: reading TTBR0_EL1 at EL0 is an undefined instruction: a fatal trap.
+            unsafe { core::arch::asm!("mrs {0}, ttbr0_el1", out(reg) _, options(nomem, nostack)) };
             stopped(mode, 0)
         }
         "stack-overflow" => {
@@ -191,12 +196,96 @@ fn blk(call: Hypercall, sector: u64, gpa: u64, count: u64) -> u64 {
 
 /// An 8-byte load from `addr`.
 fn load(addr: u64) -> u64 {
-    let value: u64;
     // SAFETY: a load from the hypercall page's mapping: the VMM handles or refuses it.
-    unsafe {
-        core::arch::asm!("mov {v}, qword ptr [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack))
-    };
-    value
+    unsafe { arch::load64(addr) }
+}
+
+/// Loads and stores of an exact width (the VMM tells them apart), in each architecture's
+/// instructions. Each is a single access at `addr`.
+#[cfg(target_arch = "x86_64")]
+mod arch {
+    /// # Safety
+    /// `addr` is the hypercall page's mapping (the VMM handles or refuses the access).
+    pub unsafe fn load64(addr: u64) -> u64 {
+        let value: u64;
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            core::arch::asm!("mov {v}, qword ptr [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack))
+        };
+        value
+    }
+
+    /// # Safety
+    /// As [`load64`].
+    pub unsafe fn load32(addr: u64) -> u32 {
+        let value: u32;
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            core::arch::asm!("mov {v:e}, dword ptr [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack))
+        };
+        value
+    }
+
+    /// # Safety
+    /// As [`load64`].
+    pub unsafe fn store64(addr: u64, value: u64) {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            core::arch::asm!("mov qword ptr [{a}], {v}", a = in(reg) addr, v = in(reg) value, options(nostack))
+        };
+    }
+
+    /// # Safety
+    /// As [`load64`].
+    pub unsafe fn store8(addr: u64, value: u8) {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            core::arch::asm!("mov byte ptr [{a}], {v}", a = in(reg) addr, v = in(reg_byte) value, options(nostack))
+        };
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod arch {
+    /// # Safety
+    /// `addr` is the hypercall page's mapping (the VMM handles or refuses the access).
+    pub unsafe fn load64(addr: u64) -> u64 {
+        let value: u64;
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            core::arch::asm!("ldr {v}, [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack))
+        };
+        value
+    }
+
+    /// # Safety
+    /// As [`load64`].
+    pub unsafe fn load32(addr: u64) -> u32 {
+        let value: u32;
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            core::arch::asm!("ldr {v:w}, [{a}]", a = in(reg) addr, v = out(reg) value, options(nostack))
+        };
+        value
+    }
+
+    /// # Safety
+    /// As [`load64`].
+    pub unsafe fn store64(addr: u64, value: u64) {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            core::arch::asm!("str {v}, [{a}]", a = in(reg) addr, v = in(reg) value, options(nostack))
+        };
+    }
+
+    /// # Safety
+    /// As [`load64`].
+    pub unsafe fn store8(addr: u64, value: u8) {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            core::arch::asm!("strb {v:w}, [{a}]", a = in(reg) addr, v = in(reg) u32::from(value), options(nostack))
+        };
+    }
 }
 
 /// The VMM should have stopped the guest in the call that returned `result`.

@@ -4,7 +4,11 @@
 use alloc::vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+#[cfg(target_arch = "aarch64")]
+use activm_stub::protocol::arch::aarch64::{IMAGE_BASE, UPCALL_IRQ};
+#[cfg(target_arch = "x86_64")]
 use activm_stub::protocol::arch::x86_64::LAPIC_BASE;
+#[cfg(target_arch = "x86_64")]
 use activm_stub::protocol::arch::x86_64::{IMAGE_BASE, UPCALL_IRQ};
 use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
 use activm_stub::protocol::shared::{
@@ -64,9 +68,17 @@ fn only_vcpu0(vcpu: u32, run: fn() -> !) -> ! {
 /// `vcpu_id`: its per-vCPU block is filled by the boot code at CPL3, and a vCPU whose boot
 /// context was preempted before that (and dropped, as these modes drop contexts) never fills
 /// it, so its new activations would read vCPU 0's index there.
+#[cfg(target_arch = "x86_64")]
 fn this_vcpu() -> u32 {
     // SAFETY: the local APIC's ID register (offset 0x20), mapped user-readable by the VMM.
     unsafe { ((LAPIC_BASE + 0x20) as *const u32).read_volatile() >> 24 }
+}
+
+/// This vCPU's index, from where TPIDRRO_EL0 points (set at EL1 before any EL0 code), for the
+/// same reason.
+#[cfg(target_arch = "aarch64")]
+fn this_vcpu() -> u32 {
+    activm_stub::arch::aarch64::percpu::vcpu_index_of_register()
 }
 
 fn header() -> &'static SharedHeader {

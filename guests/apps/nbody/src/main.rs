@@ -170,11 +170,23 @@ fn nbody(n: usize, steps: Steps, threads: usize) -> i32 {
 }
 
 /// Square root with SSE2 (no libm in no_std).
+#[cfg(target_arch = "x86_64")]
 fn sqrt(x: f64) -> f64 {
     let result: f64;
     // SAFETY: sqrtsd only reads and writes xmm registers.
     unsafe {
         core::arch::asm!("sqrtsd {0}, {0}", inout(xmm_reg) x => result, options(pure, nomem, nostack))
+    };
+    result
+}
+
+/// Square root with the FP unit's `fsqrt` (no libm in no_std).
+#[cfg(target_arch = "aarch64")]
+fn sqrt(x: f64) -> f64 {
+    let result: f64;
+    // SAFETY: fsqrt only reads and writes FP registers.
+    unsafe {
+        core::arch::asm!("fsqrt {0:d}, {0:d}", inout(vreg) x => result, options(pure, nomem, nostack))
     };
     result
 }

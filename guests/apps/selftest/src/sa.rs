@@ -12,6 +12,9 @@
 use alloc::vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
+#[cfg(target_arch = "aarch64")]
+use activm_stub::protocol::arch::aarch64::{IrqFrame as StubFrame, UserContext, UPCALL_IRQ};
+#[cfg(target_arch = "x86_64")]
 use activm_stub::protocol::arch::x86_64::{UserContext, UPCALL_IRQ};
 use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED};
 use activm_stub::protocol::shared::{
@@ -83,13 +86,13 @@ fn drain(expected_activation: Option<u32>) {
                 );
                 check(record.vcpu != vcpu, "PREEMPTED arrives on another vCPU");
                 let stack_top = boot_info().vcpus[record.vcpu as usize].user_stack_top;
-                let rsp = record.context.gprs.rsp;
+                let sp = record.context.sp();
                 check(
-                    rsp < stack_top && rsp > stack_top - 256 * 1024,
-                    "preempted rsp is on its boot stack",
+                    sp < stack_top && sp > stack_top - 256 * 1024,
+                    "preempted stack pointer is on its boot stack",
                 );
                 check(
-                    record.context.rflags & 0x200 != 0,
+                    interrupts_on(&record.context),
                     "preempted with interrupts on",
                 );
                 LATENCY.store(rdtsc().saturating_sub(record.tsc), Ordering::Relaxed);
@@ -147,10 +150,23 @@ extern "C" fn upcall_entry(vcpu: u64, activation: u64) -> ! {
     unsafe { resume(core::ptr::addr_of!(SAVED)) }
 }
 
+/// Whether `context` was taken with interrupts enabled (RFLAGS.IF).
+#[cfg(target_arch = "x86_64")]
+fn interrupts_on(context: &UserContext) -> bool {
+    context.rflags & 0x200 != 0
+}
+
+/// Whether `context` was taken with interrupts enabled (PSTATE.I clear).
+#[cfg(target_arch = "aarch64")]
+fn interrupts_on(context: &UserContext) -> bool {
+    context.pstate & 0x80 == 0
+}
+
 /// Resume a saved user context: FP state, every register, flags, stack and instruction pointer.
 ///
 /// # Safety
 /// `context` is a context the VMM took from this guest at CPL3; its stack is not in use.
+#[cfg(target_arch = "x86_64")]
 unsafe extern "C" fn resume(context: *const UserContext) -> ! {
     // SAFETY: the caller guarantees the context; the offsets are UserContext's (pinned by the
     // protocol's layout tests): gprs at 0 in rax, rbx, rcx, rdx, rsi, rdi, rbp, rsp, r8..r15
@@ -184,6 +200,91 @@ unsafe extern "C" fn resume(context: *const UserContext) -> ! {
             "popfq",
             "ret",
             in("rdi") context,
+            options(noreturn),
+        )
+    }
+}
+
+/// Resume a saved user context: FP/SIMD state, TPIDR_EL0, every register, NZCV, stack and
+/// program counter. An `IrqFrame` (x0, x1, pc, pstate, sp) is written just below the context's
+/// stack pointer (AAPCS64 has no red zone: nothing lives there) and the stub's `svc #0` return
+/// path reloads pc, NZCV, sp, x0 and x1 from it.
+///
+/// # Safety
+/// `context` is a context the VMM took from this guest at EL0; its stack is not in use.
+#[cfg(target_arch = "aarch64")]
+unsafe extern "C" fn resume(context: *const UserContext) -> ! {
+    use core::mem::{offset_of, size_of};
+    // SAFETY: the caller guarantees the context; the offsets are UserContext's and the stub's
+    // IrqFrame's. x0 holds the context until the `svc #0`, which reloads x0 and x1.
+    unsafe {
+        core::arch::asm!(
+            "ldr x1, [x0, {ctx_sp}]",
+            "sub x1, x1, {frame}",
+            "and x1, x1, #~15",
+            "ldr x2, [x0, {ctx_x}]",
+            "ldr x3, [x0, {ctx_x} + 8]",
+            "stp x2, x3, [x1, {fr_x0}]",
+            "ldr x2, [x0, {ctx_pc}]",
+            "str x2, [x1, {fr_pc}]",
+            "ldr x2, [x0, {ctx_pstate}]",
+            "str x2, [x1, {fr_pstate}]",
+            "ldr x2, [x0, {ctx_sp}]",
+            "str x2, [x1, {fr_sp}]",
+            "mov sp, x1",
+            "ldr x2, [x0, {ctx_tpidr}]",
+            "msr tpidr_el0, x2",
+            "ldr x2, [x0, {ctx_fpcr}]",
+            "msr fpcr, x2",
+            "ldr x2, [x0, {ctx_fpsr}]",
+            "msr fpsr, x2",
+            "add x9, x0, {ctx_q}",
+            "ldp q0, q1, [x9, #0]",
+            "ldp q2, q3, [x9, #32]",
+            "ldp q4, q5, [x9, #64]",
+            "ldp q6, q7, [x9, #96]",
+            "ldp q8, q9, [x9, #128]",
+            "ldp q10, q11, [x9, #160]",
+            "ldp q12, q13, [x9, #192]",
+            "ldp q14, q15, [x9, #224]",
+            "ldp q16, q17, [x9, #256]",
+            "ldp q18, q19, [x9, #288]",
+            "ldp q20, q21, [x9, #320]",
+            "ldp q22, q23, [x9, #352]",
+            "ldp q24, q25, [x9, #384]",
+            "ldp q26, q27, [x9, #416]",
+            "ldp q28, q29, [x9, #448]",
+            "ldp q30, q31, [x9, #480]",
+            "ldp x2, x3, [x0, {ctx_x} + 16]",
+            "ldp x4, x5, [x0, {ctx_x} + 32]",
+            "ldp x6, x7, [x0, {ctx_x} + 48]",
+            "ldp x8, x9, [x0, {ctx_x} + 64]",
+            "ldp x10, x11, [x0, {ctx_x} + 80]",
+            "ldp x12, x13, [x0, {ctx_x} + 96]",
+            "ldp x14, x15, [x0, {ctx_x} + 112]",
+            "ldp x16, x17, [x0, {ctx_x} + 128]",
+            "ldp x18, x19, [x0, {ctx_x} + 144]",
+            "ldp x20, x21, [x0, {ctx_x} + 160]",
+            "ldp x22, x23, [x0, {ctx_x} + 176]",
+            "ldp x24, x25, [x0, {ctx_x} + 192]",
+            "ldp x26, x27, [x0, {ctx_x} + 208]",
+            "ldp x28, x29, [x0, {ctx_x} + 224]",
+            "ldr x30, [x0, {ctx_x} + 240]",
+            "svc #0",
+            in("x0") context,
+            ctx_x = const offset_of!(UserContext, x),
+            ctx_sp = const offset_of!(UserContext, sp),
+            ctx_pc = const offset_of!(UserContext, pc),
+            ctx_pstate = const offset_of!(UserContext, pstate),
+            ctx_tpidr = const offset_of!(UserContext, tpidr_el0),
+            ctx_fpcr = const offset_of!(UserContext, fpcr),
+            ctx_fpsr = const offset_of!(UserContext, fpsr),
+            ctx_q = const offset_of!(UserContext, q),
+            frame = const size_of::<StubFrame>(),
+            fr_x0 = const offset_of!(StubFrame, x0),
+            fr_pc = const offset_of!(StubFrame, pc),
+            fr_pstate = const offset_of!(StubFrame, pstate),
+            fr_sp = const offset_of!(StubFrame, sp),
             options(noreturn),
         )
     }
