@@ -421,8 +421,35 @@ fn kvm_tests() -> Vec<Trial> {
             .expect_code(125)?
             .stdout_has(" exception 6 at pc ")?
             .stderr_has("#UD invalid opcode (vector 6) at CPL3")?;
+            // Our hosts raise #UD for an MXCSR value with reserved bits (no retry: such a value
+            // comes from a frame that was overwritten).
+            activm_run(
+                &guest("rt-tests")?,
+                &["--vcpus", "2"],
+                &["fault", "bad-mxcsr"],
+            )?
+            .expect_code(125)?
+            .stdout_has("(MXCSR value 0xffffffff): the value has reserved bits")?
+            .stderr_has("#UD invalid opcode (vector 6) at CPL3")?;
             Ok(())
         }),
+        Trial::test(
+            "rt_context_taken_in_the_exception_handler_stays_the_handler",
+            || {
+                // The simulated VMM takes a faulting thread while its handler reports: the context
+                // is continued as the handler (it ended the guest with "would resume with stack
+                // pointer ... outside its stack", status 101), and the fault ends the guest.
+                activm_run(
+                    &guest("rt-tests")?,
+                    &["--vcpus", "2", "--no-activations"],
+                    &["fault-handover"],
+                )?
+                .expect_code(125)?
+                .stdout_has("exception_contexts: 1")?
+                .stderr_has("#UD invalid opcode (vector 6) at CPL3")?;
+                Ok(())
+            },
+        ),
         Trial::test("rt_thread_panic_names_the_thread", || {
             activm_run(&guest("rt-tests")?, &["--vcpus", "2"], &["panic"])?
                 .expect_code(101)?
