@@ -20,7 +20,7 @@ use crate::stack;
 use crate::tcb;
 
 #[doc(hidden)]
-pub use crate::arch::fault::fp_control_load;
+pub use crate::arch::fault::{faulting_context, fp_control_load};
 
 /// Size of each vCPU's alternate stack for CPU exceptions.
 pub(crate) const EXCEPTION_STACK: usize = 16 * 1024;

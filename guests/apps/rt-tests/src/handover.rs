@@ -52,3 +52,104 @@ pub fn fault_handover() -> i32 {
     );
     1
 }
+
+/// How a context taken in the exception handler is rewound (`fault::faulting_context`), on a
+/// made-up exception stack: from the frame and its FXSAVE image once the entry saved them, from
+/// the context's own registers before, and not at all once the handler holds locks (or for an
+/// interrupt nested in the entry before the frame was saved).
+#[cfg(target_arch = "x86_64")]
+pub fn exception_context_rewind() -> crate::TestResult {
+    use activm_rt::fault::faulting_context;
+    use activm_stub::arch::x86_64::{
+        exception_stack_layout, user_exception_window, EXCEPTION_HANDLER_HOLDS,
+        EXCEPTION_NOT_SAVED, EXCEPTION_SAVED,
+    };
+    use activm_stub::protocol::arch::x86_64::{FxsaveArea, UserContext};
+    use activm_stub::ExceptionFrame;
+    use alloc::format;
+
+    let mut stack = alloc::vec![0u8; 4096];
+    let top = (stack.as_mut_ptr() as u64 + 4096) & !15;
+    let at = exception_stack_layout(top);
+    // The faulting code's registers as the entry saved them: r15 = 15, ..., rax = 1 (their
+    // `ExceptionFrame` order), rip/rsp/rflags recognisable; its FXSAVE image all 0x5a.
+    let frame = ExceptionFrame {
+        r15: 15,
+        r14: 14,
+        r13: 13,
+        r12: 12,
+        r11: 11,
+        r10: 10,
+        r9: 9,
+        r8: 8,
+        rbp: 7,
+        rdi: 6,
+        rsi: 5,
+        rdx: 4,
+        rcx: 3,
+        rbx: 2,
+        rax: 1,
+        vector: 6,
+        error_code: 0,
+        cr2: 0,
+        rip: 0x2222,
+        rflags: 0x246,
+        rsp: 0x3333,
+    };
+    // SAFETY: the layout's addresses lie inside `stack` (under its 16-byte-aligned top).
+    unsafe {
+        (at.frame as *mut ExceptionFrame).write(frame);
+        (at.fxsave as *mut FxsaveArea).write(FxsaveArea([0x5a; 512]));
+    }
+    let set_mark = |mark: u64| {
+        // SAFETY: as above.
+        unsafe { (at.saved_mark as *mut u64).write_volatile(mark) }
+    };
+    // What the VMM took: the handler's own registers (all 0x77), its FXSAVE image all 0x11.
+    let mut ctx = UserContext::default();
+    ctx.gprs.rax = 0x77;
+    ctx.gprs.r15 = 0x77;
+    ctx.gprs.rsp = top - 700;
+    ctx.fxsave = FxsaveArea([0x11; 512]);
+    let w = user_exception_window();
+    let body = exception_context_rewind as *const () as u64;
+    // (pc, mark, rewound?, GPRs from the frame?, FP state from the frame?)
+    let cases = [
+        (w.start, EXCEPTION_NOT_SAVED, true, false, false),
+        (w.pushed, EXCEPTION_NOT_SAVED, true, true, false),
+        (body, EXCEPTION_SAVED, true, true, true),
+        (body, EXCEPTION_HANDLER_HOLDS, false, false, false),
+        (body, EXCEPTION_NOT_SAVED, false, false, false),
+        (w.returned, EXCEPTION_HANDLER_HOLDS, true, true, true),
+    ];
+    for (i, &(pc, mark, rewound, gprs, fp)) in cases.iter().enumerate() {
+        set_mark(mark);
+        ctx.rip = pc;
+        let got = faulting_context(&ctx, top);
+        let Some(got) = got else {
+            if rewound {
+                return Err(format!("case {i}: not rewound"));
+            }
+            continue;
+        };
+        let want_gprs = if gprs { (1, 15) } else { (0x77, 0x77) };
+        let want_fp = if fp { 0x5a } else { 0x11 };
+        let ok = rewound
+            && (got.gprs.rax, got.gprs.r15) == want_gprs
+            && got.fxsave.0[100] == want_fp
+            && (got.rip, got.gprs.rsp, got.rflags) == (0x2222, 0x3333, 0x246);
+        if !ok {
+            return Err(format!(
+                "case {i} (pc {pc:#x}, mark {mark}): rax {:#x} r15 {:#x} fp {:#x} rip {:#x} \
+                 rsp {:#x} rflags {:#x}",
+                got.gprs.rax, got.gprs.r15, got.fxsave.0[100], got.rip, got.gprs.rsp, got.rflags
+            ));
+        }
+    }
+    Ok(format!("{} cases", cases.len()))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn exception_context_rewind() -> crate::TestResult {
+    Err("skipped: the exception frame's layout is x86_64's".into())
+}

@@ -42,6 +42,11 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ),
     ("fp-preemption", Needs::Any, fp_preemption),
     ("fp-control-decoder", Needs::Any, fp_control_decoder),
+    (
+        "exception-context-rewind",
+        Needs::Any,
+        crate::handover::exception_context_rewind,
+    ),
     ("sleep-accuracy", Needs::Any, sleep_accuracy),
     ("time-slicing", Needs::Any, time_slicing),
     ("heap-stack", Needs::Any, heap_stack),
