@@ -3,16 +3,17 @@
 //! its context to another vCPU. That context is the handler's, not the thread's: continued as
 //! the thread's, it stopped the guest with "would resume with stack pointer ... outside its
 //! stack". It must be continued as the handler, which ends the guest as any fault does: the
-//! handler's report (now counting `exception_contexts: 1`), then the VMM's, status 125. Needs
-//! the simulated VMM (`activm run --no-activations`) and 2 vCPUs.
+//! handler's report (now counting `exception_contexts: 1`), then the VMM's, status 125 (also
+//! when no kick landed before the report ended: no count then). Needs the simulated VMM
+//! (`activm run --no-activations`) and 2 vCPUs.
 
 use core::sync::atomic::{AtomicBool, Ordering};
-use core::time::Duration;
 
 use activm_rt::upcall::sim;
 use activm_rt::{println, rt, thread};
 
 pub fn fault_handover() -> i32 {
+    static READY: AtomicBool = AtomicBool::new(false);
     static GO: AtomicBool = AtomicBool::new(false);
     if rt::nr_vcpus() < 2 {
         println!("fault-handover: needs 2 vCPUs");
@@ -21,12 +22,18 @@ pub fn fault_handover() -> i32 {
     let faulter = thread::Builder::new()
         .name("faulter".into())
         .spawn(|| {
+            READY.store(true, Ordering::Release);
             while !GO.load(Ordering::Acquire) {
                 core::hint::spin_loop();
             }
             crate::regs::undefined_instruction()
         })
         .unwrap();
+    // This thread keeps running (no sleep) so that it is on the other vCPU when the faulter's
+    // handler holds its own vCPU, and kicks until the capture.
+    while !READY.load(Ordering::Acquire) {
+        thread::yield_now();
+    }
     // Only while it holds a preemption hold: in its thread code it holds none, so the capture
     // lands in the handler, which holds one from its start to the guest's end.
     let req = sim::request(
@@ -37,12 +44,12 @@ pub fn fault_handover() -> i32 {
         Some(true),
     );
     GO.store(true, Ordering::Release);
-    for _ in 0..50_000 {
-        if req.is_done() {
-            break;
-        }
+    let deadline = rt::rdtsc() + 10_000 * rt::tsc_khz();
+    while !req.is_done() && rt::rdtsc() < deadline {
         sim::kick_all();
-        thread::sleep(Duration::from_micros(200));
+        for _ in 0..1000 {
+            core::hint::spin_loop();
+        }
     }
     // The guest ends with the fault before this returns.
     let _ = faulter.join();
