@@ -12,8 +12,8 @@
 #   scripts/steady-state.sh [MINUTES] [GUESTS] [VCPUS]
 #
 # It is also the long chaos run (issue 12: at least 10^6 preemptions in one process, every
-# invariant exact): `scripts/steady-state.sh 75 4 4` (about 200-450 preemptions/s on our shared
-# 2-CPU machine; the count is the sum of every guest's "hand-off=" in --stats).
+# invariant exact): `scripts/steady-state.sh 75 4 4` (about 300 preemptions/s on our shared 2-CPU
+# machine under load, 1.36 M in all; the count is the sum of every guest's "hand-off=" in --stats).
 #
 # Exits 0 when activm exits 0 and every guest printed "chaos-soak: ok". The samples go to
 # $OUT/samples.csv (default OUT: a new directory under /tmp). Needs release builds:
