@@ -111,6 +111,12 @@ impl CpuLocal {
         &self.pending
     }
 
+    /// The armed alternate exception stack's top, or 0 (see `arm_exception_stack`; delivery
+    /// disarms it). Written from another vCPU only for a stack nothing runs on.
+    pub fn exception_stack(&self) -> &AtomicU64 {
+        &self.exc_stack
+    }
+
     /// Word `i` of the layer above's area.
     pub fn rt_word(&self, i: usize) -> &AtomicU64 {
         &self.rt[i]

@@ -3,6 +3,9 @@
 //! fault in the guard page of a thread stack ends the guest with "thread 'name' overflowed its
 //! stack"; anything else returns, so the faulting instruction runs again with exceptions fatal
 //! and the VMM reports it as before.
+//!
+//! A context the VMM takes while the handler runs is the handler's, on the exception stack, not
+//! the thread's ([`handler_context`]).
 
 use core::fmt::Write;
 use core::sync::atomic::Ordering;
@@ -12,23 +15,25 @@ use activm_stub::{preempt, ExceptionFrame};
 
 use crate::arch::cpu::{self, Word};
 use crate::arch::fault as exc;
+use crate::arch::{context, UserContext};
 use crate::stack;
 use crate::tcb;
 
 #[doc(hidden)]
-pub use crate::arch::fault::fp_control_load;
+pub use crate::arch::fault::{faulting_context, fp_control_load};
 
-/// Consecutive retries of one `#UD` before it is reported as fatal.
-const UD_RETRIES: u32 = 3;
+/// Size of each vCPU's alternate stack for CPU exceptions.
+pub(crate) const EXCEPTION_STACK: usize = 16 * 1024;
 
 pub fn on_exception(frame: &mut ExceptionFrame) {
-    if retry_fp_control_fault(frame) {
-        return;
-    }
+    // From here on a context taken in this handler is continued as it is (it holds the hold
+    // below, and the console's lock while it prints), not rewound to the faulting instruction.
+    exc::mark_handler_holds(frame);
     // Never released: this vCPU either ends the guest or re-faults fatally.
     preempt::hold();
     let guard = exc::page_fault_address(frame).and_then(stack::guard_owner);
     let Some(guard) = guard else {
+        explain_fp_control_fault(frame);
         report(frame);
         return;
     };
@@ -57,32 +62,67 @@ pub fn on_exception(frame: &mut ExceptionFrame) {
 }
 
 /// An invalid-opcode fault on an instruction that loads FP control state (which ones:
-/// `arch::fault::fp_control_load`): the instruction is valid, yet the soak saw it fault twice in
-/// ~80 runs (both times the control load of the first switch into a new thread) and run fine
-/// when executed again; the host's instruction emulator, which has no SSE, is our suspect. Such a fault is retried (the
-/// exception stack re-armed), up to [`UD_RETRIES`] times in a row at one address; anything else
-/// is reported as before.
-fn retry_fp_control_fault(frame: &ExceptionFrame) -> bool {
+/// `arch::fault::fp_control_load`). Such an instruction is valid here (CR4.OSFXSR is set from
+/// boot and never changed; an instruction KVM cannot emulate ends the guest with an internal
+/// error, not a `#UD`), but our hosts raise `#UD`, not `#GP`, for an MXCSR value with reserved
+/// bits set (`rt-tests fault bad-mxcsr`): the value loaded was not one a context saved, so the
+/// frame it came from was overwritten (the soak saw this at the `ldmxcsr` of a switch-in while
+/// two threads could share a stack). Says so, with the value where the operand is readable.
+fn explain_fp_control_fault(frame: &ExceptionFrame) {
     let readable = |at: u64| at >= 0x20_0000 && stack::guard_owner(at).is_none();
     let Some(pc) = exc::fp_control_fault(frame, readable) else {
-        return false;
+        return;
     };
-    let p = crate::percpu::this();
-    let n = if p.ud_retry_pc.swap(pc, Ordering::Relaxed) == pc {
-        p.ud_retries.fetch_add(1, Ordering::Relaxed) + 1
-    } else {
-        p.ud_retries.store(1, Ordering::Relaxed);
-        1
-    };
-    if n > UD_RETRIES {
-        return false;
+    let vcpu = activm_stub::vcpu_id();
+    let what = "the value has reserved bits, so the frame it was loaded from is not a saved \
+                context (its stack was overwritten?)";
+    match exc::fp_control_mxcsr(frame, readable) {
+        Some(v) => activm_stub::println!(
+            "activm-rt: vCPU {vcpu}: #UD on an FP-control load at {pc:#x} (MXCSR value {v:#x}): {what}"
+        ),
+        None => activm_stub::println!(
+            "activm-rt: vCPU {vcpu}: #UD on an FP-control load at {pc:#x}: {what}"
+        ),
     }
-    crate::percpu::bump(&p.counters.ud_retries);
-    activm_stub::println!(
-        "activm-rt: vCPU {}: #UD on a valid FP-control instruction at {pc:#x}; retrying it",
-        activm_stub::vcpu_id()
-    );
-    activm_stub::arm_exception_stack(p.exception_stack.load(Ordering::Relaxed));
+}
+
+/// The exception stack (vCPU, top) that `sp` lies on, if any.
+fn exception_stack_of(sp: u64) -> Option<(usize, u64)> {
+    crate::percpu::pcpus()
+        .iter()
+        .enumerate()
+        .find_map(|(v, p)| {
+            let top = p.exception_stack.load(Ordering::Relaxed);
+            (top != 0 && sp <= top && sp > top - EXCEPTION_STACK as u64).then_some((v, top))
+        })
+}
+
+/// Whether `sp` lies on a vCPU's exception stack (a thread continued inside its handler).
+pub(crate) fn on_exception_stack(sp: u64) -> bool {
+    exception_stack_of(sp).is_some()
+}
+
+/// A context the VMM took (from a record) while a CPU-exception handler ran is not the
+/// thread's own: its stack pointer is on the exception stack of the vCPU it was taken from.
+/// Where the handler holds nothing of its own (the entry, before [`on_exception`] marks the
+/// frame, and the return path), it is replaced by the faulting context (the faulting instruction
+/// runs again, as the handler's return would: `arch::fault::faulting_context`) and that vCPU's
+/// exception stack, disarmed by the delivery and abandoned now, is armed again. Otherwise it is
+/// left to be continued as it is, on that stack (which stays disarmed): before, it was resumed
+/// as a context of the thread and stopped the guest with "would resume with stack pointer ...
+/// outside its stack" (`rt-tests fault-handover`). Returns whether `ctx` was on an exception
+/// stack.
+pub(crate) fn handler_context(ctx: &mut UserContext) -> bool {
+    let Some((vcpu, top)) = exception_stack_of(context::sp(ctx)) else {
+        return false;
+    };
+    crate::percpu::bump(&crate::percpu::this().counters.exception_contexts);
+    if let Some(faulting) = exc::faulting_context(ctx, top) {
+        *ctx = faulting;
+        activm_stub::cpu_local::cpu_local(vcpu)
+            .exception_stack()
+            .store(top, Ordering::Release);
+    }
     true
 }
 

@@ -183,7 +183,8 @@ pub struct Counters {
     pub continuations: AtomicU64,
     pub adoptions: AtomicU64,
     pub dropped_idle_contexts: AtomicU64,
-    pub ud_retries: AtomicU64,
+    /// Contexts from records taken while a CPU-exception handler ran (`fault::handler_context`).
+    pub exception_contexts: AtomicU64,
     pub resumed_contexts: AtomicU64,
     pub activations: AtomicU64,
 }
@@ -245,9 +246,6 @@ pub struct Pcpu {
     pub in_drain: AtomicU32,
     /// Top of this vCPU's alternate exception stack (to re-arm it after a retried `#UD`).
     pub exception_stack: AtomicU64,
-    /// Address of the last invalid-opcode fault retried here, and how many times in a row (`crate::fault`).
-    pub ud_retry_pc: AtomicU64,
-    pub ud_retries: AtomicU32,
     /// Diagnostics: the last scheduler events (`trace`), printed on a fatal exception.
     pub trace: [AtomicU64; TRACE],
     pub trace_tsc: [AtomicU64; TRACE],
@@ -285,8 +283,6 @@ impl Pcpu {
             retired_stack: AtomicU64::new(0),
             in_drain: AtomicU32::new(0),
             exception_stack: AtomicU64::new(0),
-            ud_retry_pc: AtomicU64::new(0),
-            ud_retries: AtomicU32::new(0),
             trace: [const { AtomicU64::new(0) }; TRACE],
             trace_tsc: [const { AtomicU64::new(0) }; TRACE],
             trace_at: AtomicU32::new(0),

@@ -25,9 +25,6 @@ static READY: AtomicBool = AtomicBool::new(false);
 static UP: AtomicU32 = AtomicU32::new(0);
 static MAIN: AtomicPtr<Tcb> = AtomicPtr::new(core::ptr::null_mut());
 
-/// Alternate stack for CPU exceptions, per vCPU.
-const EXCEPTION_STACK: usize = 16 * 1024;
-
 /// The stub calls this on every vCPU (through `main!`).
 pub fn vcpu_entry(vcpu: u32, main: MainFn) -> ! {
     // Until this vCPU runs its scheduler, interrupts must not treat it as running a thread.
@@ -105,8 +102,8 @@ fn init_vcpu(vcpu: u32) {
     cpu::set(Word::SchedTop, boot_top);
     upcall::register_boot_stack(boot_top);
     upcall::init_vcpu(vcpu);
-    let exc = alloc::vec![0u8; EXCEPTION_STACK].leak();
-    let exc_top = (exc.as_ptr() as u64 + EXCEPTION_STACK as u64) & !15;
+    let exc = alloc::vec![0u8; crate::fault::EXCEPTION_STACK].leak();
+    let exc_top = (exc.as_ptr() as u64 + crate::fault::EXCEPTION_STACK as u64) & !15;
     pcpu.exception_stack.store(exc_top, Ordering::Relaxed);
     activm_stub::arm_exception_stack(exc_top);
     cpu::init_timer();

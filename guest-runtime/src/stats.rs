@@ -37,7 +37,8 @@ pub struct Stats {
     pub continuations: u64,
     pub adoptions: u64,
     pub dropped_idle_contexts: u64,
-    pub ud_retries: u64,
+    /// Contexts from records taken while a CPU-exception handler ran.
+    pub exception_contexts: u64,
     pub resumed_contexts: u64,
     pub activations: u64,
     /// Upcall records whose sequence number did not increase within their queue.
@@ -69,7 +70,7 @@ pub fn snapshot() -> Stats {
         s.continuations += get(&c.continuations);
         s.adoptions += get(&c.adoptions);
         s.dropped_idle_contexts += get(&c.dropped_idle_contexts);
-        s.ud_retries += get(&c.ud_retries);
+        s.exception_contexts += get(&c.exception_contexts);
         s.resumed_contexts += get(&c.resumed_contexts);
         s.activations += get(&c.activations);
     }

@@ -288,6 +288,8 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
     let sp = unsafe { *t.sp.get() };
     match t.stack.get() {
         Some(s) if sp >= s.lo && sp < s.hi => {}
+        // Continued inside its CPU-exception handler (`fault::handler_context`).
+        _ if crate::fault::on_exception_stack(sp as u64) => {}
         s => {
             percpu::trace(percpu::T_BAD_SP, t as *const Tcb as u64);
             percpu::trace(percpu::T_BAD_SP, sp as u64);

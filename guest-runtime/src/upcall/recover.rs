@@ -156,6 +156,8 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
     );
     percpu::trace(percpu::T_TAKE, context::sp(&r.context));
     let mut ctx = r.context;
+    // Taken in a CPU-exception handler: resumed at the faulting instruction where it may be.
+    crate::fault::handler_context(&mut ctx);
     fix_pc(&mut ctx);
     if st.in_sched && nested && !st.sched_idle {
         timeline::record_handled(r, None, RecordAction::Adopted);
@@ -311,6 +313,9 @@ pub(super) fn adopt_pending() {
     match ADOPT.pop() {
         Some(Adopt::Context(st, ctx)) => adopt(&ctx, st),
         Some(Adopt::Suspended { sp, sched_top }) => {
+            // It was suspended inside a drain (from the upcall handler); set before the switch
+            // (see `adopt`).
+            percpu::this().in_drain.store(1, Ordering::Relaxed);
             percpu::trace(percpu::T_ADOPT_SUSPENDED, sp);
             percpu::bump(&percpu::this().counters.adoptions);
             let own = cpu::get(Word::SchedTop);
@@ -319,8 +324,6 @@ pub(super) fn adopt_pending() {
             cpu::set(Word::SchedTop, sched_top);
             cpu::set(Word::Current, 0);
             cpu::set_hold(0);
-            // It was suspended inside a drain (from the upcall handler).
-            percpu::this().in_drain.store(1, Ordering::Relaxed);
             // SAFETY: scheduler context; the frame was saved by `cont_swap` on a stack nobody
             // else uses (its vCPU was taken away).
             unsafe { context::resume_switch_frame(sp as usize) }
@@ -330,9 +333,14 @@ pub(super) fn adopt_pending() {
 }
 
 /// Continues another activation's scheduler context as this vCPU's scheduler.
+///
+/// No upcall drain may nest in here until `SchedTop` names the adopted stack: from the moment
+/// this scheduler's own stack is retired, a nested drain that suspended "this scheduler" (to
+/// continue a lock holder) would leave its frame on that retired stack, which the next switch
+/// into this vCPU's scheduler gives back to the pool while the frame waits to be adopted. So
+/// `in_drain` stays set (it is, when called from a drain) until the jump.
 fn adopt(ctx: &UserContext, st: ActState) -> ! {
-    // This scheduler (and its drain) is abandoned; the adopted one was not draining.
-    percpu::this().in_drain.store(0, Ordering::Relaxed);
+    percpu::this().in_drain.store(1, Ordering::Relaxed);
     percpu::trace(percpu::T_ADOPT_CTX, context::pc(ctx));
     percpu::bump(&percpu::this().counters.adoptions);
     sched::clear_idle_bits(st.vcpu);
@@ -348,6 +356,12 @@ fn adopt(ctx: &UserContext, st: ActState) -> ! {
     cpu::set(Word::SchedTop, st.sched_top);
     cpu::set(Word::Current, st.current);
     cpu::set_hold(st.hold);
+    // This scheduler's drain is abandoned. The adopted context may itself have been draining
+    // (taken at its loop top, or in a nested drain); its words do not say, so it continues as
+    // one that was not: an upcall may then drain nested on top of it, which every record
+    // handler allows (records of one queue handled by two drains, out of order: `LATER`,
+    // `UNBLOCKED_EARLY`), and its own drain clears the flag again when it ends.
+    percpu::this().in_drain.store(0, Ordering::Relaxed);
     // SAFETY: scheduler context (InSched = 1); the frame was built above.
     unsafe { context::jump_to_frame(sp) }
 }

@@ -438,7 +438,7 @@ fn rt_tests_no_activations() -> Vec<String> {
         "test std-rendezvous ... ok",
         "test std-cases-preempted ... ok",
         "test stack-cache-shared ... ok",
-        // ud-retry-decoder (x86_64 instructions) is skipped.
+        // fp-control-decoder (x86_64 instructions) is skipped.
         "36 passed, 0 failed",
     ]
     .map(String::from)

@@ -7,10 +7,14 @@ pub mod irqchip;
 pub mod percpu;
 pub mod traps;
 
-pub use traps::trap_eoi_window;
 pub use traps::{
     arm_exception_stack, set_exception_handler, ExceptionFrame, ExceptionHandler, ExceptionInfo,
     IrqFrame,
+};
+pub use traps::{
+    exception_stack_layout, mark_handler_holds, trap_eoi_window, user_exception_window,
+    ExceptionStackLayout, UserExceptionWindow, EXCEPTION_HANDLER_HOLDS, EXCEPTION_NOT_SAVED,
+    EXCEPTION_SAVED,
 };
 
 /// Reads the time-stamp counter (works at CPL3; guest and host TSC agree).

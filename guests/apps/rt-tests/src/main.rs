@@ -25,6 +25,7 @@ extern crate alloc;
 
 mod bench;
 mod faults;
+mod handover;
 mod regs;
 mod std_cases;
 mod std_native;
@@ -143,6 +144,7 @@ fn main(args: &[&str]) -> i32 {
         Some("overflow") => tests::overflow_mode(),
         Some("panic") => tests::panic_mode(),
         Some("fault") => tests::fault_mode(args.get(1).copied().unwrap_or("")),
+        Some("fault-handover") => handover::fault_handover(),
         Some("bench") => bench::run(&args[1..]),
         Some("chaos-soak") => {
             let secs = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);

@@ -43,7 +43,12 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
         crate::std_native::std_cases_preempted,
     ),
     ("fp-preemption", Needs::Any, sched::fp_preemption),
-    ("ud-retry-decoder", Needs::Any, sched::ud_retry_decoder),
+    ("fp-control-decoder", Needs::Any, sched::fp_control_decoder),
+    (
+        "exception-context-rewind",
+        Needs::Any,
+        crate::handover::exception_context_rewind,
+    ),
     ("sleep-accuracy", Needs::Any, sched::sleep_accuracy),
     ("time-slicing", Needs::Any, sched::time_slicing),
     ("heap-stack", Needs::Any, sched::heap_stack),

@@ -51,10 +51,21 @@ pub fn fault_mode(kind: &str) -> i32 {
             // this mode tests) and never returns a value.
             "bad-access" => unsafe { core::ptr::read_volatile(black_box(8usize) as *const u64) },
             "undefined" => crate::regs::undefined_instruction(),
+            // On our x86 hosts an MXCSR value with reserved bits raises #UD (not #GP); the
+            // handler says what that means before the VMM's report.
+            #[cfg(target_arch = "x86_64")]
+            "bad-mxcsr" => {
+                let value: u32 = 0xffff_ffff;
+                // SAFETY: the load faults (what this mode tests) and never returns.
+                unsafe {
+                    core::arch::asm!("ldmxcsr [{v}]", v = in(reg) &value, options(nostack, readonly))
+                };
+                0
+            }
             _ => 0,
         })
         .unwrap()
         .join();
-    println!("fault: the thread returned {r:?} (modes: bad-access, undefined)");
+    println!("fault: the thread returned {r:?} (modes: bad-access, undefined, bad-mxcsr)");
     1
 }

@@ -20,8 +20,8 @@ use crate::TestResult;
 
 use super::{ensure, ms, ns_ticks, wait_until};
 
-/// Which `#UD`s the exception handler retries: only valid FP/SSE control loads.
-pub(super) fn ud_retry_decoder() -> TestResult {
+/// Which `#UD`s the exception handler explains as a bad MXCSR value: FP/SSE control loads.
+pub(super) fn fp_control_decoder() -> TestResult {
     use activm_rt::fault::fp_control_load;
     if cfg!(not(target_arch = "x86_64")) {
         return Err("skipped: decodes x86_64 instructions".into());
@@ -39,7 +39,10 @@ pub(super) fn ud_retry_decoder() -> TestResult {
     ];
     for (bytes, want, name) in cases {
         ensure(fp_control_load(bytes) == want, || {
-            format!("{name} ({bytes:02x?}): retried {}, expected {want}", !want)
+            format!(
+                "{name} ({bytes:02x?}): control load {}, expected {want}",
+                !want
+            )
         })?;
     }
     Ok(format!("{} encodings classified", cases.len()))

@@ -225,13 +225,12 @@ pub fn chaos_soak(seconds: u64) -> Result<String, String> {
     let kind =
         |k: UpcallKind| after.records_by_kind[k as usize] - before.records_by_kind[k as usize];
     Ok(format!(
-        "{seconds} s: {iters} increments exact, {children} children, {received} messages, {exchanges} ping-pongs, {slept} sleeps (none early), {disk_ops} disk write+read pairs verified; records: {} PREEMPTED, {} NEWPROC, {} BLOCKED, {} UNBLOCKED; {} contexts resumed, {} idle yields, {} #UD retried",
+        "{seconds} s: {iters} increments exact, {children} children, {received} messages, {exchanges} ping-pongs, {slept} sleeps (none early), {disk_ops} disk write+read pairs verified; records: {} PREEMPTED, {} NEWPROC, {} BLOCKED, {} UNBLOCKED; {} contexts resumed, {} idle yields",
         kind(UpcallKind::Preempted),
         kind(UpcallKind::NewProc),
         kind(UpcallKind::Blocked),
         kind(UpcallKind::Unblocked),
         after.resumed_contexts - before.resumed_contexts,
         after.idle_yields - before.idle_yields,
-        after.ud_retries - before.ud_retries,
     ))
 }
