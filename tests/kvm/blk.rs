@@ -142,7 +142,9 @@ pub(super) fn blk_tests() -> Vec<Trial> {
             let blocked = upcall_count(&run.stderr, "BLOCKED").unwrap_or(0);
             let unblocked = upcall_count(&run.stderr, "UNBLOCKED").unwrap_or(0);
             let secs: u64 = secs.parse().unwrap_or(20);
-            if preempted < 25 * secs || blocked < 10 * secs || blocked != unblocked {
+            // Floors that show the chaos ran (about 300 PREEMPTED/s on a quiet host; 13/s was
+            // seen at a load average of 25 on 2 CPUs, when the dispatcher itself waits).
+            if preempted < 10 * secs || blocked < 10 * secs || blocked != unblocked {
                 return Err(format!(
                     "{preempted} PREEMPTED, {blocked} BLOCKED, {unblocked} UNBLOCKED upcalls in \
                      {secs} s\n{}",
