@@ -1,7 +1,9 @@
 //! What the seccomp filters need to know about x86_64: the target, and the KVM ioctl requests
 //! each thread kind makes once the guests are set up.
 
-use kvm_bindings::{kvm_mp_state, kvm_msi, kvm_regs, kvm_sregs, kvm_xsave, KVMIO};
+use kvm_bindings::{
+    kvm_lapic_state, kvm_mp_state, kvm_msi, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xsave, KVMIO,
+};
 use seccompiler::TargetArch;
 
 pub const TARGET: TargetArch = TargetArch::x86_64;
@@ -17,9 +19,11 @@ vmm_sys_util::ioctl_iow_nr!(KVM_SET_MP_STATE, KVMIO, 0x99, kvm_mp_state);
 vmm_sys_util::ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_xsave);
 vmm_sys_util::ioctl_iow_nr!(KVM_SIGNAL_MSI, KVMIO, 0xa5, kvm_msi);
 vmm_sys_util::ioctl_ior_nr!(KVM_GET_XSAVE2, KVMIO, 0xcf, kvm_xsave);
+vmm_sys_util::ioctl_ior_nr!(KVM_GET_LAPIC, KVMIO, 0x8e, kvm_lapic_state);
+vmm_sys_util::ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
 
-/// A vCPU thread's: run, halt state, the FP state of a preempted context, register dumps for
-/// fault reports, upcall interrupts.
+/// A vCPU thread's: run, halt state, the FP state of a preempted context, register and
+/// interrupt-controller dumps for fault reports, upcall interrupts.
 pub fn vcpu_ioctls() -> Vec<u64> {
     [
         KVM_RUN(),
@@ -30,6 +34,8 @@ pub fn vcpu_ioctls() -> Vec<u64> {
         KVM_GET_XSAVE(),
         KVM_GET_XSAVE2(),
         KVM_SIGNAL_MSI(),
+        KVM_GET_LAPIC(),
+        KVM_GET_VCPU_EVENTS(),
     ]
     .to_vec()
 }

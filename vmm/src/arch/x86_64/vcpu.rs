@@ -130,7 +130,8 @@ pub fn dump(vcpu: &VcpuFd) -> String {
     let (Ok(r), Ok(s)) = (vcpu.get_regs(), vcpu.get_sregs()) else {
         return "  (registers unavailable)".into();
     };
-    format!(
+    let irq = interrupt_state(vcpu);
+    let regs = format!(
         "  rip={:#018x} rsp={:#018x} rflags={:#x} cpl={} cs={:#x} ss={:#x}\n  \
          rax={:#018x} rbx={:#018x} rcx={:#018x} rdx={:#018x}\n  \
          rsi={:#018x} rdi={:#018x} rbp={:#018x} r8={:#018x}\n  \
@@ -165,7 +166,60 @@ pub fn dump(vcpu: &VcpuFd) -> String {
         s.efer,
         s.fs.base,
         s.gs.base
-    )
+    );
+    format!("{regs}\n  {irq}")
+}
+
+/// The local APIC's in-service and requested vectors, its task and processor priorities, and
+/// KVM's pending event state (for a stalled-guest report).
+fn interrupt_state(vcpu: &VcpuFd) -> String {
+    let apic = match vcpu.get_lapic() {
+        Ok(apic) => {
+            let word = |reg: usize| {
+                let b = &apic.regs[reg..reg + 4];
+                u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8])
+            };
+            let vectors = |base: usize| {
+                (0..8)
+                    .flat_map(|w| {
+                        let bits = word(base + 16 * w);
+                        (0..32)
+                            .filter(move |b| bits & (1 << b) != 0)
+                            .map(move |b| w * 32 + b)
+                    })
+                    .map(|v| format!("{v:#x}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            format!(
+                "apic: isr=[{}] irr=[{}] tpr={:#x} ppr={:#x} svr={:#x} lvt_timer={:#x} timer_count={}",
+                vectors(0x100),
+                vectors(0x200),
+                word(0x80),
+                word(0xa0),
+                word(0xf0),
+                word(0x320),
+                word(0x390)
+            )
+        }
+        Err(e) => format!("apic: unavailable ({e})"),
+    };
+    let events = match vcpu.get_vcpu_events() {
+        Ok(ev) => format!(
+            "events: interrupt injected={} nr={:#x} soft={} shadow={} exception injected={} nr={} pending={} nmi injected={} pending={}",
+            ev.interrupt.injected,
+            ev.interrupt.nr,
+            ev.interrupt.soft,
+            ev.interrupt.shadow,
+            ev.exception.injected,
+            ev.exception.nr,
+            ev.exception.pending,
+            ev.nmi.injected,
+            ev.nmi.pending
+        ),
+        Err(e) => format!("events: unavailable ({e})"),
+    };
+    format!("{apic}\n  {events}")
 }
 
 /// The name of an exception vector.
