@@ -165,6 +165,27 @@ pub(super) fn kvm_tests() -> Vec<Trial> {
             .stderr_has("guest RAM faulted in")?;
             Ok(())
         }),
+        Trial::test("place_vcpus_binds_granted_vcpu_threads", || {
+            // Every processor one host CPU (the default --pcpus is every CPU activm may use):
+            // each vCPU's thread is bound to its processor's CPU when first granted one.
+            let run = activm_run(
+                &guest("rt-demo")?,
+                &["--place-vcpus", "--stats", "--vcpus", "4"],
+                &[],
+            )?
+            .expect_code(0)?
+            .stdout_has("total 80000 (expected 80000)")?;
+            let moved = run
+                .stderr
+                .split("vCPU threads moved to their processor's host CPU (all guests)=")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse::<u64>().ok());
+            match moved {
+                Some(n) if n >= 1 => Ok(()),
+                _ => Err(format!("no vCPU thread was bound:\n{}", run.stderr).into()),
+            }
+        }),
         Trial::test("abi_version_mismatch_is_refused", || {
             let image = temp_image(
                 "abi",

@@ -44,7 +44,7 @@ pub(crate) struct RunArgs {
     /// Read the guests and the machine-wide settings from a TOML file.
     ///
     /// At the top, the machine-wide keys, as the flags: pcpus, quantum (ms), chaos (seed),
-    /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), host_sched. Then one
+    /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), host_sched, place_vcpus. Then one
     /// [[guest]] table per guest: image (required), name (its label in output, --stats and
     /// `activm ctl`),
     /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only, mounts
@@ -78,6 +78,11 @@ pub(crate) struct RunArgs {
     /// not apply. To confine activm to some host CPUs, run it under `taskset -c LIST`.
     #[arg(long, conflicts_with = "chaos")]
     pub(crate) host_sched: bool,
+    /// Bind each of the --pcpus processors to one host CPU and a granted vCPU's thread to its
+    /// processor's CPU (only when --pcpus covers every CPU activm may use). Experimental: a
+    /// rare stall is known with it (docs/activations.md, "Placing granted vCPUs on host CPUs").
+    #[arg(long, conflicts_with = "host_sched")]
+    pub(crate) place_vcpus: bool,
     /// Fault in all of guest RAM before the guest starts (as QEMU's -mem-prealloc): the host's
     /// zeroing of fresh pages moves from the guest's first touches to boot, and boot takes time
     /// proportional to --mem.

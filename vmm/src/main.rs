@@ -154,6 +154,7 @@ fn settings(
     machine.stats |= flags.stats;
     machine.boot_timing |= flags.boot_timing;
     machine.host_sched |= flags.host_sched;
+    machine.place_vcpus |= flags.place_vcpus;
     Ok((machine, guests, Source::File(file)))
 }
 
@@ -169,6 +170,7 @@ fn machine_from_flags(args: &RunArgs) -> Machine {
         ctl: args.ctl.clone(),
         io_latency_us: args.io_latency,
         host_sched: args.host_sched,
+        place_vcpus: args.place_vcpus,
         from_flags: Vec::new(),
     }
 }

@@ -10,8 +10,8 @@
 //! (seen in a scheduler trace; docs/activations.md, "Against the host scheduler"). Bound to its
 //! processor's CPU, the thread runs where the allocator freed a processor.
 //!
-//! Opt-in (`MonitorOptions::place_vcpus`): with it on, the chaos soak stalls in about 1 run
-//! of 6 (docs/activations.md). Only when the budget covers every CPU the process may use (the
+//! Opt-in (`--place-vcpus`, `MonitorOptions::place_vcpus`): with it on, the chaos soak stalls
+//! in a few runs of a hundred, a requested upcall vector left undelivered (docs/activations.md). Only when the budget covers every CPU the process may use (the
 //! default, or a `taskset` as wide as `--pcpus`); never for host-scheduled runs
 //! (`--host-sched`), which are the baseline.
 //! A thread is re-bound only when its processor changes (one `sched_setaffinity`: ~1.3 us of

@@ -203,7 +203,7 @@ pub fn build(
             ctl_socket: machine.ctl.clone(),
             chaos_seed: machine.chaos,
             host_sched: machine.host_sched,
-            place_vcpus: false,
+            place_vcpus: machine.place_vcpus,
         },
         stats: machine.stats,
     })

@@ -10,7 +10,8 @@
 //! ```toml
 //! pcpus = 2            # also: quantum (ms), chaos (seed), timeout (s), stats, boot_timing,
 //! timeout = 60         #       trace, ctl, io_latency (us, for every guest with a disk),
-//!                      #       host_sched (no allocator: the host schedules every vCPU)
+//!                      #       host_sched (no allocator: the host schedules every vCPU),
+//!                      #       place_vcpus (processors bound to host CPUs, experimental)
 //!
 //! [[guest]]
 //! image = "rt-tests"   # the only required key
@@ -241,7 +242,8 @@ pub struct MonitorOptions {
     /// Bind each processor to one host CPU and a granted vCPU's thread to it
     /// (`allocator/place.rs`). Off by default: with it on, the chaos soak
     /// (`chaos_soak_keeps_every_invariant`) stalls in about 1 run of 6 (docs/activations.md,
-    /// "Placing granted vCPUs on host CPUs"). The benchmarks turn it on.
+    /// "Placing granted vCPUs on host CPUs"). `--place-vcpus` or `place_vcpus = true` turn it
+    /// on; so do the benchmarks, for their allocator modes.
     pub place_vcpus: bool,
 }
 

@@ -50,6 +50,7 @@ fn a_full_file_parses() {
         trace = "run.json"
         ctl = "/tmp/activm.sock"
         io_latency = 1000
+        place_vcpus = true
 
         [[guest]]
         image = "apps/rt-tests"
@@ -82,6 +83,7 @@ fn a_full_file_parses() {
             ctl: Some("/tmp/activm.sock".into()),
             io_latency_us: 1000,
             host_sched: false,
+            place_vcpus: true,
             from_flags: Vec::new(),
         }
     );
