@@ -269,12 +269,12 @@ fn slot_name(slot: &Slot) -> &'static str {
 }
 
 /// Wait (up to a second) until the allocator's decisions are carried out: revoked vCPUs have
-/// handed over and granted ones are running. Returns the microseconds it took, or null.
+/// handed over and granted ones are running. Returns the microseconds from `started` to the
+/// change that settled it (not to when this thread ran again), or null.
 fn wait_settled(procs: &Processors, started: std::time::Instant) -> Value {
-    if procs.alloc.wait_settled(std::time::Duration::from_secs(1)) {
-        json!(started.elapsed().as_secs_f64() * 1e6)
-    } else {
-        Value::Null
+    match procs.alloc.wait_settled(std::time::Duration::from_secs(1)) {
+        Some(at) => json!(at.saturating_duration_since(started).as_secs_f64() * 1e6),
+        None => Value::Null,
     }
 }
 

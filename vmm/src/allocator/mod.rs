@@ -183,6 +183,9 @@ struct State {
     prefer_new: Option<(GuestId, usize)>,
     /// Threads in [`Allocator::wait_settled`].
     settle_waiters: usize,
+    /// When the change that settled the allocator was made, for [`Allocator::wait_settled`]: the
+    /// waiter itself may run much later (woken onto a busy host CPU).
+    settled_at: Option<Instant>,
     /// Yielded vCPUs of latency-critical guests and when they want a processor again
     /// ([`Allocator::yield_until`]).
     timed_wakes: Vec<(Instant, GuestId, usize)>,
@@ -224,6 +227,7 @@ impl Allocator {
                 rotation: 0,
                 prefer_new: None,
                 settle_waiters: 0,
+                settled_at: None,
                 timed_wakes: Vec::new(),
                 placement: place::Placement::default(),
             }),
@@ -350,12 +354,12 @@ impl Allocator {
                 Slot::Stopped => return Acquired::Exit,
                 Slot::GrantedResume | Slot::Running(_) => {
                     *slot = Slot::Running(Instant::now());
-                    self.settle(&state);
+                    self.settle(&mut state);
                     return Acquired::Resume;
                 }
                 Slot::GrantedNew => {
                     *slot = Slot::Running(Instant::now());
-                    self.settle(&state);
+                    self.settle(&mut state);
                     return Acquired::NewActivation;
                 }
                 Slot::HandOff => {
@@ -423,7 +427,7 @@ impl Allocator {
             };
         }
         let kicks = self.rebalance_locked(&mut state, Instant::now());
-        self.settle(&state);
+        self.settle(&mut state);
         kicks
     }
 
@@ -503,19 +507,21 @@ impl Allocator {
         })
     }
 
-    /// Wait until [`Allocator::settled`], at most `timeout`; says whether it settled. Woken by
-    /// the very change that settles it, not by polling.
-    pub fn wait_settled(&self, timeout: Duration) -> bool {
+    /// Wait until [`Allocator::settled`], at most `timeout`. Returns when the change that
+    /// settled it was made (the moment a granted vCPU picked up its processor or a revoked one
+    /// handed its processor back), or `None` on timeout. Woken by that change, not by polling.
+    pub fn wait_settled(&self, timeout: Duration) -> Option<Instant> {
         let deadline = Instant::now() + timeout;
         let mut state = self.lock();
         state.settle_waiters += 1;
+        state.settled_at = None;
         let settled = loop {
             if Self::settled_locked(&state) {
-                break true;
+                break Some(state.settled_at.unwrap_or_else(Instant::now));
             }
             let now = Instant::now();
             if now >= deadline {
-                break false;
+                break None;
             }
             state = self
                 .settling
@@ -527,9 +533,13 @@ impl Allocator {
         settled
     }
 
-    /// A grant was picked up or a processor came back: wake whoever waits for that.
-    fn settle(&self, state: &State) {
+    /// A grant was picked up or a processor came back: wake whoever waits for that, and note
+    /// when it settled.
+    fn settle(&self, state: &mut State) {
         if state.settle_waiters > 0 {
+            if state.settled_at.is_none() && Self::settled_locked(state) {
+                state.settled_at = Some(Instant::now());
+            }
             self.settling.notify_all();
         }
     }
