@@ -316,9 +316,22 @@ pub fn handle(request: &Value, guests: &[Arc<Guest>], procs: &Processors) -> Val
             match (guest, number("vcpus")) {
                 (Some(guest), Some(n)) if n >= 1 && n <= guest.config.vcpus as u64 => {
                     let started = std::time::Instant::now();
-                    let (previous, kicks) = procs.alloc.set_concurrency(guest.id, n as usize);
+                    let (previous, kicks, granted) =
+                        procs.alloc.set_concurrency_granting(guest.id, n as usize);
                     procs.revoke(kicks);
-                    let applied_us = wait_settled(procs, started);
+                    // An add is carried out when the vCPUs it granted run (later changes, the
+                    // guest's own yields for one, are not its cost); a remove when settled.
+                    let applied_us = if granted.is_empty() {
+                        wait_settled(procs, started)
+                    } else {
+                        let timeout = std::time::Duration::from_secs(1);
+                        match procs.alloc.wait_running(guest.id, &granted, timeout) {
+                            Some(at) => {
+                                json!(at.saturating_duration_since(started).as_secs_f64() * 1e6)
+                            }
+                            None => Value::Null,
+                        }
+                    };
                     json!({"ok": true, "guest": guest.id, "vcpus": n, "previous": previous, "applied_us": applied_us})
                 }
                 (None, _) => {

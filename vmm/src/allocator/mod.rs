@@ -313,11 +313,66 @@ impl Allocator {
 
     /// `sa_setconcurrency`: returns the previous value and the vCPUs to kick.
     pub fn set_concurrency(&self, guest: GuestId, n: usize) -> (usize, Vec<(GuestId, usize)>) {
+        let (previous, kicks, _) = self.set_concurrency_granting(guest, n);
+        (previous, kicks)
+    }
+
+    /// [`Allocator::set_concurrency`], also naming the vCPUs of `guest` that it granted a
+    /// processor (for [`Allocator::wait_running`]).
+    pub fn set_concurrency_granting(
+        &self,
+        guest: GuestId,
+        n: usize,
+    ) -> (usize, Vec<(GuestId, usize)>, Vec<usize>) {
         let mut state = self.lock();
         let g = &mut state.guests[guest];
         let previous = std::mem::replace(&mut g.concurrency, n.min(g.vcpus.len()));
         g.wanted = g.concurrency;
-        (previous, self.rebalance_locked(&mut state, Instant::now()))
+        let kicks = self.rebalance_locked(&mut state, Instant::now());
+        let granted = (state.guests[guest].vcpus.iter().enumerate())
+            .filter(|(_, s)| matches!(s, Slot::GrantedNew | Slot::GrantedResume))
+            .map(|(v, _)| v)
+            .collect();
+        (previous, kicks, granted)
+    }
+
+    /// Wait until each of `vcpus` of `guest`, granted a processor, has picked it up, at most
+    /// `timeout`. Returns when the last one started running (or, if one already ran and left
+    /// its processor again, when this saw it), `None` on timeout.
+    pub fn wait_running(
+        &self,
+        guest: GuestId,
+        vcpus: &[usize],
+        timeout: Duration,
+    ) -> Option<Instant> {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.lock();
+        state.settle_waiters += 1;
+        let running = loop {
+            let mut latest = None;
+            let mut pending = false;
+            for &v in vcpus {
+                match state.guests[guest].vcpus.get(v) {
+                    Some(Slot::GrantedNew | Slot::GrantedResume) => pending = true,
+                    Some(Slot::Running(since)) => latest = latest.max(Some(*since)),
+                    _ => latest = latest.max(Some(Instant::now())),
+                }
+            }
+            if !pending {
+                break latest.or_else(|| Some(Instant::now()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break None;
+            }
+            state = self
+                .settling
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        };
+        state.settle_waiters -= 1;
+        running
     }
 
     /// The guest is over: every vCPU stops and its processors are free.

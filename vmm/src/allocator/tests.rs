@@ -327,3 +327,36 @@ fn stopped_guest_exits_its_threads() {
     assert_eq!(alloc.acquire(g, 0), Acquired::Exit);
     assert_eq!(alloc.acquire(g, 1), Acquired::Exit);
 }
+
+#[test]
+fn wait_running_returns_when_the_granted_vcpu_picks_up_its_processor() {
+    let alloc = std::sync::Arc::new(Allocator::new(2, Duration::from_millis(10)));
+    let g = alloc.add_guest(2);
+    alloc.set_activations(g, true);
+    alloc.set_concurrency(g, 1);
+    alloc.rebalance();
+    let first = (0..2)
+        .find(|&v| {
+            matches!(
+                alloc.view(g).vcpus[v],
+                Slot::GrantedNew | Slot::GrantedResume
+            )
+        })
+        .expect("a cap of 1 grants one vCPU");
+    alloc.acquire(g, first);
+    let (_, _, granted) = alloc.set_concurrency_granting(g, 2);
+    assert_eq!(granted.len(), 1, "raising the cap grants the second vCPU");
+    let v = granted[0];
+    let picker = {
+        let alloc = alloc.clone();
+        std::thread::spawn(move || alloc.acquire(g, v))
+    };
+    let before = Instant::now();
+    let at = alloc.wait_running(g, &granted, Duration::from_secs(5));
+    assert!(
+        at.is_some_and(|at| at >= before),
+        "the pick-up time is returned"
+    );
+    assert!(matches!(alloc.view(g).vcpus[v], Slot::Running(_)));
+    picker.join().unwrap();
+}
