@@ -6,34 +6,16 @@ use super::cases::{stdout_of, Case};
 /// The std guests the cases run (copied into the initramfs).
 pub(super) const STD_APPS: &[&str] = &["std-demo", "std-rayon"];
 
-/// `std-demo --exit 3`'s whole stdout on `vcpus` vCPUs.
+/// `std-demo --exit 3`'s whole stdout on `vcpus` vCPUs (the same file checks both arches).
 fn std_demo_output(vcpus: u32) -> String {
-    format!(
-        "args: [\"--exit\", \"3\"]\n\
-         available_parallelism: {vcpus}\n\
-         mutex: 80000\n\
-         threads: worker-0=10000 worker-1=10000 worker-2=10000 worker-3=10000 worker-4=10000 \
-         worker-5=10000 worker-6=10000 worker-7=10000\n\
-         main thread-local: 0\n\
-         condvar: 2000 turns\n\
-         channel: sum 7998000\n\
-         sync_channel: sum 5050\n\
-         scoped+rwlock+barrier: [1, 2, 3, 4]\n\
-         sleep 20ms: ok\n\
-         wait_timeout 10ms: ok\n\
-         wait_timeout notified: ok\n\
-         once: 1 inits, sum 336\n\
-         hashmap: 81\n\
-         done\n"
-    )
+    include_str!("../../../guests/apps/std-demo/expected-stdout.txt")
+        .replace("{vcpus}", &vcpus.to_string())
 }
 
-/// `std-rayon`'s whole stdout on `vcpus` vCPUs.
+/// `std-rayon`'s whole stdout on `vcpus` vCPUs (the same file checks both arches).
 fn rayon_output(vcpus: u32) -> String {
-    format!(
-        "threads: {vcpus}\nsum: equal\nsort: equal\nstable sort: equal\nmap+collect: equal\n\
-         join: fib(25)+fib(24) = 121393\n"
-    )
+    include_str!("../../../guests/apps/std-rayon/expected-stdout.txt")
+        .replace("{vcpus}", &vcpus.to_string())
 }
 
 pub(super) fn cases() -> Vec<Case> {
