@@ -259,6 +259,12 @@ pub fn sched_loop() -> ! {
         }
         let (t, inherit) = find_runnable();
         if !t.is_null() {
+            // More work waits behind this thread while vCPUs have given their processors back:
+            // ask for them again. The wakes that published it may have asked nobody (a vCPU was
+            // spinning for work then, or the ask was rate-limited).
+            if upcall::some_yielded() && idle::work_queued() {
+                upcall::want_processors();
+            }
             // SAFETY: a runnable TCB taken off a queue: ours now.
             run_now(unsafe { tcb::from_raw(t) }, inherit);
         }

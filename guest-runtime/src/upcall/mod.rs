@@ -67,7 +67,7 @@ pub use drain::{
 pub use entry::in_unsafe_window;
 pub use sa::{
     activations_enabled, enable, granted_vcpus, init, init_vcpu, io_yield_supported, preempt_vcpu,
-    queue_nonempty, set_concurrency, set_idle, want_processors, yield_idle_vcpu,
+    queue_nonempty, set_concurrency, set_idle, some_yielded, want_processors, yield_idle_vcpu,
     yield_idle_vcpu_for_io, yield_wake_supported,
 };
 pub use signal::{set_signal_handler, set_user_hook, LAST_SIGNAL};

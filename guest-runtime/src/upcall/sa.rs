@@ -192,6 +192,11 @@ fn give_back(me: u32, wake_ns: u64) -> u64 {
     result
 }
 
+/// Whether some vCPU gave its processor back idle (one load: cheap to ask on every loop).
+pub fn some_yielded() -> bool {
+    YIELDED.load(Ordering::Relaxed) != 0
+}
+
 /// Work is waiting and no vCPU idles here to take it: if some gave their processors back,
 /// ask the VMM for them again (`sa_setconcurrency`), at most once a millisecond.
 pub fn want_processors() {
