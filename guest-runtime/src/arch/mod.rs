@@ -1,13 +1,17 @@
 //! Architecture-specific parts, reached by the rest of the runtime only through the names
 //! re-exported here: `cpu` (per-vCPU words, time, timer, IPIs), `context` (switches, new threads,
 //! full contexts and their accessors), `rseq` (restartable sequences), `entry` (a new
-//! activation's first instructions), `fault` (reading a CPU exception's frame), and the protocol's context type and interrupt vectors.
-//! `current` is the architecture being built; `word` (the per-vCPU words' layout) and `sequences`
-//! (the restartable sequences' Rust wrappers) are shared by both.
+//! activation's first instructions), `fault` (reading a CPU exception's frame), and the
+//! protocol's context type and interrupt vectors. `current` is the architecture being built.
+//! Shared by both: `word` (the per-vCPU words' layout), and the Rust side of what each
+//! architecture writes in assembly: `sequences` (restartable sequences), `switch` (context
+//! switches) and `entry_words` (a new activation's entry and its saved words).
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
+mod entry_words;
 mod sequences;
+mod switch;
 mod word;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;

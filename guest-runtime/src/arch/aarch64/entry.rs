@@ -10,24 +10,7 @@ use activm_stub::arch::aarch64::percpu::{HOLD_OFFSET, PENDING_OFFSET};
 use activm_stub::protocol::arch::aarch64::UserContext;
 
 use super::cpu::{offset, Word};
-
-/// Tag on a vCPU's activation word while an activation entry resets the words it claimed (see
-/// x86_64's `CLAIMING`).
-pub const CLAIMING: u64 = 1 << 63;
-
-/// The words `__rt_activation_entry` saves before it claims the vCPU, on its new stack (layout
-/// used by the assembly below).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct OldWords {
-    pub current: u64,
-    pub in_sched: u64,
-    pub sched_idle: u64,
-    pub sched_top: u64,
-    pub hold: u64,
-    pub activation: u64,
-    pub new_top: u64,
-}
+pub use crate::arch::entry_words::{entry_address, window, InEntry, OldWords, CLAIMING};
 
 /// Where an interrupt taken at a new activation's first instruction leaves that instruction's
 /// address: the stub's EL1 entry writes the 48-byte `IrqFrame` at `top - 48`, its `pc` at
@@ -114,38 +97,7 @@ const _: () = {
 };
 
 extern "C" {
-    fn __rt_activation_entry();
-    static __rt_act_window_start: u8;
     static __rt_act_claim_check: u8;
-    static __rt_act_claimed: u8;
-    static __rt_act_window_end: u8;
-}
-
-/// The address a new activation starts at (registered with `sa_register`).
-pub fn entry_address() -> u64 {
-    __rt_activation_entry as *const () as u64
-}
-
-/// The entry's unsafe window `(start, claimed, end)`: from `start` to `end` the vCPU's words are
-/// not to be trusted; from `claimed` on they are this activation's (tagged [`CLAIMING`]).
-pub fn window() -> (u64, u64, u64) {
-    (
-        core::ptr::addr_of!(__rt_act_window_start) as u64,
-        core::ptr::addr_of!(__rt_act_claimed) as u64,
-        core::ptr::addr_of!(__rt_act_window_end) as u64,
-    )
-}
-
-/// A context taken inside an activation entry.
-#[derive(Clone, Copy, Debug)]
-pub struct InEntry {
-    /// Where the entry was.
-    pub pc: u64,
-    /// The top of the entry's activation stack.
-    pub stack_top: u64,
-    /// The words the entry had saved, if it had claimed the vCPU (with the previous activation
-    /// filled in when the claim was the last thing it did).
-    pub saved: Option<OldWords>,
 }
 
 /// The entry's stack pointer after its first instruction (`sub sp, sp, #64`) is `top - 64`; the
