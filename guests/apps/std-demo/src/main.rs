@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 thread_local! {
     static PER_THREAD: Cell<u64> = const { Cell::new(0) };
+    static STARTS_AT_7: Cell<u64> = const { Cell::new(7) };
+    static NAME: std::cell::RefCell<String> = std::cell::RefCell::new(String::from("fresh"));
 }
 
 fn main() {
@@ -49,6 +51,28 @@ fn main() {
     println!("mutex: {}", *counter.lock().unwrap());
     println!("threads: {}", names.join(" "));
     println!("main thread-local: {}", PER_THREAD.get());
+
+    // Threads one after the other (each may run on the control block the last one left): every
+    // one starts with the initial values, whatever the previous one wrote.
+    let seen: Vec<String> = (0..3)
+        .map(|i| {
+            thread::spawn(move || {
+                let seen = format!(
+                    "{}/{}/{}",
+                    PER_THREAD.get(),
+                    STARTS_AT_7.get(),
+                    NAME.with_borrow(|n| n.clone())
+                );
+                PER_THREAD.set(100 + i);
+                STARTS_AT_7.set(200 + i);
+                NAME.with_borrow_mut(|n| n.push_str("-used"));
+                seen
+            })
+            .join()
+            .unwrap()
+        })
+        .collect();
+    println!("thread-locals in successive threads: {}", seen.join(" "));
 
     // A Condvar ping-pong between two threads.
     let turn = Arc::new((Mutex::new(0u32), Condvar::new()));
