@@ -38,6 +38,7 @@ fn run(
             path: disk.0.clone(),
             read_only: false,
             latency: Duration::from_micros(latency_us),
+            inline_wait: activm::devices::blk::DEFAULT_INLINE_WAIT,
         }),
         ..VmConfig::new(guest("iobench"))
     };
