@@ -12,7 +12,9 @@
 //! consumer thread sleeps); rows marked "blocking" run it with `--rt-blk-async=off`, today's
 //! guests: each request blocks its vCPU in the VMM. The runtime's default is one `blk_submit`
 //! exit per request; two more rows use the submission ring (`--rt-blk-ring=on`), its doorbell
-//! an ioeventfd store or a hypercall (`--rt-blk-doorbell-exit=on`).
+//! an ioeventfd store or a hypercall (`--rt-blk-doorbell-exit=on`). At 1 us latency a request,
+//! blocking or not, completes inside its exit (the two-phase wait, `--io-inline-wait`,
+//! `docs/activations.md`): that row shows whether anything of the cost of blocking is left.
 //!
 //! `cargo xtask bench io`; `ACTIVM_BENCH_QUICK=1` for a short smoke run.
 
@@ -38,6 +40,7 @@ fn run(
             path: disk.0.clone(),
             read_only: false,
             latency: Duration::from_micros(latency_us),
+            inline_wait: activm::devices::blk::DEFAULT_INLINE_WAIT,
         }),
         ..VmConfig::new(guest("iobench"))
     };

@@ -51,6 +51,7 @@ fn run(mode: Mode, disk: &TempDisk, requests: u64, with_batch: bool) -> Result<S
             path: disk.0.clone(),
             read_only: true,
             latency: Duration::from_micros(DISK_LATENCY_US),
+            inline_wait: activm::devices::blk::DEFAULT_INLINE_WAIT,
         }),
         // Served before the batch guest by activm's allocator (no effect under host-sched).
         latency_critical: true,

@@ -33,6 +33,7 @@ fuzz_target!(|data: &[u8]| {
         path,
         read_only,
         latency: Default::default(),
+        inline_wait: activm::devices::blk::DEFAULT_INLINE_WAIT,
     })
     .expect("disk");
     assert_eq!(disk.info(BLK_INFO_SECTORS), Some(sectors));

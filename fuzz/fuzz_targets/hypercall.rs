@@ -30,6 +30,7 @@ fn world() -> &'static World {
             path,
             read_only: false,
             latency: Default::default(),
+            inline_wait: activm::devices::blk::DEFAULT_INLINE_WAIT,
         })
         .expect("disk");
         World {

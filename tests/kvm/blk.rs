@@ -72,6 +72,45 @@ pub(super) fn blk_tests() -> Vec<Trial> {
                 check_blk_pattern(&disk)
             },
         ),
+        Trial::test("blk_short_latency_is_waited_for_in_the_exit", || {
+            // Two-phase wait: a 20 us device with a 50 us inline wait. Reads and writes
+            // complete inside their exits (no BLOCKED / UNBLOCKED for them); only flushes, whose
+            // data waits for the host, still block, each told by exactly one pair.
+            let (run, disk) = rt_tests_on_slow_disk(
+                "blk-inline",
+                "20",
+                &[
+                    "--vcpus",
+                    "4",
+                    "--pcpus",
+                    "2",
+                    "--stats",
+                    "--io-inline-wait",
+                    "50",
+                ],
+                &["--rt-blk-async=off", "blk", "blk-overlap"],
+            )?;
+            let tests = ["blk", "blk-overlap"];
+            let run = rt_suite_exact(run.expect_code(0)?, Setup::new(true, 4, true), &tests, "")?;
+            let disk_stat = |key: &str| {
+                let line = run.stderr.lines().find(|l| l.starts_with("disk "))?;
+                let at = line.find(&format!(" {key}="))? + key.len() + 2;
+                line[at..].split([' ', ')']).next()?.parse::<u64>().ok()
+            };
+            let blocked = upcall_count(&run.stderr, "BLOCKED").unwrap_or(0);
+            let unblocked = upcall_count(&run.stderr, "UNBLOCKED").unwrap_or(0);
+            let (flushes, waited, blocking) =
+                (disk_stat("flushes"), disk_stat("there"), disk_stat("vCPU"));
+            if waited.unwrap_or(0) < 40 || blocking != flushes || blocked != unblocked {
+                return Err(format!(
+                    "{blocked} BLOCKED, {unblocked} UNBLOCKED; flushes {flushes:?}, waited in the \
+                     exit {waited:?}, blocked {blocking:?}\n{}",
+                    run.stderr
+                )
+                .into());
+            }
+            check_blk_pattern(&disk)
+        }),
         Trial::test("blk_oblivious_vcpus_block_without_upcalls", || {
             let (run, _disk) = rt_tests_on_slow_disk(
                 "blk-obl",

@@ -44,16 +44,16 @@ pub(crate) struct RunArgs {
     /// Read the guests and the machine-wide settings from a TOML file.
     ///
     /// At the top, the machine-wide keys, as the flags: pcpus, quantum (ms), chaos (seed),
-    /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), host_sched, place_vcpus. Then one
-    /// [[guest]] table per guest: image (required), name (its label in output, --stats and
-    /// `activm ctl`),
+    /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), io_inline_wait (us),
+    /// host_sched, place_vcpus. Then one [[guest]] table per guest: image (required), name (its
+    /// label in output, --stats and `activm ctl`),
     /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only, mounts
     /// (an array of "HOSTDIR:GUESTDIR[:ro]"),
     /// thread_stack, thread_stacks, prefault. Sizes are numbers of bytes or strings like "256M"; paths
     /// are relative to the file's directory. Unknown keys are errors.
     ///
     /// Machine-wide flags given with --config (--pcpus, --quantum, --chaos, --timeout, --stats,
-    /// --boot-timing, --trace, --ctl, --io-latency, --host-sched) override the file. Per-guest
+    /// --boot-timing, --trace, --ctl, --io-latency, --io-inline-wait, --host-sched) override the file. Per-guest
     /// ones (GUEST, --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
     /// --thread-stacks, --prefault, GUEST_ARGS) are refused: set them in the [[guest]] tables.
     #[arg(long, value_name = "FILE.toml")]
@@ -128,6 +128,12 @@ pub(crate) struct RunArgs {
     /// the vCPU in the VMM (BLOCKED / UNBLOCKED upcalls). At most 10 s.
     #[arg(long, default_value_t = 0, value_name = "MICROSECONDS")]
     pub(crate) io_latency: u64,
+    /// Two-phase wait: a disk request whose data moved inside its exit and whose remaining
+    /// latency ends within this is waited for in the exit (the vCPU keeps its processor)
+    /// instead of blocking (BLOCKED / UNBLOCKED) or completing later. 0: only what is done by
+    /// then. At most 1000 us. Default: below the cost of blocking (docs/activations.md)
+    #[arg(long, default_value_t = 25, value_name = "MICROSECONDS")]
+    pub(crate) io_inline_wait: u64,
     /// Publish a guest port: a guest listening on GUESTPORT is reached at 127.0.0.1:HOSTPORT
     /// (repeatable; with several guests, the first guest's). Guests reach nothing otherwise.
     #[arg(long, value_name = "HOSTPORT:GUESTPORT")]

@@ -141,6 +141,10 @@ fn settings(
         machine.io_latency_us = flags.io_latency_us;
         machine.from_flags.push(Key::IoLatency);
     }
+    if given("io_inline_wait") {
+        machine.io_inline_wait_us = flags.io_inline_wait_us;
+        machine.from_flags.push(Key::IoInlineWait);
+    }
     if given("chaos") {
         machine.chaos = flags.chaos;
     }
@@ -169,6 +173,7 @@ fn machine_from_flags(args: &RunArgs) -> Machine {
         trace: args.trace.clone(),
         ctl: args.ctl.clone(),
         io_latency_us: args.io_latency,
+        io_inline_wait_us: args.io_inline_wait,
         host_sched: args.host_sched,
         place_vcpus: args.place_vcpus,
         from_flags: Vec::new(),
@@ -445,7 +450,14 @@ mod tests {
         let (_, given) = parse_run(&["g.elf", "--pcpus", "2", "--stats"]);
         assert!(given.contains(&"pcpus".to_string()));
         assert!(given.contains(&"stats".to_string()));
-        for defaulted in ["vcpus", "mem", "quantum", "no_activations", "io_latency"] {
+        for defaulted in [
+            "vcpus",
+            "mem",
+            "quantum",
+            "no_activations",
+            "io_latency",
+            "io_inline_wait",
+        ] {
             assert!(!given.contains(&defaulted.to_string()), "{defaulted}");
         }
         let (_, given) = parse_run(&["g.elf", "--vcpus", "1", "--", "x"]);

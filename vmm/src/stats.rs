@@ -135,13 +135,14 @@ pub fn render(guest: &Guest) -> String {
         let blocking = n(&d.blocking);
         let _ = write!(
             out,
-            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} asynchronous={} blocked the vCPU={} (mean {:.0} us) from the submission ring={} consumer wake-ups={}",
+            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} (waited for the device there={}) asynchronous={} blocked the vCPU={} (mean {:.0} us) from the submission ring={} consumer wake-ups={}",
             disk.path().display(),
             n(&d.reads),
             n(&d.writes),
             n(&d.flushes),
             n(&d.bytes),
             n(&d.immediate),
+            n(&d.waited_inline),
             n(&d.asynchronous),
             blocking,
             n(&d.blocked_us) as f64 / blocking.max(1) as f64,

@@ -176,6 +176,7 @@ pub fn build(
                 path: path.clone(),
                 read_only: guest.disk_read_only,
                 latency: Duration::from_micros(machine.io_latency_us),
+                inline_wait: Duration::from_micros(machine.io_inline_wait_us),
             }),
             mounts: guest.mounts.clone(),
             net,
@@ -184,8 +185,8 @@ pub fn build(
             prefault: guest.prefault,
         };
         if let Err((key, what)) = config.check() {
-            // The latency is the machine's setting, not the guest's.
-            let index = (key != Key::IoLatency).then_some(i);
+            // The disk timings are the machine's settings, not the guest's.
+            let index = (!matches!(key, Key::IoLatency | Key::IoInlineWait)).then_some(i);
             return Err(fail(EXIT_INVALID, key, index, &what));
         }
         configs.push(config);

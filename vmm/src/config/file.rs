@@ -81,6 +81,8 @@ struct FileDoc {
     /// Microseconds.
     #[serde(default)]
     io_latency: u64,
+    /// Microseconds.
+    io_inline_wait: Option<u64>,
     #[serde(default)]
     host_sched: bool,
     #[serde(default)]
@@ -178,6 +180,7 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
         trace: doc.trace.map(here),
         ctl: doc.ctl.map(here),
         io_latency_us: doc.io_latency,
+        io_inline_wait_us: doc.io_inline_wait.unwrap_or(defaults.io_inline_wait_us),
         host_sched: doc.host_sched,
         place_vcpus: doc.place_vcpus,
         from_flags: Vec::new(),

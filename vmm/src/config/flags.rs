@@ -11,6 +11,7 @@ pub enum Key {
     Quantum,
     Timeout,
     IoLatency,
+    IoInlineWait,
     Image,
     Name,
     Vcpus,
@@ -31,6 +32,7 @@ impl Key {
             Key::Quantum => "--quantum",
             Key::Timeout => "--timeout",
             Key::IoLatency => "--io-latency",
+            Key::IoInlineWait => "--io-inline-wait",
             Key::Image => "GUEST",
             Key::Name => "the guest name",
             Key::Vcpus => "--vcpus",
@@ -51,6 +53,7 @@ impl Key {
             Key::Quantum => "quantum",
             Key::Timeout => "timeout",
             Key::IoLatency => "io_latency",
+            Key::IoInlineWait => "io_inline_wait",
             Key::Image => "image",
             Key::Name => "name",
             Key::Vcpus => "vcpus",
@@ -86,6 +89,8 @@ pub struct Machine {
     pub ctl: Option<PathBuf>,
     /// Emulated latency of every guest's disk, in microseconds.
     pub io_latency_us: u64,
+    /// Longest emulated latency a disk request waits for inside its exit, in microseconds.
+    pub io_inline_wait_us: u64,
     /// No allocator: every vCPU thread is left to the host's scheduler (`--host-sched`).
     pub host_sched: bool,
     /// Bind processors and granted vCPU threads to host CPUs (`--place-vcpus`).
@@ -106,6 +111,7 @@ impl Default for Machine {
             trace: None,
             ctl: None,
             io_latency_us: 0,
+            io_inline_wait_us: crate::devices::blk::DEFAULT_INLINE_WAIT.as_micros() as u64,
             host_sched: false,
             place_vcpus: false,
             from_flags: Vec::new(),

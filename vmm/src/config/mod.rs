@@ -10,6 +10,8 @@
 //! ```toml
 //! pcpus = 2            # also: quantum (ms), chaos (seed), timeout (s), stats, boot_timing,
 //! timeout = 60         #       trace, ctl, io_latency (us, for every guest with a disk),
+//!                      #       io_inline_wait (us, default 25: a disk request due within
+//!                      #       this is waited for inside its exit instead of blocking),
 //!                      #       host_sched (no allocator: the host schedules every vCPU),
 //!                      #       place_vcpus (processors bound to host CPUs, experimental)
 //!
@@ -204,6 +206,15 @@ impl VmConfig {
                     format!(
                         "is at most {} us",
                         crate::devices::blk::MAX_LATENCY.as_micros()
+                    ),
+                ));
+            }
+            if disk.inline_wait > crate::devices::blk::MAX_INLINE_WAIT {
+                return Err((
+                    Key::IoInlineWait,
+                    format!(
+                        "is at most {} us",
+                        crate::devices::blk::MAX_INLINE_WAIT.as_micros()
                     ),
                 ));
             }

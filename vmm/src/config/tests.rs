@@ -50,6 +50,7 @@ fn a_full_file_parses() {
         trace = "run.json"
         ctl = "/tmp/activm.sock"
         io_latency = 1000
+        io_inline_wait = 40
         place_vcpus = true
 
         [[guest]]
@@ -82,6 +83,7 @@ fn a_full_file_parses() {
             trace: Some("/etc/activm/run.json".into()),
             ctl: Some("/tmp/activm.sock".into()),
             io_latency_us: 1000,
+            io_inline_wait_us: 40,
             host_sched: false,
             place_vcpus: true,
             from_flags: Vec::new(),
@@ -300,6 +302,12 @@ fn values_are_checked_with_the_flags_statuses() {
     assert_eq!(
         p.message,
         format!("{FILE}: io_latency is at most 10000000 us")
+    );
+    let p = build_err("io_inline_wait = 2000\n[[guest]]\nimage = \"demo\"\ndisk = \"d.img\"\n");
+    assert_eq!(p.status, EXIT_INVALID);
+    assert_eq!(
+        p.message,
+        format!("{FILE}: io_inline_wait is at most 1000 us")
     );
 }
 

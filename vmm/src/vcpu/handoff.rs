@@ -13,7 +13,7 @@ use super::{ExitAction, VcpuThread, DEFER_GRACE_US, MAX_RUN_FORWARD, RUN_FORWARD
 use crate::activation::Event;
 use crate::allocator::Release;
 use crate::arch::current::{self as arch, abi::UserContext};
-use crate::devices::blk::Request;
+use crate::devices::blk::Pending;
 use crate::vm::Outcome;
 
 impl VcpuThread {
@@ -129,8 +129,8 @@ impl VcpuThread {
                 self.guest.finish(outcome);
                 true
             }
-            ExitAction::Block(req) => {
-                self.block_on_request(req);
+            ExitAction::Block(pending) => {
+                self.block_on_request(pending);
                 true
             }
             ExitAction::Stop => {
@@ -173,7 +173,8 @@ impl VcpuThread {
         self.guest.deliver(event);
     }
 
-    /// A device request must wait: give the processor back, do the I/O on this thread, then
+    /// A device request must wait (longer than the disk's inline wait, which the exit already
+    /// decided against): give the processor back, finish the request on this thread, then
     /// hand the context over (UNBLOCKED) or wait to resume where the vCPU was.
     ///
     /// With activations (and the request made at CPL3, as the runtime does): the activation
@@ -184,7 +185,7 @@ impl VcpuThread {
     /// activation itself with the UNBLOCKED in its own queue. Otherwise the UNBLOCKED goes to a
     /// running vCPU (into the queue that got the BLOCKED, if it still lives, so it cannot
     /// overtake it). Oblivious guests' vCPUs just lose their processor meanwhile.
-    pub(super) fn block_on_request(&mut self, req: Request) {
+    pub(super) fn block_on_request(&mut self, pending: Pending) {
         let Some(disk) = &self.guest.disk else {
             unreachable!("only device requests block")
         };
@@ -206,7 +207,7 @@ impl VcpuThread {
             self.guest
                 .post_pending(Event::new(UpcallKind::Blocked, activation, self.index, 0));
         }
-        let result = disk.perform(&self.guest.ram, &req, &self.control.stop_requested);
+        let result = disk.finish(&self.guest.ram, &pending, &self.control.stop_requested);
         self.trace_state("blocked", false);
         arch::set_hypercall_result(&mut self.fd, result);
         if self.control.stop_requested.load(Ordering::Acquire) {

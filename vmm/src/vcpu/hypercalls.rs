@@ -281,7 +281,8 @@ impl VcpuThread {
         }
     }
 
-    /// A block request: done now if it can be, else the vCPU blocks on it.
+    /// A block request: done now if it can be (within the disk's inline wait), else the vCPU
+    /// blocks on what is left of it.
     fn blk(&self, kind: Hypercall, req: Request) -> Handled {
         let Some(disk) = &self.guest.disk else {
             return Ok(BLK_ERR_NO_DEVICE);
@@ -289,10 +290,7 @@ impl VcpuThread {
         match disk.check(&self.guest.plan, &req) {
             Err(why) => Err(self.violation(format!("malformed hypercall {}: {why}", kind.name()))),
             Ok(Err(code)) => Ok(code),
-            Ok(Ok(())) => match disk.try_now(&self.guest.ram, &req) {
-                Some(result) => Ok(result),
-                None => Err(ExitAction::Block(req)),
-            },
+            Ok(Ok(())) => disk.start(&self.guest.ram, &req).map_err(ExitAction::Block),
         }
     }
 

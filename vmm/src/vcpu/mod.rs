@@ -22,7 +22,7 @@ use kvm_ioctls::VcpuFd;
 
 use crate::activation::NewActivation;
 use crate::arch::current as arch;
-use crate::devices::blk::Request;
+use crate::devices::blk::Pending;
 use crate::guest::Guest;
 use crate::kick::KickTimer;
 pub use crate::kick::{install_kick_handler, VcpuControl, EXIT_HYPERCALL, EXIT_KICK, EXIT_OTHER};
@@ -42,9 +42,9 @@ pub enum ExitAction {
     Stop,
     /// The whole guest is done.
     Finish(Outcome),
-    /// A device request that must wait: the vCPU blocks in the VMM (`handoff.rs`); the load's
-    /// result is set when the request completes.
-    Block(Request),
+    /// A device request that must wait longer than the disk's inline wait: the vCPU blocks in
+    /// the VMM (`handoff.rs`); the load's result is set when the request completes.
+    Block(Pending),
 }
 
 /// How many times a vCPU caught at CPL0 is run forward before it is descheduled without a

@@ -3,7 +3,8 @@
 //! `blk_submit` never blocks the vCPU. A request the page cache serves at once completes inside
 //! the exit as before. On a device with `--io-latency` the data still moves inside the exit when
 //! the page cache allows, and only the latency is waited for: the completion is *due* then
-//! (under [`INLINE_WAIT`] away it is simply waited for in the exit, cheaper than any wake-up).
+//! (within the disk's inline wait it is simply waited for in the exit, cheaper than any
+//! wake-up: `Disk::start`, `devices/blk.rs`).
 //! Requests whose data must wait for the host (a cold read, a flush) go to a pool of
 //! [`IO_THREADS`] I/O threads, started with the guest (before the sandbox, which forbids a vCPU
 //! thread to create threads). The hypercall returns `BLK_IN_FLIGHT`.
@@ -50,9 +51,6 @@ use wake::{wake_for_completions, wake_one_running};
 pub const IO_THREADS: usize = 8;
 /// How often an idle I/O thread checks that its guest still exists.
 const IDLE_CHECK: Duration = Duration::from_millis(200);
-/// A completion due sooner than this after its data moved is waited for inside the exit: a
-/// wake-up (another host thread, an interrupt, a halt) costs more here.
-pub const INLINE_WAIT: Duration = Duration::from_micros(25);
 /// How long the timer thread leaves a due completion to a halted vCPU polling for it.
 const POLLER_GRACE: Duration = Duration::from_micros(300);
 

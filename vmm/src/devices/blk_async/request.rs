@@ -4,16 +4,13 @@ use std::cmp::Reverse;
 use std::mem::offset_of;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use protocol::blk::{
     BlkRing, BLK_IN_FLIGHT, BLK_OP_FLUSH, BLK_OP_READ, BLK_OP_WRITE, BLK_RING_CAPACITY,
 };
 
-use super::{
-    publish, read_u32, ring_field, timer_must_wake, wake_for_completions, Shared, INLINE_WAIT,
-};
-use crate::devices::blk::{Op, Request};
+use super::{publish, read_u32, ring_field, timer_must_wake, wake_for_completions, Shared};
+use crate::devices::blk::{Op, Pending, Request};
 use crate::guest::Guest;
 
 impl Shared {
@@ -34,26 +31,13 @@ impl Shared {
         let Some(ring) = ring else {
             return Err("no completion ring: call blk_ring_setup first".into());
         };
-        let mut moved = None;
-        let mut due = Instant::now();
-        let mut result_now = match disk.check(&guest.plan, &req)? {
-            Err(code) => Some(code),
-            Ok(()) => disk.try_now(&guest.ram, &req),
+        let (mut result_now, pending) = match disk.check(&guest.plan, &req)? {
+            Err(code) => (Some(code), None),
+            Ok(()) => match disk.start(&guest.ram, &req) {
+                Ok(result) => (Some(result), None),
+                Err(pending) => (None, Some(pending)),
+            },
         };
-        if result_now.is_none() {
-            let started = Instant::now();
-            moved = disk.transfer_now(&guest.ram, &req);
-            due = started + disk.latency();
-            if let Some(result) = moved {
-                if due.saturating_duration_since(Instant::now()) <= INLINE_WAIT {
-                    while Instant::now() < due {
-                        std::hint::spin_loop();
-                    }
-                    disk.stats.immediate.fetch_add(1, Ordering::Relaxed);
-                    result_now = Some(result);
-                }
-            }
-        }
         if let (Some(result), false) = (result_now, from_ring) {
             return Ok(result);
         }
@@ -99,7 +83,7 @@ impl Shared {
             return Ok(BLK_IN_FLIGHT);
         }
         disk.stats.asynchronous.fetch_add(1, Ordering::Relaxed);
-        if let Some(result) = moved {
+        if let Some(Pending::Latency { result, due }) = pending {
             let wake_timer = state
                 .delayed
                 .peek()
