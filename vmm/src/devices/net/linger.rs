@@ -116,3 +116,35 @@ impl Net {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_lingering_socket_sends_the_rest_as_room_comes() {
+        let (ours, mut peer) = UnixStream::pair().expect("socketpair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        let bytes: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut entry = Linger {
+            fd: OwnedFd::from(ours),
+            bytes: bytes.clone(),
+            sent: 0,
+        };
+        assert!(!entry.send(), "a megabyte does not fit a socket buffer");
+        assert!(entry.sent > 0 && entry.sent < bytes.len());
+        let mut got = Vec::new();
+        let mut chunk = vec![0u8; 65536];
+        while got.len() < bytes.len() {
+            let n = peer.read(&mut chunk).expect("read");
+            got.extend_from_slice(&chunk[..n]);
+            entry.send();
+        }
+        assert!(entry.send());
+        assert_eq!(got, bytes);
+        drop(entry);
+        assert_eq!(peer.read(&mut chunk).expect("end"), 0, "closed after the last byte");
+    }
+}
