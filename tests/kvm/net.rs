@@ -203,9 +203,7 @@ fn last_bytes_arrive_after_close_and_exit() -> Result<(), Failed> {
     )?
     .expect_code(0)?
     .stdout_has(&format!("std-kv: sent {CLOSED} and {OPEN} bytes"))?;
-    reader
-        .join()
-        .map_err(|_| "the reader thread panicked")??;
+    reader.join().map_err(|_| "the reader thread panicked")??;
     Ok(())
 }
 

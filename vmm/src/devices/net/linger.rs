@@ -59,15 +59,11 @@ impl Linger {
 }
 
 impl Net {
-    /// Keeps `fd` open until `bytes` are sent (after one try now). At most one ring's worth per
-    /// closed stream; the socket table's limit bounds how many streams the guest can close
-    /// this way at once only loosely, so a full table of lingering sockets is dropped instead.
+    /// Keeps `fd` open until `bytes` are sent (after one try now): at most one ring's worth per
+    /// closed stream, and at most `NET_MAX_SOCKETS` lingering sockets (beyond, the rest is
+    /// dropped: the guest can close and reopen streams faster than a peer reads).
     pub(super) fn linger(&self, table: &mut Table, fd: OwnedFd, bytes: Vec<u8>) {
-        let mut entry = Linger {
-            fd,
-            bytes,
-            sent: 0,
-        };
+        let mut entry = Linger { fd, bytes, sent: 0 };
         if entry.send() || table.lingering.socks.len() >= protocol::net::NET_MAX_SOCKETS {
             return;
         }
@@ -145,6 +141,10 @@ mod tests {
         assert!(entry.send());
         assert_eq!(got, bytes);
         drop(entry);
-        assert_eq!(peer.read(&mut chunk).expect("end"), 0, "closed after the last byte");
+        assert_eq!(
+            peer.read(&mut chunk).expect("end"),
+            0,
+            "closed after the last byte"
+        );
     }
 }
