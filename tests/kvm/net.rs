@@ -163,8 +163,55 @@ fn connects_only_where_allowed() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `std-kv blast`: every byte arrives, in order, then the end of the stream, both from a
+/// stream closed non-blocking (the VMM sends the rest after `close`) and from one left open
+/// at `std::process::exit` (sent before the VMM closes it). The first reader is slow on
+/// purpose, so the host socket is full when the guest closes; the second stream's 64 KiB fit
+/// the host socket's buffers (the VMM sends once at exit and does not wait).
+fn last_bytes_arrive_after_close_and_exit() -> Result<(), Failed> {
+    use std::io::Read;
+    const CLOSED: usize = 8 << 20;
+    const OPEN: usize = 64 << 10;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?.to_string();
+    let reader = std::thread::spawn(move || -> Result<(), String> {
+        for (which, bytes) in [("closed", CLOSED), ("left open at exit", OPEN)] {
+            let (mut conn, _) = listener.accept().map_err(|e| e.to_string())?;
+            let mut got = 0usize;
+            let mut chunk = vec![0u8; 64 << 10];
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                let n = conn.read(&mut chunk).map_err(|e| format!("{which}: {e}"))?;
+                if n == 0 {
+                    break;
+                }
+                if let Some(i) = (0..n).find(|&i| chunk[i] != ((got + i) % 251) as u8) {
+                    return Err(format!("{which}: byte {} is wrong", got + i));
+                }
+                got += n;
+            }
+            if got != bytes {
+                return Err(format!("{which}: {got} of {bytes} bytes arrived"));
+            }
+        }
+        Ok(())
+    });
+    activm_run(
+        &std_guest("std-kv")?,
+        &["--allow-connect", &addr],
+        &["blast", &addr, &CLOSED.to_string(), &OPEN.to_string()],
+    )?
+    .expect_code(0)?
+    .stdout_has(&format!("std-kv: sent {CLOSED} and {OPEN} bytes"))?;
+    reader.join().map_err(|_| "the reader thread panicked")??;
+    Ok(())
+}
+
 pub fn tests() -> Vec<Trial> {
     vec![
+        Trial::test("std_kv_last_bytes_arrive_after_close_and_exit", || {
+            last_bytes_arrive_after_close_and_exit()
+        }),
         Trial::test("std_kv_serves_redis_benchmark", || {
             benchmark_then_round_trip(&["--vcpus", "2"])
         }),

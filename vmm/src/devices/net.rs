@@ -27,6 +27,7 @@ use crate::guest::Guest;
 
 mod byte_ring;
 mod config;
+mod linger;
 mod opts;
 mod poll;
 mod rx;
@@ -61,6 +62,8 @@ struct Sock {
     read_tag: Option<u32>,
     write_tag: Option<u32>,
     in_epoll: bool,
+    /// The events last registered in epoll (`poll::epoll_update`).
+    registered: u32,
     /// The guest's receive buffer (`rx_setup`, or given to `accept`).
     rx: Option<RxArea>,
     /// The guest's transmit ring (`tx_setup`).
@@ -79,6 +82,8 @@ struct Table {
     waiting: [u64; NET_RING_CAPACITY / 64],
     /// Sockets with a transmit ring, for the net thread's looks.
     tx_socks: Vec<usize>,
+    /// Closed streams whose last bytes are still being sent.
+    lingering: linger::Lingering,
 }
 
 /// A guest's sockets.
@@ -239,6 +244,7 @@ impl Net {
             read_tag: None,
             write_tag: None,
             in_epoll: false,
+            registered: 0,
             rx: None,
             tx: None,
         });
@@ -495,8 +501,13 @@ impl Net {
             self.send_queued(guest, table, s)?;
             table.tx_socks.retain(|&t| t != s);
         }
-        let Some(sock) = table.socks[s].take() else {
+        let Some(mut sock) = table.socks[s].take() else {
             return Ok(neg(libc::EBADF));
+        };
+        // What the host socket had no room for yet is sent after the close.
+        let unsent = match &mut sock.tx {
+            Some(tx) if tx.blocked => tx.take_queued(&guest.ram)?,
+            _ => Vec::new(),
         };
         let rx_waiter = match &sock.rx {
             Some(rx) => rx.take_waiter(guest)?,
@@ -530,6 +541,8 @@ impl Net {
                 if let Some(entry) = table.listeners.get_mut(&guest_port) {
                     entry.1 = Some(fd);
                 }
+            } else if !unsent.is_empty() {
+                self.linger(table, fd, unsent);
             }
         }
         Ok(0)

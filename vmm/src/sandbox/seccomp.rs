@@ -94,6 +94,8 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
         ThreadKind::Io => &[libc::SYS_writev],
         ThreadKind::Net => &[
             libc::SYS_epoll_pwait,
+            // Short waits while the net thread polls the transmit rings.
+            libc::SYS_epoll_pwait2,
             libc::SYS_epoll_ctl,
             // Receiving ahead into guest buffers and sending from guest transmit rings
             // (`devices/net/rx.rs`, `devices/net/tx.rs`).

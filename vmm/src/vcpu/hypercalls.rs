@@ -67,7 +67,13 @@ impl VcpuThread {
     fn dispatch(&mut self, kind: Hypercall, call: Call) -> Handled {
         match call {
             Call::ConsoleWrite { buf, len } => self.console_write(kind, buf, len),
-            Call::Exit { code } => Err(ExitAction::Finish(Outcome::Exited(code))),
+            Call::Exit { code } => {
+                if let Some(net) = &self.guest.net {
+                    // Bytes queued in transmit rings go out, as a process's would at exit.
+                    net.flush_at_exit(&self.guest);
+                }
+                Err(ExitAction::Finish(Outcome::Exited(code)))
+            }
             Call::Panic { buf, len } => self.panic(kind, buf, len),
             Call::FatalTrap => Err(ExitAction::Finish(Outcome::Fault {
                 vcpu: self.index,

@@ -5,7 +5,9 @@
 //! replies are buffered and flushed when no request is left in the input buffer.
 //!
 //! Usage: `std-kv [PORT]` (default 6379), listening on 0.0.0.0; `std-kv ping HOST:PORT` is a
-//! client instead: it sends PING to a server there and prints the reply.
+//! client instead: it sends PING to a server there and prints the reply. `std-kv blast HOST:PORT
+//! N M` sends N bytes (`i % 251`) on one connection and closes it non-blocking, then M bytes on
+//! a second connection and exits without closing it (`std::process::exit`).
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
@@ -29,6 +31,22 @@ fn main() {
             }
         }
         return;
+    }
+    if std::env::args().nth(1).as_deref() == Some("blast") {
+        let to = std::env::args().nth(2).unwrap_or_default();
+        let count = |i| {
+            std::env::args()
+                .nth(i)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        let (closed, open) = (count(3), count(4));
+        if let Err(e) = blast(&to, closed, open) {
+            println!("std-kv: cannot blast {to}: {e}");
+            std::process::exit(1);
+        }
+        println!("std-kv: sent {closed} and {open} bytes");
+        std::process::exit(0);
     }
     let port: u16 = std::env::args()
         .nth(1)
@@ -63,6 +81,20 @@ fn ping(to: &str) -> io::Result<String> {
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line)?;
     Ok(line.trim_end().to_string())
+}
+
+/// Sends `closed` bytes to `to` and closes the stream non-blocking (it returns before they
+/// are all sent), then `open` bytes on a second stream that stays open: the caller exits.
+fn blast(to: &str, closed: usize, open: usize) -> io::Result<()> {
+    let data = |n: usize| (0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>();
+    let mut first = TcpStream::connect(to)?;
+    first.write_all(&data(closed))?;
+    first.set_nonblocking(true)?;
+    drop(first);
+    let mut second = TcpStream::connect(to)?;
+    second.write_all(&data(open))?;
+    std::mem::forget(second);
+    Ok(())
 }
 
 fn serve(stream: TcpStream, store: &Store) -> io::Result<()> {

@@ -10,22 +10,38 @@ use std::time::{Duration, Instant};
 
 use protocol::net::*;
 
+use super::linger::LINGER_EVENT;
 use super::{errno, Net, Sock, Table};
 use crate::guest::Guest;
 use crate::vm::Outcome;
 
-/// (Re-)register `sock` for what its tags wait for, one-shot.
-pub(super) fn epoll_update(epoll: &OwnedFd, sock: &mut Sock, data: u64) -> Result<(), i32> {
-    let Some(fd) = &sock.fd else {
-        return Err(libc::ENOTCONN);
+/// The events `sock` should be registered for. A stream with a receive buffer stays
+/// registered, edge-triggered: every arrival of data (or room, or the peer's close) queues one
+/// event, and the net thread reads until a short read, so nothing needs re-arming per event.
+/// Other sockets (listeners, connects in progress) are one-shot.
+fn wanted_events(sock: &Sock) -> u32 {
+    let mut events = libc::EPOLLRDHUP as u32;
+    events |= if sock.rx.is_some() {
+        libc::EPOLLET as u32
+    } else {
+        libc::EPOLLONESHOT as u32
     };
-    let mut events = libc::EPOLLONESHOT as u32 | libc::EPOLLRDHUP as u32;
     if sock.read_tag.is_some() || sock.rx.as_ref().is_some_and(|rx| rx.wants_data()) {
         events |= libc::EPOLLIN as u32;
     }
     if sock.write_tag.is_some() || sock.tx.as_ref().is_some_and(|tx| tx.wants_room()) {
         events |= libc::EPOLLOUT as u32;
     }
+    events
+}
+
+/// (Re-)register `sock` for what its tags and buffers wait for. A modification makes the
+/// kernel look at the socket's readiness again, so a condition already true is reported.
+pub(super) fn epoll_update(epoll: &OwnedFd, sock: &mut Sock, data: u64) -> Result<(), i32> {
+    let Some(fd) = &sock.fd else {
+        return Err(libc::ENOTCONN);
+    };
+    let events = wanted_events(sock);
     let mut ev = libc::epoll_event { events, u64: data };
     let op = if sock.in_epoll {
         libc::EPOLL_CTL_MOD
@@ -37,7 +53,22 @@ pub(super) fn epoll_update(epoll: &OwnedFd, sock: &mut Sock, data: u64) -> Resul
         return Err(errno());
     }
     sock.in_epoll = true;
+    sock.registered = events;
     Ok(())
+}
+
+/// After an event: one-shot registrations are re-armed; an edge-triggered one only when what
+/// the socket waits for changed (a buffer filled up, the ring waits for room or stopped).
+fn rearm_after_event(epoll: &OwnedFd, sock: &mut Sock, data: u64) {
+    let events = wanted_events(sock);
+    let waits = events & (libc::EPOLLIN | libc::EPOLLOUT) as u32 != 0;
+    if events & libc::EPOLLET as u32 != 0 {
+        if events != sock.registered {
+            let _ = epoll_update(epoll, sock, data);
+        }
+    } else if waits {
+        let _ = epoll_update(epoll, sock, data);
+    }
 }
 
 /// Queue `(tag, events)` for the ring (the caller publishes with [`publish`]).
@@ -130,9 +161,14 @@ pub fn spawn_thread(guest: &Arc<Guest>) -> io::Result<()> {
 }
 
 /// How long the net thread keeps looking at the transmit rings after its last work before it
-/// sleeps in `epoll_pwait` (a reply comes this soon after its request was reported, or a
-/// doorbell exit sends it).
-const SENDER_SPIN: Duration = Duration::from_micros(50);
+/// sleeps until the next readiness event (a reply comes this soon after its request was
+/// reported, or a doorbell exit sends it).
+const SENDER_POLL: Duration = Duration::from_micros(100);
+
+/// While it polls, the net thread waits for readiness at most this long between two looks at
+/// the transmit rings: a reply waits up to this long, but the thread sleeps in between instead
+/// of spinning in `epoll_pwait` (on a shared host the spin took CPU the guest needed).
+const SENDER_POLL_SLICE_NS: i64 = 20_000;
 
 /// Stores `NetRing::sender` (the guest reads it after queueing bytes).
 fn set_sender(guest: &Guest, table: &Table, polling: bool) {
@@ -145,6 +181,26 @@ fn set_sender(guest: &Guest, table: &Table, polling: bool) {
         if polling { NET_SENDER_POLLING } else { 0 },
         Ordering::SeqCst,
     );
+}
+
+/// `epoll_pwait2` for at most `ns` (`epoll_pwait` counts in milliseconds).
+fn wait_briefly(epoll: i32, events: &mut [libc::epoll_event; 64], ns: i64) -> i32 {
+    let timeout = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: ns,
+    };
+    // SAFETY: `events` holds 64 entries, `timeout` is a valid timespec, no signal mask.
+    unsafe {
+        libc::syscall(
+            libc::SYS_epoll_pwait2,
+            epoll,
+            events.as_mut_ptr(),
+            64,
+            &timeout as *const libc::timespec,
+            std::ptr::null::<libc::sigset_t>(),
+            0usize,
+        ) as i32
+    }
 }
 
 fn net_thread(weak: &Weak<Guest>) {
@@ -160,10 +216,13 @@ fn net_thread(weak: &Weak<Guest>) {
     let mut polling = false;
     let mut last_work = Instant::now();
     loop {
-        let timeout = if polling { 0 } else { 200 };
-        // SAFETY: `events` holds 64 entries; a closed `epoll` makes this fail and the loop end.
-        let n =
-            unsafe { libc::epoll_pwait(epoll, events.as_mut_ptr(), 64, timeout, std::ptr::null()) };
+        let n = if polling {
+            wait_briefly(epoll, &mut events, SENDER_POLL_SLICE_NS)
+        } else {
+            // SAFETY: `events` holds 64 entries; a closed `epoll` makes this fail and the loop
+            // end.
+            unsafe { libc::epoll_pwait(epoll, events.as_mut_ptr(), 64, 200, std::ptr::null()) }
+        };
         let Some(guest) = weak.upgrade() else { return };
         if guest.outcome().is_some() {
             return;
@@ -176,9 +235,20 @@ fn net_thread(weak: &Weak<Guest>) {
         }
         let Some(net) = &guest.net else { return };
         let mut table = net.lock();
-        let mut work = handle_events(net, &guest, &mut table, &events[..n as usize])
-            .and_then(|events| Ok(net.send_all_queued(&guest, &mut table)? || events));
-        if polling && !matches!(work, Ok(true)) && last_work.elapsed() > SENDER_SPIN {
+        // Data first: the threads its events wake run while this thread sends replies.
+        let events = handle_events(net, &guest, &mut table, &events[..n as usize]);
+        if events.is_ok() {
+            let posted = publish(&mut table, &guest);
+            if posted > 0 {
+                drop(table);
+                fence(Ordering::SeqCst);
+                crate::devices::blk_async::wake_one_idle(&guest);
+                table = net.lock();
+            }
+        }
+        let mut work =
+            events.and_then(|events| Ok(net.send_all_queued(&guest, &mut table)? || events));
+        if polling && !matches!(work, Ok(true)) && last_work.elapsed() > SENDER_POLL {
             // To sleep: say so, then look at every ring once more (a guest that queued bytes
             // before it saw the flag cleared is sent for here; after, it rings the doorbell).
             set_sender(&guest, &table, false);
@@ -201,6 +271,7 @@ fn net_thread(weak: &Weak<Guest>) {
                 polling = true;
             }
         }
+        // Tags of senders that waited for room.
         let posted = publish(&mut table, &guest);
         drop(table);
         if posted > 0 {
@@ -220,6 +291,10 @@ fn handle_events(
 ) -> Result<bool, String> {
     for ev in events {
         let (data, bits) = (ev.u64, u64::from(ev.events));
+        if data & LINGER_EVENT != 0 {
+            net.linger_event(table, data);
+            continue;
+        }
         let s = (data & 0xffff_ffff) as usize;
         let Some(Some(sock)) = table.socks.get_mut(s) else {
             continue;
@@ -243,11 +318,7 @@ fn handle_events(
         if room {
             ready.extend(sock.write_tag.take().map(|t| (t, bits & 0x1f)));
         }
-        let rx_watch = sock.rx.as_ref().is_some_and(|rx| rx.wants_data());
-        let tx_watch = sock.tx.as_ref().is_some_and(|tx| tx.wants_room());
-        if sock.read_tag.is_some() || sock.write_tag.is_some() || rx_watch || tx_watch {
-            let _ = epoll_update(&net.epoll, sock, data);
-        }
+        rearm_after_event(&net.epoll, sock, data);
         for (tag, events) in ready {
             post(table, tag, events);
         }

@@ -134,6 +134,37 @@ impl TxArea {
         Ok((empty, waiter))
     }
 
+    /// Copies out what is still queued (the socket closes; the VMM sends it later) and empties
+    /// the ring. `Err` is a protocol violation.
+    pub(super) fn take_queued(&mut self, ram: &GuestRam) -> Result<Vec<u8>, String> {
+        if self.failed {
+            return Ok(Vec::new());
+        }
+        let head = self
+            .word(ram, offset_of!(NetTx, head))
+            .load(Ordering::SeqCst);
+        let Some(mut left) = used(head, self.tail, NET_TX_BYTES) else {
+            return Err(format!(
+                "transmit ring {:#x}: head {head} is more than {NET_TX_BYTES} past tail {}",
+                self.ring.gpa(),
+                self.tail
+            ));
+        };
+        let mut bytes = Vec::with_capacity(left);
+        while left > 0 {
+            let (at, len) = first_span(self.tail, left, self.ring.cap());
+            let data = self.ring.data_at(ram, at) as *const u8;
+            // SAFETY: `data .. + len` lies inside the ring's data area (`first_span`); the
+            // guest does not write it before `tail` passes it.
+            bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(data, len) });
+            self.tail = self.tail.wrapping_add(len as u32);
+            left -= len;
+        }
+        self.word(ram, offset_of!(NetTx, tail))
+            .store(self.tail, Ordering::SeqCst);
+        Ok(bytes)
+    }
+
     /// The guest's waiting tag, if any (swapped out: reported once).
     pub fn take_waiter(&self, ram: &GuestRam) -> Result<Option<u32>, String> {
         match self
