@@ -83,8 +83,7 @@ struct FileDoc {
     io_latency: u64,
     #[serde(default)]
     host_sched: bool,
-    #[serde(default)]
-    place_vcpus: bool,
+    place_vcpus: Option<bool>,
     #[serde(default, deserialize_with = "guest_tables")]
     guest: Vec<FileGuest>,
 }
@@ -179,7 +178,7 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
         ctl: doc.ctl.map(here),
         io_latency_us: doc.io_latency,
         host_sched: doc.host_sched,
-        place_vcpus: doc.place_vcpus,
+        place_vcpus: doc.place_vcpus.unwrap_or(defaults.place_vcpus),
         from_flags: Vec::new(),
     };
     let guests = doc

@@ -50,7 +50,7 @@ fn a_full_file_parses() {
         trace = "run.json"
         ctl = "/tmp/activm.sock"
         io_latency = 1000
-        place_vcpus = true
+        place_vcpus = false
 
         [[guest]]
         image = "apps/rt-tests"
@@ -83,7 +83,7 @@ fn a_full_file_parses() {
             ctl: Some("/tmp/activm.sock".into()),
             io_latency_us: 1000,
             host_sched: false,
-            place_vcpus: true,
+            place_vcpus: false,
             from_flags: Vec::new(),
         }
     );
