@@ -3,7 +3,7 @@
 use std::process::Command;
 
 use activm::testing::{raw_guest, TRIPLE_FAULT_CODE};
-use libtest_mimic::Trial;
+use libtest_mimic::{Failed, Trial};
 
 use super::{
     activm_run, demo_smp, guest, rt_suite_exact, selftest, temp_image, Run, Setup, ACTIVM,
@@ -166,24 +166,28 @@ pub(super) fn kvm_tests() -> Vec<Trial> {
             Ok(())
         }),
         Trial::test("place_vcpus_binds_granted_vcpu_threads", || {
-            // Every processor one host CPU (the default --pcpus is every CPU activm may use):
-            // each vCPU's thread is bound to its processor's CPU when first granted one.
-            let run = activm_run(
-                &guest("rt-demo")?,
-                &["--place-vcpus", "--stats", "--vcpus", "4"],
-                &[],
-            )?
-            .expect_code(0)?
-            .stdout_has("total 80000 (expected 80000)")?;
-            let moved = run
-                .stderr
-                .split("vCPU threads moved to their processor's host CPU (all guests)=")
-                .nth(1)
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|n| n.parse::<u64>().ok());
-            match moved {
-                Some(n) if n >= 1 => Ok(()),
-                _ => Err(format!("no vCPU thread was bound:\n{}", run.stderr).into()),
+            // By default every processor is one host CPU (the default --pcpus is every CPU
+            // activm may use): each vCPU's thread is bound to its processor's CPU when first
+            // granted one. `--no-place-vcpus` leaves them to Linux.
+            let moved = |flags: &[&str]| -> Result<Option<u64>, Failed> {
+                let mut args = vec!["--stats", "--vcpus", "4"];
+                args.extend_from_slice(flags);
+                let run = activm_run(&guest("rt-demo")?, &args, &[])?
+                    .expect_code(0)?
+                    .stdout_has("total 80000 (expected 80000)")?;
+                Ok(run
+                    .stderr
+                    .split("vCPU threads moved to their processor's host CPU (all guests)=")
+                    .nth(1)
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .and_then(|n| n.parse::<u64>().ok()))
+            };
+            match (moved(&[])?, moved(&["--no-place-vcpus"])?) {
+                (Some(on), Some(0)) if on >= 1 => Ok(()),
+                other => Err(format!(
+                    "threads moved (placement on, off): {other:?}; expected (>= 1, 0)"
+                )
+                .into()),
             }
         }),
         Trial::test("abi_version_mismatch_is_refused", || {

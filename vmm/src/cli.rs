@@ -45,15 +45,16 @@ pub(crate) struct RunArgs {
     ///
     /// At the top, the machine-wide keys, as the flags: pcpus, quantum (ms), chaos (seed),
     /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), io_inline_wait (us),
-    /// host_sched, place_vcpus. Then one [[guest]] table per guest: image (required), name (its
-    /// label in output, --stats and `activm ctl`),
+    /// host_sched, place_vcpus (default true). Then one [[guest]] table per guest: image
+    /// (required), name (its label in output, --stats and `activm ctl`),
     /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only, mounts
     /// (an array of "HOSTDIR:GUESTDIR[:ro]"),
     /// thread_stack, thread_stacks, prefault. Sizes are numbers of bytes or strings like "256M"; paths
     /// are relative to the file's directory. Unknown keys are errors.
     ///
     /// Machine-wide flags given with --config (--pcpus, --quantum, --chaos, --timeout, --stats,
-    /// --boot-timing, --trace, --ctl, --io-latency, --io-inline-wait, --host-sched) override the file. Per-guest
+    /// --boot-timing, --trace, --ctl, --io-latency, --io-inline-wait, --host-sched,
+    /// --no-place-vcpus) override the file. Per-guest
     /// ones (GUEST, --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
     /// --thread-stacks, --prefault, GUEST_ARGS) are refused: set them in the [[guest]] tables.
     #[arg(long, value_name = "FILE.toml")]
@@ -78,10 +79,14 @@ pub(crate) struct RunArgs {
     /// not apply. To confine activm to some host CPUs, run it under `taskset -c LIST`.
     #[arg(long, conflicts_with = "chaos")]
     pub(crate) host_sched: bool,
-    /// Bind each of the --pcpus processors to one host CPU and a granted vCPU's thread to its
-    /// processor's CPU (only when --pcpus covers every CPU activm may use). Experimental: a
-    /// rare stall is known with it (docs/activations.md, "Placing granted vCPUs on host CPUs").
-    #[arg(long, conflicts_with = "host_sched")]
+    /// Leave granted vCPU threads wherever Linux puts them. By default each of the --pcpus
+    /// processors is one host CPU and a granted vCPU's thread is bound to its processor's CPU
+    /// before it is woken (only when --pcpus covers every CPU activm may use; never with
+    /// --host-sched). See docs/activations.md, "Placing granted vCPUs on host CPUs".
+    #[arg(long)]
+    pub(crate) no_place_vcpus: bool,
+    /// Placement as above: the default, accepted for scripts written when it was not.
+    #[arg(long, hide = true, conflicts_with_all = ["no_place_vcpus", "host_sched"])]
     pub(crate) place_vcpus: bool,
     /// Fault in all of guest RAM before the guest starts (as QEMU's -mem-prealloc): the host's
     /// zeroing of fresh pages moves from the guest's first touches to boot, and boot takes time

@@ -16,6 +16,10 @@ use crate::vm::Outcome;
 /// How long a guest's upcall queues may stay without room before the guest is stopped.
 pub const UPCALL_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long records may wait untaken, the consumer index unmoved, in the queue of a running
+/// vCPU before the watchdog kicks it to check for an undelivered upcall interrupt.
+pub const UPCALL_WATCH_BOUND: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl Guest {
     /// Each vCPU's state (its allocator slot), for fault reports.
     /// The guest's upcall machinery and its vCPUs' slots, for a fault report.
@@ -179,9 +183,35 @@ impl Guest {
         }
     }
 
+    /// The upcall watchdog (called with every retry): a running vCPU whose queue has kept
+    /// records untaken for [`UPCALL_WATCH_BOUND`] is kicked, and on its way out checks that no
+    /// requested interrupt was left undelivered (kvm_pvm was seen to leave the upcall vector
+    /// requested for good on a vCPU with interrupts on; docs/activations.md). Once per bound
+    /// while it lasts; a kick that finds nothing wrong costs one exit.
+    pub fn watch_upcall_queues(&self) {
+        let view = self.procs.alloc.view(self.id);
+        for (vcpu, slot) in view.vcpus.iter().enumerate() {
+            if !matches!(slot, Slot::Running(_)) {
+                continue;
+            }
+            if self
+                .acts
+                .untaken_for(self.shared(), vcpu as u32, UPCALL_WATCH_BOUND)
+            {
+                self.stats
+                    .upcall_watch_kicks
+                    .fetch_add(1, Ordering::Relaxed);
+                self.vcpus[vcpu].request_redelivery();
+            }
+        }
+    }
+
     /// Called every quantum: retry events that found no room, and stop a guest whose queues
     /// have had no room for a second (it does not consume its upcalls, or corrupted them).
     pub fn retry_pending(&self) {
+        if self.acts.enabled() && self.outcome().is_none() {
+            self.watch_upcall_queues();
+        }
         if !self.acts.enabled() || self.acts.pending() == 0 || self.outcome().is_some() {
             return;
         }

@@ -93,6 +93,14 @@ pub struct GuestStats {
     pub stack_waits: AtomicU64,
     /// New activations canceled because they lost their processor before running.
     pub canceled: AtomicU64,
+    /// Kicks of running vCPUs whose queue kept records untaken for `UPCALL_WATCH_BOUND`.
+    pub upcall_watch_kicks: AtomicU64,
+    /// Of those, the vCPUs found with the upcall interrupt requested and deliverable but not
+    /// delivered, which KVM was made to look at again (`arch::redeliver_interrupts`).
+    pub interrupts_redelivered: AtomicU64,
+    /// Of those, the vCPUs KVM held halted with the records still untaken at the next look,
+    /// which were woken (`vcpu/redeliver.rs`).
+    pub halted_woken: AtomicU64,
     /// Kick-to-context-captured delays of preemptions, in TSC ticks (a bounded sample).
     pub preempt_delays: Mutex<crate::stats::Reservoir>,
 }

@@ -22,6 +22,9 @@ use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 pub struct VcpuControl {
     pub(crate) stop_requested: AtomicBool,
     revoke_requested: AtomicBool,
+    /// The upcall watchdog saw records left untaken on this running vCPU: look at its
+    /// interrupt controller on the way out (`VcpuThread::redeliver_interrupts`).
+    redelivery_requested: AtomicBool,
     thread: OnceLock<libc::pthread_t>,
     /// Exits handled, by coarse reason (see `EXIT_*`).
     pub exits: [AtomicUsize; 3],
@@ -73,6 +76,18 @@ impl VcpuControl {
     /// Whether a kick asked for this vCPU's processor (consumes the request).
     pub(crate) fn take_revoke_request(&self) -> bool {
         self.revoke_requested.swap(false, Ordering::AcqRel)
+    }
+
+    /// Whether a kick asked for a look at the vCPU's requested interrupts (consumes it).
+    pub(crate) fn take_redelivery_request(&self) -> bool {
+        self.redelivery_requested.swap(false, Ordering::AcqRel)
+    }
+
+    /// Records wait untaken in this running vCPU's queue: kick it, and have it check on its
+    /// way out that no requested interrupt is left undelivered.
+    pub fn request_redelivery(&self) {
+        self.redelivery_requested.store(true, Ordering::Release);
+        self.kick();
     }
 
     /// Ask the vCPU to leave its run loop for good, and kick it.

@@ -154,11 +154,12 @@ fn settings(
     if given("ctl") {
         machine.ctl = flags.ctl;
     }
-    // Switches: a flag can turn them on, not off.
+    // Switches: a flag can turn them on, not off; placement is on unless a flag or the file
+    // turns it off.
     machine.stats |= flags.stats;
     machine.boot_timing |= flags.boot_timing;
     machine.host_sched |= flags.host_sched;
-    machine.place_vcpus |= flags.place_vcpus;
+    machine.place_vcpus &= flags.place_vcpus;
     Ok((machine, guests, Source::File(file)))
 }
 
@@ -175,7 +176,7 @@ fn machine_from_flags(args: &RunArgs) -> Machine {
         io_latency_us: args.io_latency,
         io_inline_wait_us: args.io_inline_wait,
         host_sched: args.host_sched,
-        place_vcpus: args.place_vcpus,
+        place_vcpus: !args.no_place_vcpus,
         from_flags: Vec::new(),
     }
 }

@@ -81,7 +81,7 @@ pub fn render(guest: &Guest) -> String {
     }
     let _ = write!(
         out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={}",
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={} upcall watchdog kicks={} (undelivered upcall interrupts redelivered={}, halted vCPUs woken={})",
         n(&s.preemptions),
         n(&s.deschedules),
         n(&s.run_forwards),
@@ -91,7 +91,10 @@ pub fn render(guest: &Guest) -> String {
         n(&s.deferrals),
         n(&s.stack_waits),
         n(&s.canceled),
-        guest.procs.alloc.rebinds()
+        guest.procs.alloc.rebinds(),
+        n(&s.upcall_watch_kicks),
+        n(&s.interrupts_redelivered),
+        n(&s.halted_woken)
     );
     let (mut delays, seen) = {
         let reservoir = s.preempt_delays.lock().unwrap_or_else(|e| e.into_inner());

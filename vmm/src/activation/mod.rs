@@ -18,6 +18,7 @@ mod shared_area;
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use protocol::shared::{UpcallKind, VcpuRunState, UPCALL_QUEUE_CAPACITY};
 
@@ -111,6 +112,9 @@ pub(crate) struct State {
     /// Where each BLOCKED record went: (blocked activation, vCPU queue, activation running
     /// there), so its UNBLOCKED can follow it into the same queue.
     blocked_records: Vec<(u32, u32, u32)>,
+    /// Per vCPU: the consumer index its queue has kept, with records behind it, and since when
+    /// (`untaken_for`).
+    untaken_since: Vec<Option<(u32, Instant)>>,
 }
 
 /// One guest's activation state.
@@ -138,6 +142,7 @@ impl Activations {
                 stalled_since: None,
                 spare_stacks: Vec::new(),
                 blocked_records: Vec::new(),
+                untaken_since: vec![None; nr_vcpus as usize],
             }),
             allowed,
         }
@@ -232,6 +237,30 @@ impl Activations {
     pub fn flush_pending(&self, area: SharedArea<'_>, target: u32) -> Result<usize, QueueError> {
         let mut state = self.lock();
         drain_into(&mut state, area, target)
+    }
+
+    /// Whether `vcpu`'s queue has held records the guest has not taken, its consumer index
+    /// unmoved, for `bound` or more since this was first seen or last answered `true` (the
+    /// upcall watchdog, `Guest::watch_upcall_queues`, asks this of running vCPUs).
+    pub fn untaken_for(&self, area: SharedArea<'_>, vcpu: u32, bound: Duration) -> bool {
+        let mut state = self.lock();
+        let Some(&head) = state.heads.get(vcpu as usize) else {
+            return false;
+        };
+        let tail = area.queue_tail(vcpu).unwrap_or(head);
+        let now = Instant::now();
+        let seen = &mut state.untaken_since[vcpu as usize];
+        match seen {
+            _ if head == tail => *seen = None,
+            Some((at, since)) if *at == tail => {
+                if now.saturating_duration_since(*since) >= bound {
+                    *since = now;
+                    return true;
+                }
+            }
+            _ => *seen = Some((tail, now)),
+        }
+        false
     }
 
     /// How long the guest's queues have had no room for a pending event (`None`: they had).

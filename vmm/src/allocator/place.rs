@@ -10,10 +10,12 @@
 //! (seen in a scheduler trace; docs/activations.md, "Against the host scheduler"). Bound to its
 //! processor's CPU, the thread runs where the allocator freed a processor.
 //!
-//! Opt-in (`--place-vcpus`, `MonitorOptions::place_vcpus`): with it on, the chaos soak stalls
-//! in a few runs of a hundred, a requested upcall vector left undelivered (docs/activations.md). Only when the budget covers every CPU the process may use (the
-//! default, or a `taskset` as wide as `--pcpus`); never for host-scheduled runs
-//! (`--host-sched`), which are the baseline.
+//! On by default (`MonitorOptions::place_vcpus`; `--no-place-vcpus` turns it off), only when the
+//! budget covers every CPU the process may use (the default, or a `taskset` as wide as
+//! `--pcpus`); never for host-scheduled runs (`--host-sched`), which are the baseline. With it
+//! on, the chaos soak used to stall in a few runs of a hundred: the host's KVM left the upcall
+//! vector requested and undelivered; the upcall watchdog (`Guest::watch_upcall_queues`,
+//! `vcpu/redeliver.rs`) now delivers it.
 //! A thread is re-bound only when its processor changes (one `sched_setaffinity`: ~1.3 us of
 //! CPU time on a sleeping thread here); a vCPU that gets its own processor back costs nothing.
 

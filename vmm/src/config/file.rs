@@ -85,8 +85,7 @@ struct FileDoc {
     io_inline_wait: Option<u64>,
     #[serde(default)]
     host_sched: bool,
-    #[serde(default)]
-    place_vcpus: bool,
+    place_vcpus: Option<bool>,
     #[serde(default, deserialize_with = "guest_tables")]
     guest: Vec<FileGuest>,
 }
@@ -182,7 +181,7 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
         io_latency_us: doc.io_latency,
         io_inline_wait_us: doc.io_inline_wait.unwrap_or(defaults.io_inline_wait_us),
         host_sched: doc.host_sched,
-        place_vcpus: doc.place_vcpus,
+        place_vcpus: doc.place_vcpus.unwrap_or(defaults.place_vcpus),
         from_flags: Vec::new(),
     };
     let guests = doc

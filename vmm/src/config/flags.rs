@@ -93,7 +93,8 @@ pub struct Machine {
     pub io_inline_wait_us: u64,
     /// No allocator: every vCPU thread is left to the host's scheduler (`--host-sched`).
     pub host_sched: bool,
-    /// Bind processors and granted vCPU threads to host CPUs (`--place-vcpus`).
+    /// Bind processors and granted vCPU threads to host CPUs (on unless `--no-place-vcpus` or
+    /// `place_vcpus = false`).
     pub place_vcpus: bool,
     /// Settings a command-line flag set over a file's value: errors about them name the flag.
     pub from_flags: Vec<Key>,
@@ -113,7 +114,7 @@ impl Default for Machine {
             io_latency_us: 0,
             io_inline_wait_us: crate::devices::blk::DEFAULT_INLINE_WAIT.as_micros() as u64,
             host_sched: false,
-            place_vcpus: false,
+            place_vcpus: true,
             from_flags: Vec::new(),
         }
     }

@@ -13,7 +13,8 @@
 //!                      #       io_inline_wait (us, default 25: a disk request due within
 //!                      #       this is waited for inside its exit instead of blocking),
 //!                      #       host_sched (no allocator: the host schedules every vCPU),
-//!                      #       place_vcpus (processors bound to host CPUs, experimental)
+//!                      #       place_vcpus (false: granted vCPU threads not bound to
+//!                      #       their processor's host CPU)
 //!
 //! [[guest]]
 //! image = "rt-tests"   # the only required key
@@ -251,10 +252,9 @@ pub struct MonitorOptions {
     /// run them (one host thread per vCPU). Implies oblivious guests; `pcpus` is ignored.
     pub host_sched: bool,
     /// Bind each processor to one host CPU and a granted vCPU's thread to it
-    /// (`allocator/place.rs`). Off by default: with it on, the chaos soak
-    /// (`chaos_soak_keeps_every_invariant`) stalls in about 1 run of 6 (docs/activations.md,
-    /// "Placing granted vCPUs on host CPUs"). `--place-vcpus` or `place_vcpus = true` turn it
-    /// on; so do the benchmarks, for their allocator modes.
+    /// (`allocator/place.rs`; docs/activations.md, "Placing granted vCPUs on host CPUs"). On by
+    /// default; `--no-place-vcpus` or `place_vcpus = false` turn it off. Never with
+    /// `host_sched`.
     pub place_vcpus: bool,
 }
 
@@ -270,7 +270,7 @@ impl Default for MonitorOptions {
             ctl_socket: None,
             chaos_seed: None,
             host_sched: false,
-            place_vcpus: false,
+            place_vcpus: true,
         }
     }
 }

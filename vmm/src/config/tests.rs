@@ -51,7 +51,7 @@ fn a_full_file_parses() {
         ctl = "/tmp/activm.sock"
         io_latency = 1000
         io_inline_wait = 40
-        place_vcpus = true
+        place_vcpus = false
 
         [[guest]]
         image = "apps/rt-tests"
@@ -85,7 +85,7 @@ fn a_full_file_parses() {
             io_latency_us: 1000,
             io_inline_wait_us: 40,
             host_sched: false,
-            place_vcpus: true,
+            place_vcpus: false,
             from_flags: Vec::new(),
         }
     );

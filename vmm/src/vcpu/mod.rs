@@ -13,6 +13,7 @@
 mod exits;
 mod handoff;
 pub(crate) mod hypercalls;
+mod redeliver;
 mod run;
 
 use std::sync::Arc;
@@ -69,6 +70,9 @@ struct VcpuThread {
     snapshot_taken: bool,
     /// Parked by an `sa_yield` that asked for a processor back at this time.
     wake_at: Option<std::time::Instant>,
+    /// Where the guest was (`arch::progress_mark`) when the upcall watchdog last found a
+    /// requested interrupt undelivered here (`redeliver.rs`).
+    undelivered_at: Option<[u64; 2]>,
 }
 
 /// The body of vCPU thread `index` of `guest`.
@@ -89,6 +93,7 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
         fresh: None,
         snapshot_taken: false,
         wake_at: None,
+        undelivered_at: None,
     };
     crate::sandbox::enter(crate::sandbox::ThreadKind::Vcpu);
     vcpu.run();

@@ -138,6 +138,9 @@ impl VcpuThread {
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 self.fd.set_kvm_immediate_exit(0);
+                if self.control.take_redelivery_request() {
+                    self.redeliver_stuck_interrupt();
+                }
                 crate::devices::blk_async::after_kick(&self.guest, self.index, &self.fd);
                 // A yielded vCPU's wake-up time may be what kicked this thread.
                 let procs = &self.guest.procs;

@@ -55,3 +55,45 @@ pub fn timestamp() -> u64 {
     // SAFETY: rdtsc has no preconditions on x86_64.
     unsafe { core::arch::x86_64::_rdtsc() }
 }
+
+/// Whether the vCPU (just out of `KVM_RUN`, registers synced) has an interrupt requested in its
+/// local APIC that it could take now: interrupts on, the vector's priority class above the
+/// processor priority (the task priority and the highest vector in service). One
+/// `KVM_GET_LAPIC`.
+pub fn undelivered_interrupt(fd: &VcpuFd) -> Result<bool, vmm_sys_util::errno::Error> {
+    if fd.sync_regs().regs.rflags & (1 << 9) == 0 {
+        return Ok(false);
+    }
+    let apic = fd.get_lapic()?;
+    let word = |reg: usize| {
+        let b = &apic.regs[reg..reg + 4];
+        u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8])
+    };
+    // The highest vector set in the 256-bit register at `base` (eight 32-bit words, 16 apart).
+    let highest = |base: usize| {
+        (0..8u32).rev().find_map(|w| {
+            let bits = word(base + 16 * w as usize);
+            (bits != 0).then(|| w * 32 + 31 - bits.leading_zeros())
+        })
+    };
+    const TPR: usize = 0x80;
+    const ISR: usize = 0x100;
+    const IRR: usize = 0x200;
+    let Some(requested) = highest(IRR) else {
+        return Ok(false);
+    };
+    let in_service = highest(ISR).unwrap_or(0);
+    Ok(requested & 0xf0 > (word(TPR) & 0xf0).max(in_service & 0xf0))
+}
+
+/// Whether KVM holds the vCPU halted (waiting for an interrupt). One `KVM_GET_MP_STATE`.
+pub fn halted(fd: &VcpuFd) -> Result<bool, vmm_sys_util::errno::Error> {
+    Ok(fd.get_mp_state()?.mp_state == KVM_MP_STATE_HALTED)
+}
+
+/// Where the guest is (instruction and stack pointer, from the synced registers): two marks
+/// that differ mean it ran in between.
+pub fn progress_mark(fd: &VcpuFd) -> [u64; 2] {
+    let regs = fd.sync_regs().regs;
+    [regs.rip, regs.rsp]
+}

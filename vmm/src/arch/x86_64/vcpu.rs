@@ -171,7 +171,7 @@ pub fn dump(vcpu: &VcpuFd) -> String {
 }
 
 /// The local APIC's in-service and requested vectors, its task and processor priorities, and
-/// KVM's pending event state (for a stalled-guest report).
+/// KVM's pending event and run (`KVM_MP_STATE_*`, 3 halted) state, for a stalled-guest report.
 fn interrupt_state(vcpu: &VcpuFd) -> String {
     let apic = match vcpu.get_lapic() {
         Ok(apic) => {
@@ -219,7 +219,11 @@ fn interrupt_state(vcpu: &VcpuFd) -> String {
         ),
         Err(e) => format!("events: unavailable ({e})"),
     };
-    format!("{apic}\n  {events}")
+    let mp_state = match vcpu.get_mp_state() {
+        Ok(state) => format!("mp_state={}", state.mp_state),
+        Err(e) => format!("mp_state unavailable ({e})"),
+    };
+    format!("{apic}\n  {events} {mp_state}")
 }
 
 /// The name of an exception vector.
