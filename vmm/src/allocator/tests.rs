@@ -305,18 +305,27 @@ fn a_running_best_effort_vcpu_fires_a_latency_critical_wake_up() {
         other => panic!("batch vCPU {other:?}"),
     }
     let at = Instant::now() + Duration::from_millis(1);
-    assert_eq!(alloc.yield_until(server, 0, at), Some((batch, 0)));
-    // Kicked early (by something else): nothing is due yet.
-    assert!(alloc.fire_due_wakes().is_empty());
+    let mut asked = at;
+    assert_eq!(
+        alloc.yield_until(server, 0, &mut asked),
+        Some((vec![(batch, 0)], at))
+    );
+    assert_eq!(asked, at);
+    // A vCPU of the batch guest granted a processor now would arm itself for it.
+    assert_eq!(alloc.next_timed_wake(batch), Some(at));
+    assert_eq!(alloc.next_timed_wake(server), None);
+    // Kicked early (by something else): nothing is due yet; the wake-up is still to come.
+    assert_eq!(alloc.fire_due_wakes(), (vec![], Some(at)));
     std::thread::sleep(Duration::from_millis(2));
     // Kicked at the time: the batch vCPU's own thread revokes itself for the server.
-    assert_eq!(alloc.fire_due_wakes(), vec![(batch, 0)]);
+    assert_eq!(alloc.fire_due_wakes(), (vec![(batch, 0)], None));
     alloc.release(batch, 0, Release::Preempted);
     assert_eq!(alloc.acquire(server, 0), Acquired::NewActivation);
     // Done: later kicks find nothing to do.
-    assert!(alloc.fire_due_wakes().is_empty());
+    assert_eq!(alloc.fire_due_wakes(), (vec![], None));
+    assert_eq!(alloc.next_timed_wake(batch), None);
     // A best-effort guest's yields are not timed this way.
-    assert_eq!(alloc.yield_until(batch, 0, at), None);
+    assert_eq!(alloc.yield_until(batch, 0, &mut asked), None);
 }
 
 #[test]
