@@ -369,3 +369,51 @@ fn wait_running_returns_when_the_granted_vcpu_picks_up_its_processor() {
     assert!(matches!(alloc.view(g).vcpus[v], Slot::Running(_)));
     picker.join().unwrap();
 }
+
+#[test]
+fn a_timed_wake_up_restarts_its_own_vcpu_and_is_a_backstop_beside_a_running_one() {
+    let alloc = Allocator::new(1, Duration::from_millis(10));
+    let server = alloc.add_guest(2);
+    let batch = alloc.add_guest(1);
+    alloc.set_latency_critical(server, true);
+    alloc.set_activations(server, true);
+    alloc.set_activations(batch, true);
+    // Every grant picked up, every hand-off done.
+    let settle = |alloc: &Allocator| {
+        for (g, n) in [(server, 2), (batch, 1)] {
+            for v in 0..n {
+                match alloc.view(g).vcpus[v] {
+                    Slot::GrantedNew | Slot::GrantedResume => {
+                        alloc.acquire(g, v);
+                    }
+                    Slot::HandOff => {
+                        assert_eq!(alloc.acquire(g, v), Acquired::HandOff);
+                        alloc.release(g, v, Release::Preempted);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    };
+    settle(&alloc);
+    settle(&alloc);
+    // The server gives its processor back; the batch guest takes it.
+    for v in 0..2 {
+        if matches!(alloc.view(server).vcpus[v], Slot::Running(_)) {
+            alloc.release(server, v, Release::Yielded);
+        }
+    }
+    settle(&alloc);
+    assert!(matches!(alloc.view(batch).vcpus[0], Slot::Running(_)));
+    // vCPU 1's timer is due: the batch vCPU is revoked, and the processor it frees goes to
+    // vCPU 1 (not to the first parked vCPU, whose restart would leave vCPU 1 asking again).
+    assert_eq!(alloc.wake_for_timer(server, 1), vec![(batch, 0)]);
+    alloc.release(batch, 0, Release::Preempted);
+    assert_eq!(alloc.view(server).vcpus, [Slot::Parked, Slot::GrantedNew]);
+    assert_eq!(alloc.acquire(server, 1), Acquired::NewActivation);
+    // vCPU 0 yields until a timer while vCPU 1 runs: its wake-up is only a backstop, later.
+    let at = Instant::now() + Duration::from_millis(1);
+    let mut asked = at;
+    assert_eq!(alloc.yield_until(server, 0, &mut asked), None);
+    assert_eq!(asked, at + super::timed::WAKE_BACKSTOP);
+}
