@@ -74,14 +74,14 @@ impl Allocator {
 
     /// On a kicked vCPU thread: the yielded vCPUs whose wake-up time has come (within
     /// [`WAKE_SLACK`]) get their processor back ([`Allocator::wake_for_timer`]). Returns the
-    /// vCPUs to kick (perhaps the caller's own) and the next wake-up still pending, for the
-    /// caller to kick itself at.
-    pub fn fire_due_wakes(&self) -> (Vec<(GuestId, usize)>, Option<Instant>) {
+    /// vCPUs to kick (perhaps the caller's own); the caller re-arms for the wake-ups still to
+    /// come with [`Allocator::next_timed_wake`].
+    pub fn fire_due_wakes(&self) -> Vec<(GuestId, usize)> {
         if !self.wakes_pending.load(Ordering::Acquire) {
-            return (Vec::new(), None);
+            return Vec::new();
         }
         let now = Instant::now() + WAKE_SLACK;
-        let (due, next) = {
+        let due = {
             let mut state = self.lock();
             let mut due = Vec::new();
             let state = &mut *state;
@@ -104,13 +104,11 @@ impl Allocator {
                 .retain(|&(_, g, v)| guests[g].vcpus[v] == Slot::Parked);
             self.wakes_pending
                 .store(!state.timed_wakes.is_empty(), Ordering::Release);
-            (due, earliest(state))
+            due
         };
-        let kicks = due
-            .into_iter()
+        due.into_iter()
             .flat_map(|(g, v)| self.wake_for_timer(g, v))
-            .collect();
-        (kicks, next)
+            .collect()
     }
 }
 

@@ -148,9 +148,10 @@ impl VcpuThread {
                 crate::devices::blk_async::after_kick(&self.guest, self.index, &self.fd);
                 // A yielded vCPU's wake-up time may be what kicked this thread.
                 let procs = &self.guest.procs;
-                let (kicks, next) = procs.alloc.fire_due_wakes();
-                procs.revoke(kicks);
-                if let Some(next) = next {
+                procs.revoke(procs.alloc.fire_due_wakes());
+                // Wake-ups still to come: this thread carries them if its processor is one
+                // they may take.
+                if let Some(next) = procs.alloc.next_timed_wake(self.guest.id) {
                     self.control.kick_at(next);
                 }
                 if self.guest.stall_snapshot.load(Ordering::Acquire) && !self.snapshot_taken {
