@@ -146,5 +146,53 @@ pub(super) fn toml_tests() -> Vec<Trial> {
             .stderr_has("upcalls: NEWPROC=0")?;
             Ok(())
         }),
+        Trial::test("toml_latency_critical_server_beside_a_batch_guest", || {
+            // A latency-critical server (requests that sleep until they arrive, read the disk,
+            // hash) beside N-body on 2 processors: the server gives its processor back between
+            // requests and gets it back for its timers (timed wake-ups), both guests finish and
+            // every request is served. Arrivals 2 ms apart keep it idle between requests even
+            // on a loaded host; nothing here is timed.
+            let dir = TempDir::new("toml-latency-critical")?;
+            dir.link_guest("iobench")?;
+            dir.link_guest("nbody")?;
+            dir.disk("server.img", 4)?;
+            let file = dir.file(
+                "colocated.toml",
+                &format!(
+                    "pcpus = 2\ntimeout = {GUEST_TIMEOUT_SECS}\nstats = true\nio_latency = 100\n\n\
+                     [[guest]]\nimage = \"iobench\"\nname = \"server\"\nvcpus = 4\nlatency_critical = true\n\
+                     args = [\"serve-latency\", \"4\", \"100\", \"2000\", \"5\"]\ndisk = \"server.img\"\n\n\
+                     [[guest]]\nimage = \"nbody\"\nname = \"batch\"\nvcpus = 2\nargs = [\"nbody-for\", \"256\", \"200\", \"2\"]\n"
+                ),
+            )?;
+            let run = activm(&[file.as_os_str()])?
+                .expect_code(0)?
+                .stdout_has("[server] RESULT serve-latency requests=100 ")?
+                .stdout_has("[batch] RESULT nbody bodies=256 ")?
+                .stderr_has("[server] exit status 0")?
+                .stderr_has("[batch] exit status 0")?;
+            let number_after = |key: &str| -> Option<u64> {
+                let line = run
+                    .stderr
+                    .lines()
+                    .find(|l| l.starts_with("[server] preemptions"))?;
+                let rest = &line[line.find(key)? + key.len()..];
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse()
+                    .ok()
+            };
+            let yields = number_after("yields=");
+            let own = number_after("by its own thread=");
+            let other = number_after("by another guest's running vCPU=");
+            match (yields, own, other) {
+                (Some(y), Some(a), Some(b)) if y > 0 && a + b > 0 => Ok(()),
+                _ => Err(format!(
+                    "the server's yields {yields:?}, timed wake-ups {own:?} + {other:?}\n{}",
+                    run.stderr
+                )
+                .into()),
+            }
+        }),
     ]
 }

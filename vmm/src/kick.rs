@@ -56,9 +56,11 @@ impl VcpuControl {
     /// Kick this vCPU's thread at `at` (re-arming replaces an earlier time); a time a second or
     /// more away is not armed. Says whether it was armed.
     pub(crate) fn kick_at(&self, at: std::time::Instant) -> bool {
+        // Rounded up: a timer that fires before `at` finds nothing due.
         let micros = at
             .saturating_duration_since(std::time::Instant::now())
-            .as_micros();
+            .as_nanos()
+            .div_ceil(1000);
         match self.wake_timer.get() {
             Some(timer) if micros < 1_000_000 => {
                 timer.arm((micros as i64).max(1));

@@ -45,8 +45,14 @@ pub(super) fn wake_idle_vcpu_after_rmw() {
     let me = 1u64 << activm_stub::vcpu_id();
     let halted = HALTED.load(Ordering::SeqCst) & !me;
     if halted == 0 {
-        // Nobody here to wake: if vCPUs gave their processors back idle, ask for them again.
-        upcall::want_processors();
+        // Nobody here to wake: if vCPUs gave their processors back idle, ask for them again,
+        // unless the waker is this vCPU's scheduler (no thread current): it runs the work
+        // next, and asks itself if more waits behind it (`sched_loop`). Asking here made a
+        // server that woke its own sleeper take a second processor from a batch guest for
+        // every request (`cargo xtask bench latency`).
+        if cpu::get(Word::Current) != 0 {
+            upcall::want_processors();
+        }
         return;
     }
     let v = halted.trailing_zeros();
@@ -90,7 +96,15 @@ pub(super) fn idle() {
     cpu::set(Word::SchedIdle, 1);
     SPINNING.fetch_or(bit, Ordering::AcqRel);
     let start = cpu::rdtsc();
-    let spin = config::idle_spin_ticks();
+    // The guest's only running vCPU with only sleepers to wait for, none due soon: no other
+    // vCPU can hand it work, and a timer or an interrupt finds it as well after a yield, so
+    // it gives the processor back now, not after a spin (a server beside a batch guest spent
+    // a tenth of a processor here: `cargo xtask bench latency`).
+    let spin = if yield_until_sleeper().is_some() && upcall::granted_vcpus() <= 1 {
+        0
+    } else {
+        config::idle_spin_ticks()
+    };
     let mut spin_until = start + spin;
     // While another vCPU hands threads off through its `next` slot, keep spinning (up to this
     // long), ready to take one that stays there: halting would make its next spawn or wake-up

@@ -102,11 +102,19 @@ pub(super) fn decide(state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
             .map(|(i, _)| i);
         let slot = match waiter {
             Some(i) => Some((i, Slot::GrantedResume)),
-            None if g.activations => prefer
-                .filter(|&(pg, pv)| pg == id && g.vcpus[pv] == Slot::Parked)
-                .map(|(_, pv)| pv)
-                .or_else(|| g.vcpus.iter().position(|s| *s == Slot::Parked))
-                .map(|i| (i, Slot::GrantedNew)),
+            None if g.activations => {
+                let parked = prefer
+                    .filter(|&(pg, _)| pg == id)
+                    .map(|(_, pv)| pv)
+                    .into_iter()
+                    .chain(g.wake_first)
+                    .find(|&pv| g.vcpus[pv] == Slot::Parked)
+                    .or_else(|| g.vcpus.iter().position(|s| *s == Slot::Parked));
+                if parked.is_some() && parked == g.wake_first {
+                    g.wake_first = None;
+                }
+                parked.map(|i| (i, Slot::GrantedNew))
+            }
             None => None,
         };
         let Some((i, grant)) = slot else {

@@ -131,6 +131,11 @@ struct GuestState {
     /// Timed wake-ups of this guest's yielded vCPUs carried out on another guest's running
     /// vCPU thread ([`Allocator::fire_due_wakes`]).
     wakes_fired: u64,
+    /// A parked vCPU woken for its timer ([`Allocator::wake_for_timer`]): the next new
+    /// activation of the guest starts there, however many rebalances it takes to free a
+    /// processor. Another vCPU started instead would leave this one parked, and its own
+    /// deadline would then ask for a second processor the guest does not need.
+    wake_first: Option<usize>,
 }
 
 impl GuestState {
@@ -255,6 +260,7 @@ impl Allocator {
             wake: (0..nr_vcpus).map(|_| Arc::new(Condvar::new())).collect(),
             latency_critical: false,
             wakes_fired: 0,
+            wake_first: None,
         });
         state.placement.add_guest(nr_vcpus);
         state.guests.len() - 1
@@ -478,6 +484,7 @@ impl Allocator {
             return Vec::new();
         }
         g.wanted = g.wanted.max(g.holding() + 1).min(g.concurrency.max(1));
+        g.wake_first = Some(vcpu);
         state.prefer_new = Some((guest, vcpu));
         let kicks = self.rebalance_locked(&mut state, Instant::now());
         state.prefer_new = None;

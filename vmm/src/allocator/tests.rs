@@ -305,9 +305,18 @@ fn a_running_best_effort_vcpu_fires_a_latency_critical_wake_up() {
         other => panic!("batch vCPU {other:?}"),
     }
     let at = Instant::now() + Duration::from_millis(1);
-    assert_eq!(alloc.yield_until(server, 0, at), Some((batch, 0)));
-    // Kicked early (by something else): nothing is due yet.
+    let mut asked = at;
+    assert_eq!(
+        alloc.yield_until(server, 0, &mut asked),
+        Some((vec![(batch, 0)], at))
+    );
+    assert_eq!(asked, at);
+    // A vCPU of the batch guest granted a processor now would arm itself for it.
+    assert_eq!(alloc.next_timed_wake(batch), Some(at));
+    assert_eq!(alloc.next_timed_wake(server), None);
+    // Kicked early (by something else): nothing is due yet; the wake-up is still to come.
     assert!(alloc.fire_due_wakes().is_empty());
+    assert_eq!(alloc.next_timed_wake(batch), Some(at));
     std::thread::sleep(Duration::from_millis(2));
     // Kicked at the time: the batch vCPU's own thread revokes itself for the server.
     assert_eq!(alloc.fire_due_wakes(), vec![(batch, 0)]);
@@ -315,8 +324,9 @@ fn a_running_best_effort_vcpu_fires_a_latency_critical_wake_up() {
     assert_eq!(alloc.acquire(server, 0), Acquired::NewActivation);
     // Done: later kicks find nothing to do.
     assert!(alloc.fire_due_wakes().is_empty());
+    assert_eq!(alloc.next_timed_wake(batch), None);
     // A best-effort guest's yields are not timed this way.
-    assert_eq!(alloc.yield_until(batch, 0, at), None);
+    assert_eq!(alloc.yield_until(batch, 0, &mut asked), None);
 }
 
 #[test]
@@ -347,11 +357,12 @@ fn wait_running_returns_when_the_granted_vcpu_picks_up_its_processor() {
     let (_, _, granted) = alloc.set_concurrency_granting(g, 2);
     assert_eq!(granted.len(), 1, "raising the cap grants the second vCPU");
     let v = granted[0];
+    // Before the picker starts: it may pick its processor up before this thread runs again.
+    let before = Instant::now();
     let picker = {
         let alloc = alloc.clone();
         std::thread::spawn(move || alloc.acquire(g, v))
     };
-    let before = Instant::now();
     let at = alloc.wait_running(g, &granted, Duration::from_secs(5));
     assert!(
         at.is_some_and(|at| at >= before),
@@ -359,4 +370,52 @@ fn wait_running_returns_when_the_granted_vcpu_picks_up_its_processor() {
     );
     assert!(matches!(alloc.view(g).vcpus[v], Slot::Running(_)));
     picker.join().unwrap();
+}
+
+#[test]
+fn a_timed_wake_up_restarts_its_own_vcpu_and_is_a_backstop_beside_a_running_one() {
+    let alloc = Allocator::new(1, Duration::from_millis(10));
+    let server = alloc.add_guest(2);
+    let batch = alloc.add_guest(1);
+    alloc.set_latency_critical(server, true);
+    alloc.set_activations(server, true);
+    alloc.set_activations(batch, true);
+    // Every grant picked up, every hand-off done.
+    let settle = |alloc: &Allocator| {
+        for (g, n) in [(server, 2), (batch, 1)] {
+            for v in 0..n {
+                match alloc.view(g).vcpus[v] {
+                    Slot::GrantedNew | Slot::GrantedResume => {
+                        alloc.acquire(g, v);
+                    }
+                    Slot::HandOff => {
+                        assert_eq!(alloc.acquire(g, v), Acquired::HandOff);
+                        alloc.release(g, v, Release::Preempted);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    };
+    settle(&alloc);
+    settle(&alloc);
+    // The server gives its processor back; the batch guest takes it.
+    for v in 0..2 {
+        if matches!(alloc.view(server).vcpus[v], Slot::Running(_)) {
+            alloc.release(server, v, Release::Yielded);
+        }
+    }
+    settle(&alloc);
+    assert!(matches!(alloc.view(batch).vcpus[0], Slot::Running(_)));
+    // vCPU 1's timer is due: the batch vCPU is revoked, and the processor it frees goes to
+    // vCPU 1 (not to the first parked vCPU, whose restart would leave vCPU 1 asking again).
+    assert_eq!(alloc.wake_for_timer(server, 1), vec![(batch, 0)]);
+    alloc.release(batch, 0, Release::Preempted);
+    assert_eq!(alloc.view(server).vcpus, [Slot::Parked, Slot::GrantedNew]);
+    assert_eq!(alloc.acquire(server, 1), Acquired::NewActivation);
+    // vCPU 0 yields until a timer while vCPU 1 runs: its wake-up is only a backstop, later.
+    let at = Instant::now() + Duration::from_millis(1);
+    let mut asked = at;
+    assert_eq!(alloc.yield_until(server, 0, &mut asked), None);
+    assert_eq!(asked, at + super::timed::WAKE_BACKSTOP);
 }

@@ -1,66 +1,87 @@
-//! Timed wake-ups of latency-critical guests, carried out by the running vCPU thread of the
-//! guest that loses its processor for them (see [`Allocator::yield_until`]).
+//! Timed wake-ups of latency-critical guests, carried out by the running vCPU threads of the
+//! guests that lose their processors for them (see [`Allocator::yield_until`]).
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::{Allocator, GuestId, Slot};
+use super::{Allocator, GuestId, Slot, State};
+
+/// A wake-up this close is carried out now: the kick timer may fire a hair before the instant
+/// asked for, and a kick that finds nothing due would leave the wake-up to the parked thread.
+pub const WAKE_SLACK: Duration = Duration::from_micros(10);
+
+/// How much later a latency-critical guest's yielded vCPU wants its processor back when another
+/// of its vCPUs still holds one: that one's scheduler wakes the sleepers itself (its idle loop
+/// arms its timer before halting), and this wake-up is only the backstop for a busy one. Two
+/// timed wake-ups for the same sleeper would each take a processor, and the two idle vCPUs
+/// would yield again, both timed: the guest kept two processors of which it used one.
+pub const WAKE_BACKSTOP: Duration = Duration::from_micros(250);
+
+/// Who carries the timed wake-ups: the vCPUs of best-effort guests that hold a processor (their
+/// threads run, or are about to), and the earliest wake-up to kick them at.
+pub type Carriers = (Vec<(GuestId, usize)>, Instant);
 
 impl Allocator {
     /// `vcpu` of `guest` was just given back (`sa_yield`) until `at`, when the guest's earliest
     /// timer is due. A latency-critical guest must get a processor then without waiting for
     /// the host to schedule the parked vCPU's thread (on a busy host, a sleeping thread's
     /// wake-up can wait milliseconds behind running vCPU threads). So the wake-up is
-    /// recorded, and the vCPU of another guest that would lose its processor for it is
-    /// returned, for the caller to kick at `at` ([`VcpuControl::kick_at`]): that thread is
-    /// running, so it acts at once ([`Allocator::fire_due_wakes`]) and frees its own
-    /// processor. `None`: nothing to arm (not latency-critical, or nobody to take from); the
-    /// parked vCPU's own deadline does it ([`Allocator::acquire_until`]).
+    /// recorded, and every best-effort vCPU holding a processor (one of them loses it for the
+    /// wake-up) is returned with the earliest wake-up pending, for the caller to kick then
+    /// ([`VcpuControl::kick_at`]): such a thread runs, so it acts at once
+    /// ([`Allocator::fire_due_wakes`]). A vCPU granted a processor later arms itself
+    /// ([`Allocator::next_timed_wake`]). `None`: nothing to arm (not latency-critical, or
+    /// nobody to take from); the parked vCPU's own deadline does it
+    /// ([`Allocator::acquire_until`]).
     ///
     /// [`VcpuControl::kick_at`]: crate::kick::VcpuControl::kick_at
-    pub fn yield_until(
-        &self,
-        guest: GuestId,
-        vcpu: usize,
-        at: Instant,
-    ) -> Option<(GuestId, usize)> {
+    /// The wake-up is moved [`WAKE_BACKSTOP`] later if another vCPU of the guest holds a
+    /// processor; `at` is updated to the time recorded.
+    pub fn yield_until(&self, guest: GuestId, vcpu: usize, at: &mut Instant) -> Option<Carriers> {
         let mut state = self.lock();
         let g = &state.guests[guest];
         if !g.latency_critical || !g.activations || g.vcpus[vcpu] != Slot::Parked {
             return None;
         }
-        // The processor the shares would take: a best-effort guest's most recently started.
-        let victim = state
-            .guests
+        if g.vcpus
             .iter()
-            .enumerate()
-            .filter(|(_, g)| !g.latency_critical)
-            .flat_map(|(id, g)| {
-                g.vcpus
-                    .iter()
-                    .enumerate()
-                    .filter_map(move |(v, s)| match s {
-                        Slot::Running(t) => Some((*t, id, v)),
-                        _ => None,
-                    })
-            })
-            .max_by_key(|(t, _, _)| *t)
-            .map(|(_, id, v)| (id, v))?;
+            .any(|s| s.holds_processor() && *s != Slot::Revoking)
+        {
+            *at += WAKE_BACKSTOP;
+        }
+        let at = *at;
         state.timed_wakes.retain(|w| (w.1, w.2) != (guest, vcpu));
         state.timed_wakes.push((at, guest, vcpu));
         self.wakes_pending.store(true, Ordering::Release);
-        Some(victim)
+        let carriers = carriers(&state);
+        let first = earliest(&state)?;
+        (!carriers.is_empty()).then_some((carriers, first))
     }
 
-    /// On a kicked vCPU thread: the yielded vCPUs whose wake-up time has come get their
-    /// processor back ([`Allocator::wake_for_timer`]). Returns the vCPUs to kick (perhaps the
-    /// caller's own).
+    /// When a vCPU of `guest`, just granted a processor, should kick itself to carry out a
+    /// timed wake-up (it holds a processor that wake-up may take): the earliest pending, if
+    /// `guest` is best-effort.
+    pub fn next_timed_wake(&self, guest: GuestId) -> Option<Instant> {
+        if !self.wakes_pending.load(Ordering::Acquire) {
+            return None;
+        }
+        let state = self.lock();
+        if state.guests[guest].latency_critical {
+            return None;
+        }
+        earliest(&state)
+    }
+
+    /// On a kicked vCPU thread: the yielded vCPUs whose wake-up time has come (within
+    /// [`WAKE_SLACK`]) get their processor back ([`Allocator::wake_for_timer`]). Returns the
+    /// vCPUs to kick (perhaps the caller's own); the caller re-arms for the wake-ups still to
+    /// come with [`Allocator::next_timed_wake`].
     pub fn fire_due_wakes(&self) -> Vec<(GuestId, usize)> {
         if !self.wakes_pending.load(Ordering::Acquire) {
             return Vec::new();
         }
-        let now = Instant::now();
-        let due: Vec<(GuestId, usize)> = {
+        let now = Instant::now() + WAKE_SLACK;
+        let due = {
             let mut state = self.lock();
             let mut due = Vec::new();
             let state = &mut *state;
@@ -89,4 +110,26 @@ impl Allocator {
             .flat_map(|(g, v)| self.wake_for_timer(g, v))
             .collect()
     }
+}
+
+/// The earliest pending timed wake-up.
+fn earliest(state: &State) -> Option<Instant> {
+    state.timed_wakes.iter().map(|w| w.0).min()
+}
+
+/// The vCPUs of best-effort guests that hold a processor.
+fn carriers(state: &State) -> Vec<(GuestId, usize)> {
+    state
+        .guests
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| !g.latency_critical)
+        .flat_map(|(id, g)| {
+            g.vcpus
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.holds_processor() && **s != Slot::Revoking)
+                .map(move |(v, _)| (id, v))
+        })
+        .collect()
 }

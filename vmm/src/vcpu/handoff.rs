@@ -280,13 +280,16 @@ impl VcpuThread {
             .acts
             .yield_activation(self.guest.shared(), self.index);
         self.release(Release::Yielded);
-        if let Some(at) = self.wake_at {
+        if let Some(mut at) = self.wake_at {
             let procs = &self.guest.procs;
-            if let Some(victim) = procs
+            let carriers = procs
                 .alloc
-                .yield_until(self.guest.id, self.index as usize, at)
-            {
-                procs.kick_at(victim, at);
+                .yield_until(self.guest.id, self.index as usize, &mut at);
+            self.wake_at = Some(at);
+            if let Some((carriers, first)) = carriers {
+                for carrier in carriers {
+                    procs.kick_at(carrier, first);
+                }
             }
         }
         // A completion posted while the guest was deciding to yield found this vCPU still

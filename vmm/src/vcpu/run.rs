@@ -39,6 +39,13 @@ impl VcpuThread {
             if acquired != Acquired::WakeDue {
                 self.wake_at = None;
             }
+            if matches!(acquired, Acquired::Resume | Acquired::NewActivation) {
+                // This processor may be the one a latency-critical guest's timed wake-up
+                // takes: carry it out on time (`Allocator::yield_until`).
+                if let Some(at) = self.guest.procs.alloc.next_timed_wake(self.guest.id) {
+                    self.control.kick_at(at);
+                }
+            }
             match acquired {
                 Acquired::Exit => break,
                 Acquired::WakeDue => {
@@ -145,6 +152,11 @@ impl VcpuThread {
                 // A yielded vCPU's wake-up time may be what kicked this thread.
                 let procs = &self.guest.procs;
                 procs.revoke(procs.alloc.fire_due_wakes());
+                // Wake-ups still to come: this thread carries them if its processor is one
+                // they may take.
+                if let Some(next) = procs.alloc.next_timed_wake(self.guest.id) {
+                    self.control.kick_at(next);
+                }
                 if self.guest.stall_snapshot.load(Ordering::Acquire) && !self.snapshot_taken {
                     self.snapshot_taken = true;
                     eprintln!(
