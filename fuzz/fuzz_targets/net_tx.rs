@@ -13,6 +13,7 @@
 
 #![no_main]
 
+use std::cell::RefCell;
 use std::mem::offset_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -24,6 +25,24 @@ use libfuzzer_sys::fuzz_target;
 use protocol::net::{NetTx, NET_RING_CAPACITY, NET_TX_BYTES, NET_TX_ERROR};
 
 const CAP: u32 = NET_TX_BYTES as u32;
+
+/// The honest guest's bytes repeat after this many: far more than the ring holds, so a piece
+/// sent from the wrong place shows.
+const PATTERN_PERIOD: usize = 1 << 16;
+
+/// The honest guest's bytes from every position in a period, plus one queueing's worth (made
+/// once: a byte-by-byte loop per input costs more than the rest of it).
+fn pattern() -> &'static [u8] {
+    static PATTERN: OnceLock<Vec<u8>> = OnceLock::new();
+    PATTERN.get_or_init(|| {
+        (0..PATTERN_PERIOD + MAX_QUEUE)
+            .map(|x| (x ^ (x >> 8) ^ (x >> 16)) as u8)
+            .collect()
+    })
+}
+
+/// The most bytes one honest queueing step writes.
+const MAX_QUEUE: usize = 4096;
 
 /// A non-blocking stream socket pair; `small_buffer`: the first one's send buffer as small as
 /// the kernel allows (a few KiB), so sends hit `EAGAIN`.
@@ -133,17 +152,12 @@ impl Model {
     fn queue(&mut self, ring: &Ring, want: usize) {
         let head = ring.head().load(Ordering::SeqCst);
         let room = CAP.saturating_sub(head.wrapping_sub(self.tail)) as usize;
-        let bytes: Vec<u8> = (0..want.min(room) as u32)
-            .map(|i| {
-                // Differs between positions 256 apart, so a misplaced piece shows.
-                let x = self.queued_total.wrapping_add(i);
-                (x ^ (x >> 8) ^ (x >> 16)) as u8
-            })
-            .collect();
-        self.queued_total = self.queued_total.wrapping_add(bytes.len() as u32);
-        ring.write_data(head, &bytes);
+        let n = want.min(room);
+        let at = self.queued_total as usize % PATTERN_PERIOD;
+        ring.write_data(head, &pattern()[at..at + n]);
+        self.queued_total = self.queued_total.wrapping_add(n as u32);
         ring.head()
-            .store(head.wrapping_add(bytes.len() as u32), Ordering::SeqCst);
+            .store(head.wrapping_add(n as u32), Ordering::SeqCst);
     }
 
     /// A guest scribbles on the VMM's `tail` word: never a value the VMM's next send could
@@ -203,11 +217,27 @@ impl Model {
 
     /// The peer reads what arrived: every byte sent, in order.
     fn drain(&mut self) {
-        let Some(peer) = &self.peer else { return };
-        let mut buf = [0u8; NET_TX_BYTES];
+        thread_local! {
+            /// The peer's receive buffer (zeroed once, not per input).
+            static BUF: RefCell<Vec<u8>> = RefCell::new(vec![0; NET_TX_BYTES]);
+        }
+        let Some(peer) = self.peer.as_ref().map(|p| p.as_raw_fd()) else {
+            return;
+        };
+        BUF.with_borrow_mut(|buf| self.receive(peer, buf));
+        assert_eq!(
+            self.received,
+            self.expected.len(),
+            "sent bytes went missing"
+        );
+        self.expected.clear();
+        self.received = 0;
+    }
+
+    fn receive(&mut self, peer: RawFd, buf: &mut [u8]) {
         loop {
             // SAFETY: `buf` is a writable buffer of its length.
-            let n = unsafe { libc::recv(peer.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            let n = unsafe { libc::recv(peer, buf.as_mut_ptr().cast(), buf.len(), 0) };
             if n <= 0 {
                 break;
             }
@@ -216,13 +246,6 @@ impl Model {
             assert_eq!(Some(&buf[..n]), want, "bytes out of ring order");
             self.received += n;
         }
-        assert_eq!(
-            self.received,
-            self.expected.len(),
-            "sent bytes went missing"
-        );
-        self.expected.clear();
-        self.received = 0;
     }
 }
 
@@ -258,7 +281,7 @@ fuzz_target!(|data: &[u8]| {
                 let value = input.u32() % (NET_RING_CAPACITY as u32 + 2);
                 ring.waiter().store(value, Ordering::SeqCst);
             }
-            2 | 3 => model.queue(&ring, input.u32() as usize % 4096),
+            2 | 3 => model.queue(&ring, input.u32() as usize % (MAX_QUEUE + 1)),
             4 => {
                 if !model.send(&ring, &mut tx, ours.as_raw_fd()) {
                     return;
