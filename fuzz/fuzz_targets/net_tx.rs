@@ -1,6 +1,6 @@
 //! A stream's transmit ring as a hostile guest drives it, through the real send path into a
-//! host socket (an `AF_UNIX` socket pair per input; with a small send buffer a send stops part
-//! way, with the peer gone it fails): any ring address, indices that start anywhere (so they
+//! host socket (an `AF_UNIX` socket pair; with a small send buffer a send stops part way, with
+//! the peer gone it fails): any ring address, indices that start anywhere (so they
 //! wrap around `u32`), and between the VMM's sends any `head` or `waiter` value, scribbles on
 //! the words the VMM owns (`tail`, `state`), or honest queueing. Checked against a model: the
 //! VMM refuses (never panics on) a `head` more than the ring ahead of what it sent, or a
@@ -9,7 +9,9 @@
 //! and says `EPIPE`; and every byte it sends reaches the peer, in ring order.
 //!
 //! Each step costs a few system calls at most: the guest writes and the model reads the data
-//! area in at most two pieces, and each byte the peer receives is compared once.
+//! area in at most two pieces, and each byte the peer receives is compared once. The sockets
+//! are made once per process and emptied before each input: three pairs, with the default and
+//! with a small send buffer, and one whose peer is closed.
 
 #![no_main]
 
@@ -77,6 +79,30 @@ fn socket_pair(small_buffer: bool) -> (OwnedFd, OwnedFd) {
     pair
 }
 
+/// This process's socket pairs: (ours, peer) with the default send buffer, with a small one,
+/// and ours of a pair whose peer is closed.
+struct Sockets {
+    default: (OwnedFd, OwnedFd),
+    small: (OwnedFd, OwnedFd),
+    dead: OwnedFd,
+}
+
+fn sockets() -> &'static Sockets {
+    static SOCKETS: OnceLock<Sockets> = OnceLock::new();
+    SOCKETS.get_or_init(|| Sockets {
+        default: socket_pair(false),
+        small: socket_pair(true),
+        dead: socket_pair(false).0,
+    })
+}
+
+/// Reads and drops whatever `fd` has to read.
+fn empty(fd: RawFd) {
+    let mut buf = [0u8; 4096];
+    // SAFETY: `buf` is a writable buffer of its length.
+    while unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) } > 0 {}
+}
+
 /// The ring in guest RAM, as the guest sees it.
 struct Ring<'g> {
     guest: &'g Guest,
@@ -138,7 +164,9 @@ struct Model {
     tail: u32,
     /// Sending failed (the peer was gone).
     failed: bool,
-    peer: Option<OwnedFd>,
+    /// Where the VMM sends, and its peer while it is open.
+    ours: RawFd,
+    peer: Option<RawFd>,
     /// Bytes sent, in order; the peer read the first `received`.
     expected: Vec<u8>,
     received: usize,
@@ -173,12 +201,12 @@ impl Model {
 
     /// The VMM sends what is queued; checks what it did. Whether the guest lives on (`false`:
     /// the VMM refused the ring, which ends the guest).
-    fn send(&mut self, ring: &Ring, tx: &mut TxArea, fd: RawFd) -> bool {
+    fn send(&mut self, ring: &Ring, tx: &mut TxArea) -> bool {
         let head = ring.head().load(Ordering::SeqCst);
         let waiter = ring.waiter().load(Ordering::SeqCst);
         let tail_word = ring.tail().load(Ordering::SeqCst);
         let queued = head.wrapping_sub(self.tail);
-        let result = tx.send(&ring.guest.ram, fd);
+        let result = tx.send(&ring.guest.ram, self.ours);
         if !self.failed && queued > CAP {
             assert!(result.is_err(), "head {head} tail {} accepted", self.tail);
             return false;
@@ -221,7 +249,7 @@ impl Model {
             /// The peer's receive buffer (zeroed once, not per input).
             static BUF: RefCell<Vec<u8>> = RefCell::new(vec![0; NET_TX_BYTES]);
         }
-        let Some(peer) = self.peer.as_ref().map(|p| p.as_raw_fd()) else {
+        let Some(peer) = self.peer else {
             return;
         };
         BUF.with_borrow_mut(|buf| self.receive(peer, buf));
@@ -265,11 +293,18 @@ fuzz_target!(|data: &[u8]| {
     let start = input.number() as u32;
     tx.start_at(&guest.ram, start);
     let ring = Ring { guest, gpa };
-    let (ours, peer) = socket_pair(setup & 4 != 0);
+    let sockets = sockets();
+    let (ours, peer) = match setup & 4 {
+        0 => &sockets.default,
+        _ => &sockets.small,
+    };
+    // Whatever an input that ended early left in it.
+    empty(peer.as_raw_fd());
     let mut model = Model {
         tail: start,
         failed: false,
-        peer: Some(peer),
+        ours: ours.as_raw_fd(),
+        peer: Some(peer.as_raw_fd()),
         expected: Vec::new(),
         received: 0,
         queued_total: 0,
@@ -283,7 +318,7 @@ fuzz_target!(|data: &[u8]| {
             }
             2 | 3 => model.queue(&ring, input.u32() as usize % (MAX_QUEUE + 1)),
             4 => {
-                if !model.send(&ring, &mut tx, ours.as_raw_fd()) {
+                if !model.send(&ring, &mut tx) {
                     return;
                 }
             }
@@ -294,7 +329,10 @@ fuzz_target!(|data: &[u8]| {
             },
             _ => {
                 if input.u8() % 8 == 0 {
+                    // The peer reads what arrived, then goes away.
+                    model.drain();
                     model.peer = None;
+                    model.ours = sockets.dead.as_raw_fd();
                 }
             }
         }
