@@ -58,6 +58,16 @@ impl TxArea {
         Ok(area)
     }
 
+    /// Fuzzing: both indices start at `index`, so the free-running `u32` indices wrap without
+    /// 4 GiB of traffic.
+    #[cfg(feature = "fuzzing")]
+    pub fn start_at(&mut self, ram: &GuestRam, index: u32) {
+        self.tail = index;
+        for offset in [offset_of!(NetTx, head), offset_of!(NetTx, tail)] {
+            self.word(ram, offset).store(index, Ordering::SeqCst);
+        }
+    }
+
     fn word<'g>(&self, ram: &'g GuestRam, offset: usize) -> &'g AtomicU32 {
         self.ring.word(ram, offset)
     }
