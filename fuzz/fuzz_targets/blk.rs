@@ -126,9 +126,17 @@ fn submission_ring(guest: &Guest, disk: &Disk, input: &mut Input) {
     guest.ram.write_u64(ring, bits).expect("checked ring");
     for _ in 0..input.u8() % 8 {
         let slot = ring + 128 + 32 * (input.u8() as u64 % 64);
-        let words = [input.number(), input.number(), input.number(), input.number()];
+        let words = [
+            input.number(),
+            input.number(),
+            input.number(),
+            input.number(),
+        ];
         for (i, w) in words.iter().enumerate() {
-            guest.ram.write_u64(slot + 8 * i as u64, *w).expect("checked ring");
+            guest
+                .ram
+                .write_u64(slot + 8 * i as u64, *w)
+                .expect("checked ring");
         }
     }
     let taken = take_submissions(&guest.ram, ring).expect("a checked ring is readable");
