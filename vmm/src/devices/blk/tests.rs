@@ -153,6 +153,16 @@ fn reads_and_writes_guest_memory() {
     assert_eq!(disk.stats.flushes.load(Ordering::Relaxed), 1);
 }
 
+/// A read of sector 0 into guest address 4 MiB.
+fn first_sector_read() -> Request {
+    Request {
+        op: Op::Read,
+        sector: 0,
+        gpa: 0x40_0000,
+        count: 1,
+    }
+}
+
 #[test]
 fn latency_blocks_and_stop_cuts_it_short() {
     let file = disk_file(4);
@@ -160,12 +170,7 @@ fn latency_blocks_and_stop_cuts_it_short() {
     cfg.latency = Duration::from_millis(20);
     let disk = Disk::open(&cfg).unwrap();
     let ram = GuestRam::new(64 << 20).unwrap();
-    let read = Request {
-        op: Op::Read,
-        sector: 0,
-        gpa: 0x40_0000,
-        count: 1,
-    };
+    let read = first_sector_read();
     assert_eq!(
         disk.try_now(&ram, &read),
         None,
@@ -186,12 +191,7 @@ fn latency_blocks_and_stop_cuts_it_short() {
 fn a_short_latency_is_waited_for_in_the_exit() {
     let file = disk_file(4);
     let ram = GuestRam::new(64 << 20).unwrap();
-    let read = Request {
-        op: Op::Read,
-        sector: 0,
-        gpa: 0x40_0000,
-        count: 1,
-    };
+    let read = first_sector_read();
     std::fs::write(file.as_path(), [7u8; 2048]).unwrap();
     let mut cfg = config(file.as_path(), false);
     cfg.latency = Duration::from_micros(20);
