@@ -413,7 +413,16 @@ impl Allocator {
 
     /// `vcpu` gives its processor back; returns the vCPUs to kick.
     pub fn release(&self, guest: GuestId, vcpu: usize, why: Release) -> Vec<(GuestId, usize)> {
-        let mut state = self.lock();
+        self.release_locked(&mut self.lock(), guest, vcpu, why)
+    }
+
+    fn release_locked(
+        &self,
+        state: &mut State,
+        guest: GuestId,
+        vcpu: usize,
+        why: Release,
+    ) -> Vec<(GuestId, usize)> {
         let activations = state.guests[guest].activations;
         if why == Release::Yielded && activations {
             let g = &mut state.guests[guest];
@@ -430,8 +439,8 @@ impl Allocator {
                 Release::Preempted | Release::Descheduled => Slot::Runnable(Instant::now()),
             };
         }
-        let kicks = self.rebalance_locked(&mut state, Instant::now());
-        self.settle(&mut state);
+        let kicks = self.rebalance_locked(state, Instant::now());
+        self.settle(state);
         kicks
     }
 

@@ -419,3 +419,35 @@ fn a_timed_wake_up_restarts_its_own_vcpu_and_is_a_backstop_beside_a_running_one(
     assert_eq!(alloc.yield_until(server, 0, &mut asked), None);
     assert_eq!(asked, at + super::timed::WAKE_BACKSTOP);
 }
+
+#[test]
+fn a_yield_records_its_wake_up_before_the_granted_vcpu_can_start() {
+    // The yield grants the processor and records the wake-up in one step: the batch vCPU
+    // granted it, once started, carries the wake-up even if the yielding thread has not run
+    // since (a host scheduler may keep it off its CPU for a tick).
+    let alloc = Allocator::new(1, Duration::from_millis(10));
+    let server = alloc.add_guest(1);
+    let batch = alloc.add_guest(1);
+    alloc.set_latency_critical(server, true);
+    alloc.set_activations(server, true);
+    alloc.set_activations(batch, true);
+    if alloc.view(server).vcpus[0] == Slot::GrantedResume {
+        alloc.acquire(server, 0);
+    }
+    if alloc.view(batch).vcpus[0] == Slot::HandOff {
+        assert_eq!(alloc.acquire(batch, 0), Acquired::HandOff);
+        alloc.release(batch, 0, Release::Preempted);
+    }
+    let at = Instant::now() + Duration::from_millis(1);
+    let mut asked = at;
+    let (_, carriers) = alloc.yield_processor(server, 0, Some(&mut asked));
+    assert_eq!(carriers, Some((vec![(batch, 0)], at)));
+    assert!(matches!(
+        alloc.view(batch).vcpus[0],
+        Slot::GrantedResume | Slot::GrantedNew
+    ));
+    assert_eq!(alloc.next_timed_wake(batch), Some(at));
+    // Without a wake-up time it is a plain yield.
+    let (_, carriers) = alloc.yield_processor(batch, 0, None);
+    assert_eq!(carriers, None);
+}

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{Allocator, GuestId, Slot, State};
+use super::{Allocator, GuestId, Release, Slot, State};
 
 /// A wake-up this close is carried out now: the kick timer may fire a hair before the instant
 /// asked for, and a kick that finds nothing due would leave the wake-up to the parked thread.
@@ -39,23 +39,35 @@ impl Allocator {
     /// processor; `at` is updated to the time recorded.
     pub fn yield_until(&self, guest: GuestId, vcpu: usize, at: &mut Instant) -> Option<Carriers> {
         let mut state = self.lock();
-        let g = &state.guests[guest];
-        if !g.latency_critical || !g.activations || g.vcpus[vcpu] != Slot::Parked {
-            return None;
-        }
-        if g.vcpus
-            .iter()
-            .any(|s| s.holds_processor() && *s != Slot::Revoking)
-        {
-            *at += WAKE_BACKSTOP;
-        }
-        let at = *at;
-        state.timed_wakes.retain(|w| (w.1, w.2) != (guest, vcpu));
-        state.timed_wakes.push((at, guest, vcpu));
-        self.wakes_pending.store(true, Ordering::Release);
-        let carriers = carriers(&state);
-        let first = earliest(&state)?;
-        (!carriers.is_empty()).then_some((carriers, first))
+        let carriers = yield_until_locked(&mut state, guest, vcpu, at);
+        self.wakes_pending
+            .store(!state.timed_wakes.is_empty(), Ordering::Release);
+        carriers
+    }
+
+    /// `vcpu` of `guest` gives its processor back (`sa_yield`), until `at` if given: the
+    /// release ([`Allocator::release`]) and the timed wake-up ([`Allocator::yield_until`])
+    /// under one lock. The release may grant the processor to a vCPU whose thread the host
+    /// runs on this very CPU (`place_vcpus`), and a host scheduler may then keep the yielding
+    /// thread off the CPU for a whole tick (4 ms at HZ=250): a wake-up recorded after the
+    /// release would wait that long unseen by its carriers. Recorded with it, the vCPU granted
+    /// the processor finds it when it starts ([`Allocator::next_timed_wake`]). Returns the
+    /// vCPUs to kick and the carriers to arm.
+    pub fn yield_processor(
+        &self,
+        guest: GuestId,
+        vcpu: usize,
+        at: Option<&mut Instant>,
+    ) -> (Vec<(GuestId, usize)>, Option<Carriers>) {
+        let mut state = self.lock();
+        let kicks = self.release_locked(&mut state, guest, vcpu, Release::Yielded);
+        let carriers = at.and_then(|at| {
+            let carriers = yield_until_locked(&mut state, guest, vcpu, at);
+            self.wakes_pending
+                .store(!state.timed_wakes.is_empty(), Ordering::Release);
+            carriers
+        });
+        (kicks, carriers)
     }
 
     /// When a vCPU of `guest`, just granted a processor, should kick itself to carry out a
@@ -110,6 +122,31 @@ impl Allocator {
             .flat_map(|(g, v)| self.wake_for_timer(g, v))
             .collect()
     }
+}
+
+/// [`Allocator::yield_until`] with the lock held; the caller sets `wakes_pending`.
+fn yield_until_locked(
+    state: &mut State,
+    guest: GuestId,
+    vcpu: usize,
+    at: &mut Instant,
+) -> Option<Carriers> {
+    let g = &state.guests[guest];
+    if !g.latency_critical || !g.activations || g.vcpus[vcpu] != Slot::Parked {
+        return None;
+    }
+    if g.vcpus
+        .iter()
+        .any(|s| s.holds_processor() && *s != Slot::Revoking)
+    {
+        *at += WAKE_BACKSTOP;
+    }
+    let at = *at;
+    state.timed_wakes.retain(|w| (w.1, w.2) != (guest, vcpu));
+    state.timed_wakes.push((at, guest, vcpu));
+    let carriers = carriers(state);
+    let first = earliest(state)?;
+    (!carriers.is_empty()).then_some((carriers, first))
 }
 
 /// The earliest pending timed wake-up.

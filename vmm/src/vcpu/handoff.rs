@@ -279,17 +279,17 @@ impl VcpuThread {
         self.guest
             .acts
             .yield_activation(self.guest.shared(), self.index);
-        self.release(Release::Yielded);
-        if let Some(mut at) = self.wake_at {
-            let procs = &self.guest.procs;
-            let carriers = procs
+        // Released and the wake-up recorded in one step: the thread may lose its host CPU to
+        // the vCPU it grants the processor to (`Allocator::yield_processor`).
+        let procs = &self.guest.procs;
+        let (kicks, carriers) =
+            procs
                 .alloc
-                .yield_until(self.guest.id, self.index as usize, &mut at);
-            self.wake_at = Some(at);
-            if let Some((carriers, first)) = carriers {
-                for carrier in carriers {
-                    procs.kick_at(carrier, first);
-                }
+                .yield_processor(self.guest.id, self.index as usize, self.wake_at.as_mut());
+        procs.revoke(kicks);
+        if let Some((carriers, first)) = carriers {
+            for carrier in carriers {
+                procs.kick_at(carrier, first);
             }
         }
         // A completion posted while the guest was deciding to yield found this vCPU still
