@@ -23,6 +23,7 @@ mod shares;
 mod timed;
 use shares::tiered_shares;
 pub use shares::water_fill;
+pub use timed::TimerDue;
 
 /// A guest, by its index in the monitor.
 pub type GuestId = usize;
@@ -136,6 +137,10 @@ struct GuestState {
     /// processor. Another vCPU started instead would leave this one parked, and its own
     /// deadline would then ask for a second processor the guest does not need.
     wake_first: Option<usize>,
+    /// When each vCPU's current activation started (its scheduler has looked at the guest's
+    /// timers since then): whether its timer or its yield covers another vCPU's timed wake-up
+    /// (`timed.rs`).
+    started: Vec<Instant>,
 }
 
 impl GuestState {
@@ -194,7 +199,7 @@ struct State {
     settled_at: Option<Instant>,
     /// Yielded vCPUs of latency-critical guests and when they want a processor again
     /// ([`Allocator::yield_until`]).
-    timed_wakes: Vec<(Instant, GuestId, usize)>,
+    timed_wakes: Vec<timed::TimedWake>,
     /// Which host CPU each processor is, and the vCPU threads bound to them (`place.rs`).
     placement: place::Placement,
 }
@@ -261,6 +266,7 @@ impl Allocator {
             latency_critical: false,
             wakes_fired: 0,
             wake_first: None,
+            started: vec![now; nr_vcpus],
         });
         state.placement.add_guest(nr_vcpus);
         state.guests.len() - 1
@@ -362,7 +368,9 @@ impl Allocator {
                     return Acquired::Resume;
                 }
                 Slot::GrantedNew => {
-                    *slot = Slot::Running(Instant::now());
+                    let now = Instant::now();
+                    *slot = Slot::Running(now);
+                    state.guests[guest].started[vcpu] = now;
                     self.settle(&mut state);
                     return Acquired::NewActivation;
                 }
@@ -487,7 +495,15 @@ impl Allocator {
     /// to start if it gets it. Other guests lose a processor to it at once if the shares say
     /// so (Shenango's grant on a due timer). Returns the vCPUs to kick.
     pub fn wake_for_timer(&self, guest: GuestId, vcpu: usize) -> Vec<(GuestId, usize)> {
-        let mut state = self.lock();
+        self.wake_for_timer_locked(&mut self.lock(), guest, vcpu)
+    }
+
+    fn wake_for_timer_locked(
+        &self,
+        state: &mut State,
+        guest: GuestId,
+        vcpu: usize,
+    ) -> Vec<(GuestId, usize)> {
         let g = &mut state.guests[guest];
         if !g.activations || g.vcpus[vcpu] != Slot::Parked {
             return Vec::new();
@@ -495,7 +511,7 @@ impl Allocator {
         g.wanted = g.wanted.max(g.holding() + 1).min(g.concurrency.max(1));
         g.wake_first = Some(vcpu);
         state.prefer_new = Some((guest, vcpu));
-        let kicks = self.rebalance_locked(&mut state, Instant::now());
+        let kicks = self.rebalance_locked(state, Instant::now());
         state.prefer_new = None;
         kicks
     }

@@ -451,3 +451,60 @@ fn a_yield_records_its_wake_up_before_the_granted_vcpu_can_start() {
     let (_, carriers) = alloc.yield_processor(batch, 0, None);
     assert_eq!(carriers, None);
 }
+
+#[test]
+fn a_yield_from_an_activation_started_after_another_yield_supersedes_its_wake_up() {
+    use super::timed::{TimerDue, WAKE_SLACK};
+    let alloc = Allocator::new(2, Duration::from_millis(10));
+    let server = alloc.add_guest(2);
+    alloc.set_latency_critical(server, true);
+    alloc.set_activations(server, true);
+    let settle = |alloc: &Allocator| {
+        for _ in 0..3 {
+            for v in 0..2 {
+                match alloc.view(server).vcpus[v] {
+                    Slot::GrantedNew | Slot::GrantedResume => {
+                        alloc.acquire(server, v);
+                    }
+                    Slot::HandOff => {
+                        assert_eq!(alloc.acquire(server, v), Acquired::HandOff);
+                        alloc.release(server, v, Release::Preempted);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    };
+    let running =
+        |alloc: &Allocator, v: usize| matches!(alloc.view(server).vcpus[v], Slot::Running(_));
+    settle(&alloc);
+    assert!(running(&alloc, 0) && running(&alloc, 1));
+    // vCPU 0 yields for a sleeper due now (a backstop: vCPU 1 runs), then vCPU 1 for a later
+    // one. vCPU 1's activation started before vCPU 0's yield: its scheduler may have looked at
+    // the timers before vCPU 0's sleeper was there, so vCPU 0's wake-up stands and is carried
+    // out.
+    let mut at0 = Instant::now();
+    alloc.yield_processor(server, 0, Some(&mut at0));
+    let mut at1 = Instant::now() + Duration::from_secs(1);
+    alloc.yield_processor(server, 1, Some(&mut at1));
+    std::thread::sleep(at0.saturating_duration_since(Instant::now()) + WAKE_SLACK);
+    assert!(matches!(alloc.timer_due(server, 0), TimerDue::Woken(_)));
+    assert_eq!(alloc.timer_due(server, 1), TimerDue::Later(at1));
+    settle(&alloc);
+    assert!(running(&alloc, 0));
+    // vCPU 0's new activation started after vCPU 1 yielded: its yield's wake-up covers every
+    // sleeper of vCPU 1's still asleep (the guest's timers are one list), and vCPU 1's is
+    // dropped, on its own thread and on the carriers alike.
+    let mut at2 = Instant::now() + Duration::from_secs(2);
+    alloc.yield_processor(server, 0, Some(&mut at2));
+    assert_eq!(alloc.timer_due(server, 1), TimerDue::Gone);
+    assert!(alloc.fire_due_wakes().is_empty());
+    assert_eq!(alloc.timer_due(server, 0), TimerDue::Later(at2));
+    // A yield without a wake-up (no sleeper left) from a newer activation drops it the same way.
+    alloc.wake_for_timer(server, 1);
+    settle(&alloc);
+    assert!(running(&alloc, 1));
+    alloc.yield_processor(server, 1, None);
+    assert_eq!(alloc.timer_due(server, 0), TimerDue::Gone);
+    assert_eq!(alloc.view(server).vcpus, [Slot::Parked, Slot::Parked]);
+}

@@ -6,6 +6,27 @@ use std::time::{Duration, Instant};
 
 use super::{Allocator, GuestId, Release, Slot, State};
 
+/// A yielded vCPU of a latency-critical guest and when it wants a processor again.
+#[derive(Clone, Copy, Debug)]
+pub struct TimedWake {
+    pub at: Instant,
+    pub guest: GuestId,
+    pub vcpu: usize,
+    /// When it yielded: the guest's scheduler looked at its timers just before.
+    pub yielded: Instant,
+}
+
+/// What a parked vCPU's own wake-up deadline comes to ([`Allocator::timer_due`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum TimerDue {
+    /// It wants its processor back: the vCPUs to kick.
+    Woken(Vec<(GuestId, usize)>),
+    /// Its recorded wake-up is later than its thread's deadline: wait until then.
+    Later(Instant),
+    /// Its wake-up was carried out already, or a later yield's covers it.
+    Gone,
+}
+
 /// A wake-up this close is carried out now: the kick timer may fire a hair before the instant
 /// asked for, and a kick that finds nothing due would leave the wake-up to the parked thread.
 pub const WAKE_SLACK: Duration = Duration::from_micros(10);
@@ -61,6 +82,12 @@ impl Allocator {
     ) -> (Vec<(GuestId, usize)>, Option<Carriers>) {
         let mut state = self.lock();
         let kicks = self.release_locked(&mut state, guest, vcpu, Release::Yielded);
+        if at.is_none() && state.guests[guest].latency_critical {
+            // No sleeper and no request in flight when it looked: the others' are all done.
+            supersede(&mut state, guest, vcpu, None);
+            self.wakes_pending
+                .store(!state.timed_wakes.is_empty(), Ordering::Release);
+        }
         let carriers = at.and_then(|at| {
             let carriers = yield_until_locked(&mut state, guest, vcpu, at);
             self.wakes_pending
@@ -92,36 +119,78 @@ impl Allocator {
         if !self.wakes_pending.load(Ordering::Acquire) {
             return Vec::new();
         }
-        let now = Instant::now() + WAKE_SLACK;
-        let due = {
-            let mut state = self.lock();
-            let mut due = Vec::new();
-            let state = &mut *state;
-            let guests = &mut state.guests;
-            state.timed_wakes.retain(|&(at, g, v)| {
-                if at <= now {
-                    if guests[g].vcpus[v] == Slot::Parked {
-                        guests[g].wakes_fired += 1;
-                    }
-                    due.push((g, v));
-                    false
-                } else {
-                    true
-                }
-            });
-            // Drop the wake-ups of vCPUs that got a processor some other way.
-            let guests = &state.guests;
-            state
-                .timed_wakes
-                .retain(|&(_, g, v)| guests[g].vcpus[v] == Slot::Parked);
-            self.wakes_pending
-                .store(!state.timed_wakes.is_empty(), Ordering::Release);
-            due
-        };
-        due.into_iter()
-            .flat_map(|(g, v)| self.wake_for_timer(g, v))
-            .collect()
+        let now = Instant::now();
+        let mut state = self.lock();
+        let state = &mut *state;
+        // Drop the wake-ups of vCPUs that got a processor some other way.
+        let guests = &state.guests;
+        state
+            .timed_wakes
+            .retain(|w| guests[w.guest].vcpus[w.vcpu] == Slot::Parked);
+        let (mut due, rest): (Vec<_>, Vec<_>) = state
+            .timed_wakes
+            .drain(..)
+            .partition(|w| w.at <= now + WAKE_SLACK);
+        state.timed_wakes = rest;
+        due.sort_by_key(|w| w.at);
+        let mut kicks = Vec::new();
+        for w in due {
+            if state.guests[w.guest].vcpus[w.vcpu] != Slot::Parked {
+                continue;
+            }
+            state.guests[w.guest].wakes_fired += 1;
+            kicks.extend(self.wake_for_timer_locked(state, w.guest, w.vcpu));
+        }
+        self.wakes_pending
+            .store(!state.timed_wakes.is_empty(), Ordering::Release);
+        kicks
     }
+
+    /// On the thread of parked `vcpu` of `guest`: the deadline it yielded until has come. A
+    /// best-effort guest's vCPU wants its processor back ([`Allocator::wake_for_timer`]); a
+    /// latency-critical guest's follows its recorded wake-up, which may have been carried out
+    /// already (by a carrier) or superseded by a later yield ([`supersede`]).
+    pub fn timer_due(&self, guest: GuestId, vcpu: usize) -> TimerDue {
+        let mut state = self.lock();
+        if !state.guests[guest].latency_critical {
+            return TimerDue::Woken(self.wake_for_timer_locked(&mut state, guest, vcpu));
+        }
+        let now = Instant::now();
+        let Some(i) = state
+            .timed_wakes
+            .iter()
+            .position(|w| (w.guest, w.vcpu) == (guest, vcpu))
+        else {
+            return TimerDue::Gone;
+        };
+        let w = state.timed_wakes[i];
+        let due = if w.at > now + WAKE_SLACK {
+            TimerDue::Later(w.at)
+        } else if state.guests[guest].vcpus[vcpu] != Slot::Parked {
+            state.timed_wakes.remove(i);
+            TimerDue::Gone
+        } else {
+            state.timed_wakes.remove(i);
+            TimerDue::Woken(self.wake_for_timer_locked(&mut state, guest, vcpu))
+        };
+        self.wakes_pending
+            .store(!state.timed_wakes.is_empty(), Ordering::Release);
+        due
+    }
+}
+
+/// `vcpu` of `guest` yielded until `at` (`None`: untimed): the wake-ups of its guest's other
+/// vCPUs that yielded before its activation started are covered by it (its scheduler looked
+/// at the guest's timers after them: each of their sleepers still asleep is on `at`), unless
+/// `at` was moved later by the backstop past theirs.
+fn supersede(state: &mut State, guest: GuestId, vcpu: usize, at: Option<(Instant, bool)>) {
+    let started = state.guests[guest].started[vcpu];
+    state.timed_wakes.retain(|w| {
+        w.guest != guest
+            || w.vcpu == vcpu
+            || w.yielded >= started
+            || at.is_some_and(|(at, backstopped)| backstopped && at > w.at)
+    });
 }
 
 /// [`Allocator::yield_until`] with the lock held; the caller sets `wakes_pending`.
@@ -135,15 +204,24 @@ fn yield_until_locked(
     if !g.latency_critical || !g.activations || g.vcpus[vcpu] != Slot::Parked {
         return None;
     }
-    if g.vcpus
+    let backstopped = g
+        .vcpus
         .iter()
-        .any(|s| s.holds_processor() && *s != Slot::Revoking)
-    {
+        .any(|s| s.holds_processor() && *s != Slot::Revoking);
+    if backstopped {
         *at += WAKE_BACKSTOP;
     }
     let at = *at;
-    state.timed_wakes.retain(|w| (w.1, w.2) != (guest, vcpu));
-    state.timed_wakes.push((at, guest, vcpu));
+    state
+        .timed_wakes
+        .retain(|w| (w.guest, w.vcpu) != (guest, vcpu));
+    supersede(state, guest, vcpu, Some((at, backstopped)));
+    state.timed_wakes.push(TimedWake {
+        at,
+        guest,
+        vcpu,
+        yielded: Instant::now(),
+    });
     let carriers = carriers(state);
     let first = earliest(state)?;
     (!carriers.is_empty()).then_some((carriers, first))
@@ -151,7 +229,7 @@ fn yield_until_locked(
 
 /// The earliest pending timed wake-up.
 fn earliest(state: &State) -> Option<Instant> {
-    state.timed_wakes.iter().map(|w| w.0).min()
+    state.timed_wakes.iter().map(|w| w.at).min()
 }
 
 /// The vCPUs of best-effort guests that hold a processor.

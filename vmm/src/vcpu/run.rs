@@ -8,7 +8,7 @@ use protocol::shared::UpcallKind;
 use super::exits::Exit;
 use super::{ExitAction, VcpuThread, STACK_WAIT};
 use crate::activation::StartError;
-use crate::allocator::{Acquired, Release};
+use crate::allocator::{Acquired, Release, TimerDue};
 use crate::arch::current as arch;
 use crate::kick::EXIT_KICK;
 use crate::vm::Outcome;
@@ -50,15 +50,18 @@ impl VcpuThread {
                 Acquired::Exit => break,
                 Acquired::WakeDue => {
                     // The guest's timer is due and it gave this processor back for it: it
-                    // wants one again (taken from another guest if need be).
-                    self.wake_at = None;
-                    self.guest.stats.yield_wakes.fetch_add(1, Ordering::Relaxed);
+                    // wants one again (taken from another guest if need be), unless another
+                    // vCPU of the guest covers its sleepers (`Allocator::timer_due`).
                     let procs = &self.guest.procs;
-                    procs.revoke(
-                        procs
-                            .alloc
-                            .wake_for_timer(self.guest.id, self.index as usize),
-                    );
+                    self.wake_at = None;
+                    match procs.alloc.timer_due(self.guest.id, self.index as usize) {
+                        TimerDue::Woken(kicks) => {
+                            self.guest.stats.yield_wakes.fetch_add(1, Ordering::Relaxed);
+                            procs.revoke(kicks);
+                        }
+                        TimerDue::Later(at) => self.wake_at = Some(at),
+                        TimerDue::Gone => {}
+                    }
                     continue;
                 }
                 Acquired::Resume => {
