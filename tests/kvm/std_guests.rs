@@ -105,35 +105,35 @@ pub(crate) fn tests() -> Vec<Trial> {
 }
 
 /// crossbeam-channel 0.5.17's own tests (guests/apps/std-crossbeam-tests) that cannot run in
-/// this guest, and why (docs/std-guests.md, "Evidence"). Each is a libtest `--skip` filter.
-const CROSSBEAM_SKIPPED: &[&str] = &[
-    // catch_unwind of a panicking drop: the guest's panic strategy is abort.
-    "array::panic_on_drop",
-    // #[should_panic]: under panic=abort the panic ends the whole binary.
-    "select_macro::panic_sender",
-    "select_macro::panic_receiver",
-    // 32 KiB messages on the stack of a std thread of the default size, which activm makes a
-    // 128 KiB stack (std asks for 1 MiB): the guard page stops it.
-    "list::stack_overflow",
-];
+/// this guest: `--skip` filters, each with why in the file (docs/std-guests.md, "Evidence").
+const CROSSBEAM_SKIPPED: &str = include_str!("../../guests/apps/std-crossbeam-tests/skipped.txt");
 
-/// libtest's summary for the suite with [`CROSSBEAM_SKIPPED`] filtered out.
+/// libtest's summary for the suite with the skipped tests filtered out.
 const CROSSBEAM_RESULT: &str =
-    "test result: ok. 361 passed; 0 failed; 0 ignored; 0 measured; 4 filtered out;";
+    include_str!("../../guests/apps/std-crossbeam-tests/expected-result.txt");
+
+/// The libtest arguments of a crossbeam suite run: 4 test threads, the skips.
+fn crossbeam_args() -> Vec<&'static str> {
+    let skips = CROSSBEAM_SKIPPED
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_whitespace().next());
+    let mut args = vec!["--test-threads", "4"];
+    for name in skips {
+        args.extend(["--skip", name]);
+    }
+    args
+}
 
 /// The suite on 2 vCPUs with 4 test threads (most of its time is tests sleeping and timing out
 /// on purpose: ~155 s on one test thread, ~40 s on four): every test but the skipped ones passes.
 /// The guest gets 240 s, a bound for a loaded machine, not a speed target.
 fn crossbeam_suite(activations: bool) -> Result<(), Failed> {
-    let mut args = vec!["--test-threads", "4"];
-    for name in CROSSBEAM_SKIPPED {
-        args.extend(["--skip", name]);
-    }
+    let args = crossbeam_args();
     let options = [&["--vcpus", "2"], no_activations(activations)].concat();
     activm_run_within("240", &std_guest("std-crossbeam-tests")?, &options, &args)?
         .expect_code(0)?
-        .stdout_has("\nrunning 361 tests\n")?
-        .stdout_has(CROSSBEAM_RESULT)?;
+        .stdout_has(CROSSBEAM_RESULT.trim_end())?;
     Ok(())
 }
 

@@ -58,8 +58,7 @@ pub(crate) const STD_APPS: &[&str] = &[
 ];
 
 /// The std guests of this repository that are a libtest binary: (guests/apps/NAME, its test
-/// target). Built like [`STD_APPS`] with `--test`, into guests/target/ARCH-activm-std/PROFILE/NAME;
-/// x86_64 only (no aarch64 test runs them yet).
+/// target). Built like [`STD_APPS`] with `--test`, into guests/target/ARCH-activm-std/PROFILE/NAME.
 pub(crate) const STD_TEST_APPS: &[(&str, &str)] = &[("std-crossbeam-tests", "crossbeam_channel")];
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -198,7 +197,6 @@ pub(crate) fn build_std_apps(arch: GuestArch, release: bool) -> Result<Vec<PathB
     let programs = STD_APPS.iter().map(|app| (*app, None));
     let tests = STD_TEST_APPS
         .iter()
-        .filter(|_| arch == GuestArch::X86_64)
         .map(|(app, test)| (*app, Some(test.to_string())));
     programs
         .chain(tests)
