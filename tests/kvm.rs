@@ -123,10 +123,20 @@ impl Run {
 
 /// `activm run <image> <options> -- <guest args>`.
 fn activm_run(image: &Path, options: &[&str], guest_args: &[&str]) -> Result<Run, Failed> {
+    activm_run_within(GUEST_TIMEOUT_SECS, image, options, guest_args)
+}
+
+/// [`activm_run`] with the guest's `--timeout` (seconds) given.
+fn activm_run_within(
+    timeout_secs: &str,
+    image: &Path,
+    options: &[&str],
+    guest_args: &[&str],
+) -> Result<Run, Failed> {
     let mut cmd = Command::new(ACTIVM);
     cmd.arg("run")
         .arg(image)
-        .args(["--timeout", GUEST_TIMEOUT_SECS])
+        .args(["--timeout", timeout_secs])
         .args(options);
     if !guest_args.is_empty() {
         cmd.arg("--").args(guest_args);

@@ -1,13 +1,13 @@
 //! Ordinary `std` programs as guests (activm-std, `cargo xtask app`): guests/apps/std-demo and
 //! std-rayon on 1, 2 and 4 vCPUs with and without activations, a panic, and a project built
-//! from a directory outside the repository.
+//! from a directory outside the repository, and crossbeam-channel's own test suite under libtest.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use libtest_mimic::{Failed, Trial};
 
-use super::{activm_run, guest_dir};
+use super::{activm_run, activm_run_within, guest_dir};
 
 /// Where `cargo xtask build-guests` puts the std guests.
 pub(crate) fn std_guest(name: &str) -> Result<PathBuf, Failed> {
@@ -94,7 +94,47 @@ pub(crate) fn tests() -> Vec<Trial> {
         "std_app_built_outside_the_repo",
         std_app_outside,
     ));
+    for activations in [true, false] {
+        let suffix = if activations { "" } else { "_no_activations" };
+        trials.push(Trial::test(
+            format!("std_crossbeam_channel_test_suite{suffix}_2_vcpus"),
+            move || crossbeam_suite(activations),
+        ));
+    }
     trials
+}
+
+/// crossbeam-channel 0.5.17's own tests (guests/apps/std-crossbeam-tests) that cannot run in
+/// this guest: `--skip` filters, each with why in the file (docs/std-guests.md, "Evidence").
+const CROSSBEAM_SKIPPED: &str = include_str!("../../guests/apps/std-crossbeam-tests/skipped.txt");
+
+/// libtest's summary for the suite with the skipped tests filtered out.
+const CROSSBEAM_RESULT: &str =
+    include_str!("../../guests/apps/std-crossbeam-tests/expected-result.txt");
+
+/// The libtest arguments of a crossbeam suite run: 4 test threads, the skips.
+fn crossbeam_args() -> Vec<&'static str> {
+    let skips = CROSSBEAM_SKIPPED
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_whitespace().next());
+    let mut args = vec!["--test-threads", "4"];
+    for name in skips {
+        args.extend(["--skip", name]);
+    }
+    args
+}
+
+/// The suite on 2 vCPUs with 4 test threads (most of its time is tests sleeping and timing out
+/// on purpose: ~155 s on one test thread, ~40 s on four): every test but the skipped ones passes.
+/// The guest gets 240 s, a bound for a loaded machine, not a speed target.
+fn crossbeam_suite(activations: bool) -> Result<(), Failed> {
+    let args = crossbeam_args();
+    let options = [&["--vcpus", "2"], no_activations(activations)].concat();
+    activm_run_within("240", &std_guest("std-crossbeam-tests")?, &options, &args)?
+        .expect_code(0)?
+        .stdout_has(CROSSBEAM_RESULT.trim_end())?;
+    Ok(())
 }
 
 const OUTSIDE_MAIN: &str = r#"use std::sync::{Arc, Mutex};

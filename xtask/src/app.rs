@@ -1,5 +1,8 @@
-//! `cargo xtask app PATH [--release] [--bin NAME] [--arch ARCH]`: builds an ordinary `std` Rust program (a
-//! cargo project anywhere, unmodified) into an activm guest and prints the ELF's path.
+//! `cargo xtask app PATH [--release] [--bin NAME | --test NAME] [--arch ARCH]`: builds an ordinary
+//! `std` Rust program (a cargo project anywhere, unmodified) into an activm guest and prints the
+//! ELF's path. With `--test NAME` it builds the project's test target NAME with libtest's harness
+//! (std's `test` crate is built too), copied to `ARCH-activm-std/PROFILE/DIRNAME` (the project
+//! directory's name) so it has a stable path.
 //!
 //! Two runs of the Debian cargo with the same target (`guests/ARCH-activm-std.json`: x86_64 by
 //! default, aarch64 with `--arch aarch64`), the same `-Zbuild-std=std,panic_abort` and the same
@@ -38,6 +41,8 @@ struct Options {
     release: bool,
     arch: GuestArch,
     bin: Option<String>,
+    /// A test target to build with libtest's harness instead of a binary.
+    test: Option<String>,
     /// Cargo's target directory (default: the project's `target/`).
     target_dir: PathBuf,
 }
@@ -52,16 +57,21 @@ pub(crate) const STD_APPS: &[&str] = &[
     "std-kv",
 ];
 
+/// The std guests of this repository that are a libtest binary: (guests/apps/NAME, its test
+/// target). Built like [`STD_APPS`] with `--test`, into guests/target/ARCH-activm-std/PROFILE/NAME.
+pub(crate) const STD_TEST_APPS: &[(&str, &str)] = &[("std-crossbeam-tests", "crossbeam_channel")];
+
 fn parse(args: &[String]) -> Result<Options, String> {
     let usage = || {
         format!(
-            "usage: cargo xtask app PATH [--release] [--bin NAME] [--target-dir DIR] [--arch ARCH]\n{USAGE}"
+            "usage: cargo xtask app PATH [--release] [--bin NAME | --test NAME] [--target-dir DIR] [--arch ARCH]\n{USAGE}"
         )
     };
     let mut project = None;
     let mut release = false;
     let mut arch = GuestArch::X86_64;
     let mut bin = None;
+    let mut test = None;
     let mut target_dir = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -72,6 +82,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 arch = parse_arch(&["--arch".to_string(), value])?;
             }
             "--bin" => bin = Some(it.next().ok_or_else(usage)?.clone()),
+            "--test" => test = Some(it.next().ok_or_else(usage)?.clone()),
             "--target-dir" => target_dir = Some(PathBuf::from(it.next().ok_or_else(usage)?)),
             s if s.starts_with('-') => return Err(usage()),
             s if project.is_none() => project = Some(PathBuf::from(s)),
@@ -79,6 +90,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
         }
     }
     let project = project.ok_or_else(usage)?;
+    if bin.is_some() && test.is_some() {
+        return Err(usage());
+    }
     let project = project
         .canonicalize()
         .map_err(|e| format!("{}: {e}", project.display()))?;
@@ -98,6 +112,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         release,
         arch,
         bin,
+        test,
         target_dir,
     })
 }
@@ -106,8 +121,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
 /// with it, so the profile is pinned here rather than taken from either manifest.
 fn shared_args(cmd: &mut Command, o: &Options) {
     let root = repo_root();
+    // libtest (std's `test` crate) only for a test build: the other std crates are the same.
+    let crates = if o.test.is_some() {
+        "-Zbuild-std=std,panic_abort,test"
+    } else {
+        "-Zbuild-std=std,panic_abort"
+    };
     cmd.args([
-        "-Zbuild-std=std,panic_abort",
+        crates,
         "-Zbuild-std-features=compiler-builtins-mem",
         "-Zjson-target-spec",
     ])
@@ -173,14 +194,19 @@ pub(crate) fn app(args: &[String]) -> Result<(), String> {
 /// Builds this repository's std guests ([`STD_APPS`]) for `arch` and returns their ELF paths.
 pub(crate) fn build_std_apps(arch: GuestArch, release: bool) -> Result<Vec<PathBuf>, String> {
     let root = repo_root();
-    STD_APPS
+    let programs = STD_APPS.iter().map(|app| (*app, None));
+    let tests = STD_TEST_APPS
         .iter()
-        .map(|app| {
+        .map(|(app, test)| (*app, Some(test.to_string())));
+    programs
+        .chain(tests)
+        .map(|(app, test)| {
             build(&Options {
                 project: root.join("guests/apps").join(app),
                 release,
                 arch,
                 bin: None,
+                test,
                 target_dir: root.join("guests/target"),
             })
         })
@@ -209,6 +235,9 @@ fn build(o: &Options) -> Result<PathBuf, String> {
         .arg(o.project.join("Cargo.toml"));
     if let Some(bin) = &o.bin {
         program.args(["--bin", bin]);
+    }
+    if let Some(test) = &o.test {
+        program.args(["--test", test]);
     }
     shared_args(&mut program, o);
     program.arg("--message-format=json-render-diagnostics");
@@ -255,7 +284,14 @@ fn build(o: &Options) -> Result<PathBuf, String> {
         .filter_map(|rest| rest.split('"').next())
         .next_back()
         .ok_or_else(|| format!("{}: cargo built no executable", o.project.display()))?;
-    let elf = PathBuf::from(elf);
+    let mut elf = PathBuf::from(elf);
+    if o.test.is_some() {
+        // cargo names a test binary `deps/NAME-HASH`: a copy under the project's name is stable.
+        let name = o.project.file_name().ok_or("project path has no name")?;
+        let stable = out_dir.join(name);
+        std::fs::copy(&elf, &stable).map_err(|e| format!("{}: {e}", stable.display()))?;
+        elf = stable;
+    }
     check_elf(o.arch, &elf)?;
     Ok(elf)
 }

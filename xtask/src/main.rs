@@ -77,9 +77,10 @@ usage: cargo xtask COMMAND
   clippy-guests [--arch ARCH]    run clippy on the guest workspace for the guest target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
   fuzz [TARGET] [--seconds N]    build the fuzz targets (fuzz/) and run each (or TARGET) for N s (default 60)
-  app PATH [--release] [--bin NAME] [--target-dir DIR] [--arch x86_64|aarch64]
+  app PATH [--release] [--bin NAME | --test NAME] [--target-dir DIR] [--arch x86_64|aarch64]
                                  build the ordinary `std` Rust program (cargo project) at PATH into an
-                                 activm guest (see docs/std-guests.md) and print the ELF's path
+                                 activm guest (see docs/std-guests.md) and print the ELF's path;
+                                 --test: its test target NAME, with libtest's harness
   install-toolchain              only install the Debian packages the guest build needs";
 
 fn main() -> ExitCode {
@@ -248,7 +249,8 @@ fn elf_path(app: &str, release: bool) -> PathBuf {
 
 /// The ELF of guest `app` for `arch` (a std guest's is under its std target's directory).
 fn elf_path_for(arch: GuestArch, app: &str, release: bool) -> PathBuf {
-    let target = if app::STD_APPS.contains(&app) {
+    let std_test = app::STD_TEST_APPS.iter().any(|(name, _)| *name == app);
+    let target = if app::STD_APPS.contains(&app) || std_test {
         app::std_target(arch)
     } else {
         arch.target()

@@ -4,7 +4,7 @@
 use super::cases::{stdout_of, Case};
 
 /// The std guests the cases run (copied into the initramfs).
-pub(super) const STD_APPS: &[&str] = &["std-demo", "std-rayon"];
+pub(super) const STD_APPS: &[&str] = &["std-demo", "std-rayon", "std-crossbeam-tests"];
 
 /// `std-demo --exit 3`'s whole stdout on `vcpus` vCPUs (the same file checks both arches).
 fn std_demo_output(vcpus: u32) -> String {
@@ -16,6 +16,24 @@ fn std_demo_output(vcpus: u32) -> String {
 fn rayon_output(vcpus: u32) -> String {
     include_str!("../../../guests/apps/std-rayon/expected-stdout.txt")
         .replace("{vcpus}", &vcpus.to_string())
+}
+
+/// crossbeam-channel's own test suite: its libtest arguments (4 test threads, the tests the
+/// guest cannot run, from the file tests/kvm/std_guests.rs reads too) and expected summary.
+fn crossbeam_run(flags: &str) -> (String, String) {
+    let skips = include_str!("../../../guests/apps/std-crossbeam-tests/skipped.txt")
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_whitespace().next())
+        .map(|name| format!(" --skip {name}"))
+        .collect::<String>();
+    let result = include_str!("../../../guests/apps/std-crossbeam-tests/expected-result.txt");
+    (
+        format!(
+            "/activm run /guests/std-crossbeam-tests {flags} --timeout 300 -- --test-threads 4{skips}"
+        ),
+        result.trim_end().to_string(),
+    )
 }
 
 pub(super) fn cases() -> Vec<Case> {
@@ -58,6 +76,14 @@ pub(super) fn cases() -> Vec<Case> {
         "/activm run /guests/std-demo --vcpus 2 --timeout 60 -- panic",
         134,
         &["thread 'doomed' (2) panicked at src/main.rs:", "boom"],
+    ));
+    // crossbeam-channel's test suite on 2 vCPUs: libtest's summary, 0 failed.
+    let (command, result) = crossbeam_run("--vcpus 2");
+    cases.push(Case::new(
+        "std-crossbeam-2",
+        &command,
+        0,
+        &[result.as_str()],
     ));
     cases
 }
