@@ -2,6 +2,18 @@
 
 use super::*;
 
+/// One processor shared by a latency-critical server of `server_vcpus` vCPUs and a batch guest
+/// of one, both with activations.
+fn server_beside_batch(server_vcpus: usize) -> (Allocator, GuestId, GuestId) {
+    let alloc = Allocator::new(1, Duration::from_millis(10));
+    let server = alloc.add_guest(server_vcpus);
+    let batch = alloc.add_guest(1);
+    alloc.set_latency_critical(server, true);
+    alloc.set_activations(server, true);
+    alloc.set_activations(batch, true);
+    (alloc, server, batch)
+}
+
 #[test]
 fn water_fill_respects_demand_and_budget() {
     assert_eq!(water_fill(4, &[1, 8], 0), vec![1, 3]);
@@ -284,12 +296,7 @@ fn a_latency_critical_guest_is_served_first() {
 
 #[test]
 fn a_running_best_effort_vcpu_fires_a_latency_critical_wake_up() {
-    let alloc = Allocator::new(1, Duration::from_millis(10));
-    let server = alloc.add_guest(1);
-    let batch = alloc.add_guest(1);
-    alloc.set_latency_critical(server, true);
-    alloc.set_activations(server, true);
-    alloc.set_activations(batch, true);
+    let (alloc, server, batch) = server_beside_batch(1);
     if alloc.view(server).vcpus[0] == Slot::GrantedResume {
         alloc.acquire(server, 0);
     }
@@ -374,12 +381,7 @@ fn wait_running_returns_when_the_granted_vcpu_picks_up_its_processor() {
 
 #[test]
 fn a_timed_wake_up_restarts_its_own_vcpu_and_is_a_backstop_beside_a_running_one() {
-    let alloc = Allocator::new(1, Duration::from_millis(10));
-    let server = alloc.add_guest(2);
-    let batch = alloc.add_guest(1);
-    alloc.set_latency_critical(server, true);
-    alloc.set_activations(server, true);
-    alloc.set_activations(batch, true);
+    let (alloc, server, batch) = server_beside_batch(2);
     // Every grant picked up, every hand-off done.
     let settle = |alloc: &Allocator| {
         for (g, n) in [(server, 2), (batch, 1)] {
@@ -425,12 +427,7 @@ fn a_yield_records_its_wake_up_before_the_granted_vcpu_can_start() {
     // The yield grants the processor and records the wake-up in one step: the batch vCPU
     // granted it, once started, carries the wake-up even if the yielding thread has not run
     // since (a host scheduler may keep it off its CPU for a tick).
-    let alloc = Allocator::new(1, Duration::from_millis(10));
-    let server = alloc.add_guest(1);
-    let batch = alloc.add_guest(1);
-    alloc.set_latency_critical(server, true);
-    alloc.set_activations(server, true);
-    alloc.set_activations(batch, true);
+    let (alloc, server, batch) = server_beside_batch(1);
     if alloc.view(server).vcpus[0] == Slot::GrantedResume {
         alloc.acquire(server, 0);
     }
