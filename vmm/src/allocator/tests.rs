@@ -14,6 +14,20 @@ fn server_beside_batch(server_vcpus: usize) -> (Allocator, GuestId, GuestId) {
     (alloc, server, batch)
 }
 
+/// [`server_beside_batch`] with one server vCPU, which runs on the processor: the batch
+/// guest's vCPU, preempted for it, has handed its context over.
+fn server_running_beside_batch() -> (Allocator, GuestId, GuestId) {
+    let (alloc, server, batch) = server_beside_batch(1);
+    if alloc.view(server).vcpus[0] == Slot::GrantedResume {
+        alloc.acquire(server, 0);
+    }
+    if alloc.view(batch).vcpus[0] == Slot::HandOff {
+        assert_eq!(alloc.acquire(batch, 0), Acquired::HandOff);
+        alloc.release(batch, 0, Release::Preempted);
+    }
+    (alloc, server, batch)
+}
+
 #[test]
 fn water_fill_respects_demand_and_budget() {
     assert_eq!(water_fill(4, &[1, 8], 0), vec![1, 3]);
@@ -296,14 +310,7 @@ fn a_latency_critical_guest_is_served_first() {
 
 #[test]
 fn a_running_best_effort_vcpu_fires_a_latency_critical_wake_up() {
-    let (alloc, server, batch) = server_beside_batch(1);
-    if alloc.view(server).vcpus[0] == Slot::GrantedResume {
-        alloc.acquire(server, 0);
-    }
-    if alloc.view(batch).vcpus[0] == Slot::HandOff {
-        assert_eq!(alloc.acquire(batch, 0), Acquired::HandOff);
-        alloc.release(batch, 0, Release::Preempted);
-    }
+    let (alloc, server, batch) = server_running_beside_batch();
     // The server yields until its timer: the batch guest's vCPU runs meanwhile.
     alloc.release(server, 0, Release::Yielded);
     match alloc.view(batch).vcpus[0] {
@@ -427,14 +434,7 @@ fn a_yield_records_its_wake_up_before_the_granted_vcpu_can_start() {
     // The yield grants the processor and records the wake-up in one step: the batch vCPU
     // granted it, once started, carries the wake-up even if the yielding thread has not run
     // since (a host scheduler may keep it off its CPU for a tick).
-    let (alloc, server, batch) = server_beside_batch(1);
-    if alloc.view(server).vcpus[0] == Slot::GrantedResume {
-        alloc.acquire(server, 0);
-    }
-    if alloc.view(batch).vcpus[0] == Slot::HandOff {
-        assert_eq!(alloc.acquire(batch, 0), Acquired::HandOff);
-        alloc.release(batch, 0, Release::Preempted);
-    }
+    let (alloc, server, batch) = server_running_beside_batch();
     let at = Instant::now() + Duration::from_millis(1);
     let mut asked = at;
     let (_, carriers) = alloc.yield_processor(server, 0, Some(&mut asked));
