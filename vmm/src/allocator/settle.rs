@@ -34,34 +34,21 @@ impl Allocator {
         vcpus: &[usize],
         timeout: Duration,
     ) -> Option<Instant> {
-        let deadline = Instant::now() + timeout;
-        let mut state = self.lock();
-        state.settle_waiters += 1;
-        let running = loop {
-            let mut latest = None;
-            let mut pending = false;
-            for &v in vcpus {
-                match state.guests[guest].vcpus.get(v) {
-                    Some(Slot::GrantedNew | Slot::GrantedResume) => pending = true,
-                    Some(Slot::Running(since)) => latest = latest.max(Some(*since)),
-                    _ => latest = latest.max(Some(Instant::now())),
+        self.wait_for(
+            timeout,
+            |_| {},
+            |state| {
+                let mut latest = None;
+                for &v in vcpus {
+                    match state.guests[guest].vcpus.get(v) {
+                        Some(Slot::GrantedNew | Slot::GrantedResume) => return None,
+                        Some(Slot::Running(since)) => latest = latest.max(Some(*since)),
+                        _ => latest = latest.max(Some(Instant::now())),
+                    }
                 }
-            }
-            if !pending {
-                break latest.or_else(|| Some(Instant::now()));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break None;
-            }
-            state = self
-                .settling
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        };
-        state.settle_waiters -= 1;
-        running
+                Some(latest.unwrap_or_else(Instant::now))
+            },
+        )
     }
 
     /// Whether every decision has been carried out: no processor is being revoked and no grant
@@ -82,13 +69,28 @@ impl Allocator {
     /// settled it was made (the moment a granted vCPU picked up its processor or a revoked one
     /// handed its processor back), or `None` on timeout. Woken by that change, not by polling.
     pub fn wait_settled(&self, timeout: Duration) -> Option<Instant> {
+        let forget_earlier = |state: &mut State| state.settled_at = None;
+        self.wait_for(timeout, forget_earlier, |state| {
+            Self::settled_locked(state).then(|| state.settled_at.unwrap_or_else(Instant::now))
+        })
+    }
+
+    /// Waits, at most `timeout`, until `done` returns a value, checking it again at each
+    /// [`Allocator::settle`] (a grant picked up, a processor given back); `None` on timeout.
+    /// `begin` runs first, under the same lock that registers the waiter.
+    fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        begin: impl FnOnce(&mut State),
+        mut done: impl FnMut(&State) -> Option<T>,
+    ) -> Option<T> {
         let deadline = Instant::now() + timeout;
         let mut state = self.lock();
         state.settle_waiters += 1;
-        state.settled_at = None;
-        let settled = loop {
-            if Self::settled_locked(&state) {
-                break Some(state.settled_at.unwrap_or_else(Instant::now));
+        begin(&mut state);
+        let result = loop {
+            if let Some(result) = done(&state) {
+                break Some(result);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -101,7 +103,7 @@ impl Allocator {
                 .0;
         };
         state.settle_waiters -= 1;
-        settled
+        result
     }
 
     /// A grant was picked up or a processor came back: wake whoever waits for that, and note
