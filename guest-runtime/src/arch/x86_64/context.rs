@@ -307,27 +307,36 @@ pub fn saved_fxsave(frame: &IrqFrame) -> &FxsaveArea {
     unsafe { &*(at as *const FxsaveArea) }
 }
 
+/// The general registers a stub frame (`IrqFrame` or `ExceptionFrame`: both save them under
+/// the same names) holds, with `rsp` as the stack pointer.
+macro_rules! gprs_of {
+    ($frame:expr, $rsp:expr) => {
+        Gprs {
+            rax: $frame.rax,
+            rbx: $frame.rbx,
+            rcx: $frame.rcx,
+            rdx: $frame.rdx,
+            rsi: $frame.rsi,
+            rdi: $frame.rdi,
+            rbp: $frame.rbp,
+            rsp: $rsp,
+            r8: $frame.r8,
+            r9: $frame.r9,
+            r10: $frame.r10,
+            r11: $frame.r11,
+            r12: $frame.r12,
+            r13: $frame.r13,
+            r14: $frame.r14,
+            r15: $frame.r15,
+        }
+    };
+}
+pub(super) use gprs_of;
+
 /// The complete context of the code `frame` interrupted (what the VMM would hand over).
 pub fn capture(frame: &IrqFrame) -> UserContext {
     UserContext {
-        gprs: Gprs {
-            rax: frame.rax,
-            rbx: frame.rbx,
-            rcx: frame.rcx,
-            rdx: frame.rdx,
-            rsi: frame.rsi,
-            rdi: frame.rdi,
-            rbp: frame.rbp,
-            rsp: frame.rsp(),
-            r8: frame.r8,
-            r9: frame.r9,
-            r10: frame.r10,
-            r11: frame.r11,
-            r12: frame.r12,
-            r13: frame.r13,
-            r14: frame.r14,
-            r15: frame.r15,
-        },
+        gprs: gprs_of!(frame, frame.rsp()),
         rip: frame.rip,
         rflags: frame.rflags,
         fs_base: 0,

@@ -4,6 +4,8 @@ use activm_stub::arch::x86_64::{exception_stack_layout, user_exception_window, E
 use activm_stub::protocol::arch::x86_64::{FxsaveArea, Gprs, UserContext};
 use activm_stub::ExceptionFrame;
 
+use super::context::gprs_of;
+
 /// #PF.
 const PAGE_FAULT: u64 = 14;
 /// #UD.
@@ -140,24 +142,7 @@ pub fn faulting_context(ctx: &UserContext, top: u64) -> Option<UserContext> {
     let frame = unsafe { (at.frame as *const ExceptionFrame).read_volatile() };
     let mut out = *ctx;
     if pc >= window.pushed || !in_entry {
-        out.gprs = Gprs {
-            rax: frame.rax,
-            rbx: frame.rbx,
-            rcx: frame.rcx,
-            rdx: frame.rdx,
-            rsi: frame.rsi,
-            rdi: frame.rdi,
-            rbp: frame.rbp,
-            rsp: 0,
-            r8: frame.r8,
-            r9: frame.r9,
-            r10: frame.r10,
-            r11: frame.r11,
-            r12: frame.r12,
-            r13: frame.r13,
-            r14: frame.r14,
-            r15: frame.r15,
-        };
+        out.gprs = gprs_of!(frame, 0);
     }
     if !in_entry {
         // SAFETY: as above; the image is complete once the entry passed `saved`.
