@@ -15,7 +15,14 @@ use activm_stub::protocol::fs::{
 use activm_stub::protocol::hypercall::Hypercall;
 
 use crate::errno::{fail, EINVAL};
-use crate::sys::Iovec;
+
+/// hermit-abi's `iovec`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Iovec {
+    pub base: *mut u8,
+    pub len: usize,
+}
 
 /// hermit-abi's `timespec` inside `stat` (`tv_nsec` is an `i32`).
 #[repr(C)]

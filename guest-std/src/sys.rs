@@ -8,6 +8,7 @@ use core::time::Duration;
 use activm_rt::rt;
 
 use crate::errno::{fail, EBADF, EINVAL, ENOSYS};
+use crate::fs::Iovec;
 
 /// hermit-abi's `timespec` (`tv_nsec` is an `i32` there).
 #[repr(C)]
@@ -26,14 +27,6 @@ impl Timespec {
             .filter(|&n| n < 1_000_000_000)?;
         Some(Duration::new(secs, nanos))
     }
-}
-
-/// hermit-abi's `iovec`.
-#[repr(C)]
-#[derive(Debug)]
-pub struct Iovec {
-    pub base: *mut u8,
-    pub len: usize,
 }
 
 const CLOCK_REALTIME: i32 = 1;
