@@ -41,6 +41,7 @@ use crate::vm::Outcome;
 
 mod request;
 mod submit_ring;
+mod unblock;
 mod wake;
 pub use request::parse_request;
 pub use submit_ring::{check_ring_address, take_submissions, SUBMIT_POLL};
@@ -93,6 +94,8 @@ struct State {
     nudge: Option<(Instant, u32)>,
     /// The timer thread sleeps until then (`None`: until notified).
     timer_wakes_at: Option<Instant>,
+    /// UNBLOCKED records to deliver at their due time (`unblock.rs`).
+    unblocks: Vec<(Instant, crate::activation::Event)>,
     /// The disk is gone: I/O threads end.
     closed: bool,
 }
@@ -316,13 +319,12 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
             }
         });
         let nudge = state.nudge.map(|(at, _)| at);
+        let unblock = unblock::earliest(&state);
         let now = Instant::now();
-        let deadline = match (due, nudge) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b).unwrap_or(now + IDLE_CHECK),
-        };
+        let earliest = [due, nudge, unblock].into_iter().flatten().min();
+        let deadline = earliest.unwrap_or(now + IDLE_CHECK);
         if now < deadline {
-            state.timer_wakes_at = (due.is_some() || nudge.is_some()).then_some(deadline);
+            state.timer_wakes_at = earliest;
             state = shared
                 .timer
                 .wait_timeout(state, deadline - now)
@@ -334,6 +336,7 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
         let Some(guest) = guest.upgrade() else {
             continue;
         };
+        let unblocks = unblock::take_due(&mut state, now);
         let posted = post_due(&mut state, &guest, now);
         if posted && state.poller.is_some() {
             // The poller's grace ran out (its vCPU lost its processor, or its kick came late):
@@ -343,6 +346,7 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
         let nudge_now =
             state.nudge.is_some_and(|(at, _)| at <= now) && nudge_due(&mut state, &guest, now);
         drop(state);
+        unblock::deliver(&guest, unblocks);
         if nudge_now {
             fence(Ordering::SeqCst);
             if !wake_one_idle(&guest) {
