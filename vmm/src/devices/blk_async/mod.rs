@@ -198,7 +198,12 @@ impl AsyncQueue {
     /// unless another vCPU is.
     pub fn before_halt(&self, vcpu: u32) {
         let mut state = self.shared.lock();
-        let Some(Reverse((due, _, _))) = state.delayed.peek() else {
+        let ring = state.delayed.peek().map(|&Reverse((due, _, _))| due);
+        let Some(due) = [ring, unblock::earliest(&state)]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
             return;
         };
         if state.poller.is_some() {
@@ -222,13 +227,14 @@ impl AsyncQueue {
     }
 
     /// When the earliest completion whose data already moved is due (it waits only for the
-    /// device's latency).
+    /// device's latency): one for the ring, or an UNBLOCKED (`unblock.rs`).
     pub fn earliest_due(&self) -> Option<Instant> {
-        self.shared
-            .lock()
-            .delayed
-            .peek()
-            .map(|&Reverse((due, _, _))| due)
+        let state = self.shared.lock();
+        let ring = state.delayed.peek().map(|&Reverse((due, _, _))| due);
+        [ring, unblock::earliest(&state)]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Post the completions due by now (a new activation of the guest is about to start: it
@@ -311,15 +317,16 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
             state.workers -= 1;
             return;
         }
-        let due = state.delayed.peek().map(|&Reverse((due, _, _))| {
+        let grace = |due: Instant| {
             if state.poller.is_some() {
                 due + POLLER_GRACE
             } else {
                 due
             }
-        });
+        };
+        let due = state.delayed.peek().map(|&Reverse((due, _, _))| grace(due));
         let nudge = state.nudge.map(|(at, _)| at);
-        let unblock = unblock::earliest(&state);
+        let unblock = unblock::earliest(&state).map(grace);
         let now = Instant::now();
         let earliest = [due, nudge, unblock].into_iter().flatten().min();
         let deadline = earliest.unwrap_or(now + IDLE_CHECK);
@@ -338,7 +345,7 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
         };
         let unblocks = unblock::take_due(&mut state, now);
         let posted = post_due(&mut state, &guest, now);
-        if posted && state.poller.is_some() {
+        if (posted || !unblocks.is_empty()) && state.poller.is_some() {
             // The poller's grace ran out (its vCPU lost its processor, or its kick came late):
             // stop waiting for it.
             state.poller = None;
@@ -380,12 +387,16 @@ pub fn after_kick(guest: &Guest, vcpu: u32, fd: &VcpuFd) {
     if state.poller == Some(vcpu) {
         state.poller = None;
     }
-    let posted = post_due(&mut state, guest, Instant::now() + Duration::from_micros(2));
+    let soon = Instant::now() + Duration::from_micros(2);
+    let unblocks = unblock::take_due(&mut state, soon);
+    let posted = post_due(&mut state, guest, soon) || !unblocks.is_empty();
     let tell_timer = timer_must_wake(&state);
     drop(state);
     if tell_timer {
         shared.timer.notify_one();
     }
+    // This vCPU idles (it halted): its own UNBLOCKED records come to it, with the interrupt.
+    unblock::deliver(guest, unblocks);
     if posted
         && guest.vcpus[vcpu as usize]
             .maybe_halted
