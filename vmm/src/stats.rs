@@ -96,6 +96,12 @@ pub fn render(guest: &Guest) -> String {
         n(&s.interrupts_redelivered),
         n(&s.halted_woken)
     );
+    let _ = write!(
+        out,
+        "\nblocked with a new activation on the same vCPU={} UNBLOCKED left pending without an interrupt (every running vCPU busy)={}",
+        n(&s.blocked_reentered),
+        n(&s.quiet_unblocked)
+    );
     let (mut delays, seen) = {
         let reservoir = s.preempt_delays.lock().unwrap_or_else(|e| e.into_inner());
         (reservoir.samples().to_vec(), reservoir.seen())

@@ -262,6 +262,16 @@ impl Disk {
         }
     }
 
+    /// A request left with only its latency that blocked without a thread waiting for it
+    /// (the UNBLOCKED goes out at `due`): counted as blocking, for the time left.
+    pub fn count_blocked_until(&self, due: Instant) {
+        self.stats.blocking.fetch_add(1, Ordering::Relaxed);
+        self.stats.blocked_us.fetch_add(
+            due.saturating_duration_since(Instant::now()).as_micros() as u64,
+            Ordering::Relaxed,
+        );
+    }
+
     /// Try to move a read or write's data without waiting, whatever the emulated latency (the
     /// caller adds it): `Some(result)` when done. Flushes always wait.
     pub fn transfer_now(&self, ram: &GuestRam, req: &Request) -> Option<u64> {

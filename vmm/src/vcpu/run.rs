@@ -30,6 +30,38 @@ impl VcpuThread {
     }
 
     pub(super) fn run(&mut self) {
+        // A request blocked and this vCPU went on as a new activation: run it, nothing to
+        // acquire.
+        let mut reentered = false;
+        loop {
+            if !std::mem::take(&mut reentered) && !self.acquire_and_start() {
+                break;
+            }
+            self.trace_state("running", true);
+            let step = self.run_until_revoked();
+            self.trace_state("running", false);
+            self.guest.drain_timeline();
+            match step {
+                ExitAction::Kicked => self.give_back_processor(),
+                ExitAction::Yield { wake_ns } => self.yielded(wake_ns),
+                ExitAction::Stop => {
+                    self.release(Release::Stopped);
+                    self.guest.vcpu_stopped();
+                    break;
+                }
+                ExitAction::Finish(outcome) => {
+                    self.guest.finish(outcome);
+                    break;
+                }
+                ExitAction::Block(req) => reentered = self.block_on_request(req, true),
+                ExitAction::Continue => unreachable!("run_until_revoked returns only on a change"),
+            }
+        }
+    }
+
+    /// Wait for a processor and start a new activation or resume; `false` when the vCPU is
+    /// done.
+    fn acquire_and_start(&mut self) -> bool {
         loop {
             let acquired = self.guest.procs.alloc.acquire_until(
                 self.guest.id,
@@ -47,7 +79,7 @@ impl VcpuThread {
                 }
             }
             match acquired {
-                Acquired::Exit => break,
+                Acquired::Exit => return false,
                 Acquired::WakeDue => {
                     // The guest's timer is due and it gave this processor back for it: it
                     // wants one again (taken from another guest if need be), unless another
@@ -79,7 +111,7 @@ impl VcpuThread {
                     }
                     Err(outcome) => {
                         self.guest.finish(outcome);
-                        break;
+                        return false;
                     }
                 },
                 Acquired::HandOff => {
@@ -89,25 +121,7 @@ impl VcpuThread {
                     continue;
                 }
             }
-            self.trace_state("running", true);
-            let step = self.run_until_revoked();
-            self.trace_state("running", false);
-            self.guest.drain_timeline();
-            match step {
-                ExitAction::Kicked => self.give_back_processor(),
-                ExitAction::Yield { wake_ns } => self.yielded(wake_ns),
-                ExitAction::Stop => {
-                    self.release(Release::Stopped);
-                    self.guest.vcpu_stopped();
-                    break;
-                }
-                ExitAction::Finish(outcome) => {
-                    self.guest.finish(outcome);
-                    break;
-                }
-                ExitAction::Block(req) => self.block_on_request(req),
-                ExitAction::Continue => unreachable!("run_until_revoked returns only on a change"),
-            }
+            return true;
         }
     }
 
@@ -192,7 +206,7 @@ impl VcpuThread {
     /// Start a new activation here: NEWPROC (and pending events) in this vCPU's queue, then
     /// enter the guest's upcall entry on a stack from its pool.
     /// `Ok(false)`: the processor was revoked while the activation waited for a stack.
-    fn start_activation(&mut self) -> Result<bool, Outcome> {
+    pub(super) fn start_activation(&mut self) -> Result<bool, Outcome> {
         // An empty stack pool is a guest that has not recycled its upcall stacks yet: wait for
         // it (its other vCPUs run), up to a bound; a pool that stays empty is a guest bug.
         let waiting_since = std::time::Instant::now();
