@@ -1,34 +1,65 @@
 //! The vCPU's half of the upcall watchdog (`Guest::watch_upcall_queues`): a running vCPU whose
 //! queue keeps records untaken is kicked, and looks at its interrupt controller here.
 //!
-//! kvm_pvm (the host KVM these machines have) can leave a requested interrupt undelivered on a
-//! vCPU that has interrupts on: the vector stays in the local APIC's IRR while the guest runs
-//! on at CPL3, and exits and re-entries do not deliver it; only something that makes KVM
-//! re-evaluate its pending events does (an EOI, a register write, `KVM_SET_MP_STATE`). With
-//! host-CPU placement that left the guest without its upcalls until the VMM stopped it
-//! (docs/activations.md, "Placing granted vCPUs on host CPUs").
+//! What it looks for, and what was found (docs/activations.md, "The upcall watchdog"): an upcall
+//! vector requested and deliverable (IRR set, interrupts on) that KVM does not inject while the
+//! guest runs. None was found on kvm_pvm once the looks were made exact: a vector requested at
+//! one exit is, in every case measured, an interrupt sent while the vCPU's thread waited for a
+//! host CPU or while it was out of the guest for the kick itself, and the next entry delivers
+//! it. So a requested upcall vector counts as undelivered only if it is still requested at a
+//! second look after the vCPU has run on for [`RELOOK`] (its thread on a CPU for at least
+//! [`RAN_ENOUGH`] meanwhile) and no upcall interrupt was sent to it in between; then the vCPU
+//! makes KVM look at its pending events again (`KVM_SET_MP_STATE`) and `--stats` counts it.
 //!
-//! A deliverable vector seen once proves nothing: an interrupt sent while the vCPU's thread
-//! waited for a host CPU is delivered at the next entry. Seen again at the next look, after
-//! the guest has moved on (it ran, so KVM entered it and did not deliver), it is stuck: the
-//! vCPU makes KVM look again, and the guest's `--stats` count it. Likewise a vCPU that KVM
-//! still holds halted at the next look, its records untaken: it is woken (a stalled soak run
-//! had a running vCPU sit at its new activation's first instruction for a second, nothing
-//! requested).
+//! Likewise a vCPU that KVM still holds halted at the next watchdog look, its records untaken,
+//! is woken (a stalled soak run had a running vCPU sit at its new activation's first
+//! instruction for a second, nothing requested, before the watchdog existed).
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::VcpuThread;
 use crate::arch::current as arch;
 
+/// How long the vCPU runs on before the second look at a requested upcall vector.
+pub(super) const RELOOK: Duration = Duration::from_micros(300);
+/// How much CPU time its thread must have had by the second look for the look to count.
+const RAN_ENOUGH: Duration = Duration::from_micros(100);
+/// A second look that has not had its CPU time by then is given up (the host is that busy).
+const RELOOK_GIVE_UP: Duration = Duration::from_millis(50);
+
+/// A requested upcall vector seen at a first look, waiting for the second.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Relook {
+    /// When the second look is due.
+    pub(super) due: Instant,
+    /// When the first look was.
+    since: Instant,
+    /// The thread's CPU time at the first look.
+    cpu: Duration,
+    /// Upcall interrupts sent to the vCPU before the first look.
+    sent: u64,
+}
+
+/// The calling thread's CPU time.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the kernel to fill; the clock id is a constant.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 impl VcpuThread {
-    /// Kicked by the watchdog: redeliver a requested interrupt KVM left undelivered, or wake a
-    /// vCPU KVM keeps halted with records waiting (see the module comment).
+    /// Kicked by the watchdog: wake a vCPU KVM keeps halted with records waiting, or take a
+    /// first look at a requested upcall vector (see the module comment).
     pub(super) fn redeliver_stuck_interrupt(&mut self) {
         let look = arch::halted(&self.fd).and_then(|halted| {
-            arch::undelivered_interrupt(&self.fd).map(|undelivered| (halted, undelivered))
+            arch::undelivered_interrupt(&self.fd).map(|requested| (halted, requested))
         });
-        let (halted, undelivered) = match look {
+        let (halted, requested) = match look {
             Ok(look) => look,
             Err(e) => {
                 eprintln!(
@@ -38,33 +69,70 @@ impl VcpuThread {
                 return;
             }
         };
-        if !halted && !undelivered {
-            self.undelivered_at = None;
+        if requested && self.relook.is_none() {
+            let now = Instant::now();
+            self.relook = Some(Relook {
+                due: now + RELOOK,
+                since: now,
+                cpu: thread_cpu_time(),
+                sent: self.control.upcall_interrupts.load(Ordering::Relaxed),
+            });
+        }
+        // Halted at two watchdog looks in a row, its records untaken: wake it.
+        let halted_before = std::mem::replace(&mut self.halted_seen, halted);
+        if !halted || !halted_before {
             return;
         }
-        let here = arch::progress_mark(&self.fd);
-        let Some(before) = self.undelivered_at.replace(here) else {
-            return;
-        };
-        if !halted && before == here {
+        self.halted_seen = false;
+        if self.make_runnable() {
+            self.guest
+                .stats
+                .halted_woken
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Out of `KVM_RUN` with a second look pending: redeliver an upcall vector still requested
+    /// after the vCPU ran on, if no upcall interrupt was sent to it meanwhile.
+    pub(super) fn relook_at_upcall(&mut self) {
+        let Some(relook) = self.relook else { return };
+        let ran = thread_cpu_time().saturating_sub(relook.cpu);
+        if ran < RAN_ENOUGH && relook.since.elapsed() < RELOOK_GIVE_UP {
+            // Kicked early, or its thread waited for a host CPU: look again once it ran.
+            self.relook = Some(Relook {
+                due: Instant::now() + RELOOK,
+                ..relook
+            });
             return;
         }
-        self.undelivered_at = None;
-        // KVM re-evaluates pending events after `KVM_SET_MP_STATE`. Runnable is the state a
-        // running vCPU is in, and the one its records (which came with an interrupt) owe a
-        // halted one.
-        if let Err(e) = arch::make_runnable(&self.fd) {
-            eprintln!(
-                "activm: vCPU {}: cannot redeliver its interrupt: {e}",
-                self.index
-            );
+        self.relook = None;
+        if ran < RAN_ENOUGH
+            || self.control.upcall_interrupts.load(Ordering::Relaxed) != relook.sent
+            || !arch::undelivered_interrupt(&self.fd).unwrap_or(false)
+        {
             return;
         }
-        let count = if halted {
-            &self.guest.stats.halted_woken
-        } else {
-            &self.guest.stats.interrupts_redelivered
-        };
-        count.fetch_add(1, Ordering::Relaxed);
+        if self.make_runnable() {
+            self.guest
+                .stats
+                .interrupts_redelivered
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// KVM re-evaluates pending events after `KVM_SET_MP_STATE`. Runnable is the state a
+    /// running vCPU is in, and the one its records (which came with an interrupt) owe a halted
+    /// one.
+    fn make_runnable(&self) -> bool {
+        match arch::make_runnable(&self.fd) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!(
+                    "activm: vCPU {}: cannot redeliver its interrupt: {e}",
+                    self.index
+                );
+                false
+            }
+        }
     }
 }
