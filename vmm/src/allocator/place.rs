@@ -44,7 +44,7 @@ struct Thread {
     processor: Option<usize>,
     /// Allowed on every CPU of the process (placement widened), not only its processor's.
     wide: bool,
-    /// Granted a processor at this instant and not running yet.
+    /// Granted a processor at this instant (its thread registered) and not running yet.
     granted_at: Option<Instant>,
 }
 
@@ -208,8 +208,10 @@ fn place_granted_at(state: &mut State, granted: &[(GuestId, usize)], now: Instan
     let placement = &mut state.placement;
     let wide = placement.widened(now);
     for &(id, v) in granted {
-        placement.threads[id][v].granted_at = Some(now);
         let thread = placement.threads[id][v];
+        // Timed only once its thread exists: a thread still being created (vCPU creation takes
+        // milliseconds at boot) is not waiting behind another.
+        placement.threads[id][v].granted_at = (thread.tid != 0).then_some(now);
         let own = thread
             .processor
             .filter(|p| *p < budget && !used.contains(p));
@@ -368,6 +370,17 @@ mod tests {
         // Its start, late as well, keeps it widened once (not a second widening).
         assert_eq!(alloc.acquire(0, 1), Acquired::Resume);
         assert_eq!(alloc.lock().placement.widenings, 1);
+    }
+
+    #[test]
+    fn a_grant_to_a_thread_still_being_created_is_not_timed() {
+        // No thread registered yet (boot): the grants are not timed, whatever the quantum sees.
+        let alloc = placed(2);
+        assert!(alloc.lock().placement.threads[0]
+            .iter()
+            .all(|t| t.granted_at.is_none()));
+        assert!(alloc.rebalance().is_empty());
+        assert_eq!(alloc.lock().placement.widenings, 0);
     }
 
     #[test]
