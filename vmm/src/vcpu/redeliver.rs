@@ -6,9 +6,9 @@
 //! guest runs. None was found on kvm_pvm once the looks were made exact: a vector requested at
 //! one exit is, in every case measured, an interrupt sent while the vCPU's thread waited for a
 //! host CPU or while it was out of the guest for the kick itself, and the next entry delivers
-//! it. So a requested upcall vector counts as undelivered only if it is still requested at a
-//! second look after the vCPU has run on for [`RELOOK`] (its thread on a CPU for at least
-//! [`RAN_ENOUGH`] meanwhile) and no upcall interrupt was sent to it in between; then the vCPU
+//! it. So a requested upcall vector counts as undelivered only if it is still requested at two
+//! more looks, each after the vCPU has run on for [`RELOOK`] (its thread on a CPU for at least
+//! [`RAN_ENOUGH`] meanwhile) with no upcall interrupt sent to it in between; then the vCPU
 //! makes KVM look at its pending events again (`KVM_SET_MP_STATE`) and `--stats` counts it.
 //!
 //! Likewise a vCPU that KVM still holds halted at the next watchdog look, its records untaken,
@@ -28,7 +28,7 @@ const RAN_ENOUGH: Duration = Duration::from_micros(100);
 /// A second look that has not had its CPU time by then is given up (the host is that busy).
 const RELOOK_GIVE_UP: Duration = Duration::from_millis(50);
 
-/// A requested upcall vector seen at a first look, waiting for the second.
+/// A requested upcall vector seen at a look, waiting for the next.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Relook {
     /// When the second look is due.
@@ -39,6 +39,8 @@ pub(super) struct Relook {
     cpu: Duration,
     /// Upcall interrupts sent to the vCPU before the first look.
     sent: u64,
+    /// This is the third look: the vector was still requested at the second.
+    again: bool,
 }
 
 /// The calling thread's CPU time.
@@ -76,6 +78,7 @@ impl VcpuThread {
                 since: now,
                 cpu: thread_cpu_time(),
                 sent: self.control.upcall_interrupts.load(Ordering::Relaxed),
+                again: false,
             });
         }
         // Halted at two watchdog looks in a row, its records untaken: wake it.
@@ -92,8 +95,8 @@ impl VcpuThread {
         }
     }
 
-    /// Out of `KVM_RUN` with a second look pending: redeliver an upcall vector still requested
-    /// after the vCPU ran on, if no upcall interrupt was sent to it meanwhile.
+    /// Out of `KVM_RUN` with a look pending: redeliver an upcall vector still requested after
+    /// the vCPU ran on twice, if no upcall interrupt was sent to it meanwhile.
     pub(super) fn relook_at_upcall(&mut self) {
         let Some(relook) = self.relook else { return };
         let ran = thread_cpu_time().saturating_sub(relook.cpu);
@@ -106,10 +109,24 @@ impl VcpuThread {
             return;
         }
         self.relook = None;
+        let sent = self.control.upcall_interrupts.load(Ordering::Relaxed);
         if ran < RAN_ENOUGH
-            || self.control.upcall_interrupts.load(Ordering::Relaxed) != relook.sent
+            || sent != relook.sent
             || !arch::undelivered_interrupt(&self.fd).unwrap_or(false)
         {
+            return;
+        }
+        if !relook.again {
+            // Once more: an interrupt that came just before this exit (the kick's own) would
+            // be delivered by the next entry.
+            let now = Instant::now();
+            self.relook = Some(Relook {
+                due: now + RELOOK,
+                since: now,
+                cpu: thread_cpu_time(),
+                sent,
+                again: true,
+            });
             return;
         }
         if self.make_runnable() {
