@@ -25,7 +25,7 @@ use crate::arch::current as arch;
 pub(super) const RELOOK: Duration = Duration::from_micros(300);
 /// How much CPU time its thread must have had by the second look for the look to count.
 const RAN_ENOUGH: Duration = Duration::from_micros(100);
-/// A second look that has not had its CPU time by then is given up (the host is that busy).
+/// A look not taken by then is given up (the host is that busy, or the vCPU was descheduled).
 const RELOOK_GIVE_UP: Duration = Duration::from_millis(50);
 
 /// A requested upcall vector seen at a look, waiting for the next.
@@ -100,7 +100,13 @@ impl VcpuThread {
     pub(super) fn relook_at_upcall(&mut self) {
         let Some(relook) = self.relook else { return };
         let ran = thread_cpu_time().saturating_sub(relook.cpu);
-        if ran < RAN_ENOUGH && relook.since.elapsed() < RELOOK_GIVE_UP {
+        if relook.since.elapsed() >= RELOOK_GIVE_UP {
+            // Its thread waited that long for a host CPU, or the vCPU gave its processor back
+            // meanwhile: nothing can be told.
+            self.relook = None;
+            return;
+        }
+        if ran < RAN_ENOUGH {
             // Kicked early, or its thread waited for a host CPU: look again once it ran.
             self.relook = Some(Relook {
                 due: Instant::now() + RELOOK,
@@ -110,10 +116,7 @@ impl VcpuThread {
         }
         self.relook = None;
         let sent = self.control.upcall_interrupts.load(Ordering::Relaxed);
-        if ran < RAN_ENOUGH
-            || sent != relook.sent
-            || !arch::undelivered_interrupt(&self.fd).unwrap_or(false)
-        {
+        if sent != relook.sent || !arch::undelivered_interrupt(&self.fd).unwrap_or(false) {
             return;
         }
         if !relook.again {
