@@ -155,12 +155,7 @@ impl Guest {
                 if let Some(trace) = &self.trace {
                     trace.instant(self.id, vcpu, upcall_name(kind), 0);
                 }
-                if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
-                    self.finish(Outcome::fault(
-                        vcpu,
-                        format!("cannot send the upcall interrupt: {e}"),
-                    ));
-                }
+                self.send_upcall_interrupt(vcpu);
             }
             Ok(None) => {
                 // Its target's activation ended meanwhile: to another running vCPU, or a
@@ -186,6 +181,19 @@ impl Guest {
             }
         }
     }
+    /// Raise the upcall interrupt on `vcpu` (counted for the watchdog's second look).
+    fn send_upcall_interrupt(&self, vcpu: u32) {
+        self.vcpus[vcpu as usize]
+            .upcall_interrupts
+            .fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
+            self.finish(Outcome::fault(
+                vcpu,
+                format!("cannot send the upcall interrupt: {e}"),
+            ));
+        }
+    }
+
     /// Events that waited for a running vCPU go to `vcpu`, which is about to run or runs.
     pub fn flush_pending(&self, vcpu: u32) {
         if self.acts.pending() == 0 {
@@ -193,14 +201,7 @@ impl Guest {
         }
         match self.acts.flush_pending(self.shared(), vcpu) {
             Ok(0) => {}
-            Ok(_) => {
-                if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
-                    self.finish(Outcome::fault(
-                        vcpu,
-                        format!("cannot send the upcall interrupt: {e}"),
-                    ));
-                }
-            }
+            Ok(_) => self.send_upcall_interrupt(vcpu),
             Err(e) => self.finish(Outcome::fault(vcpu, format!("upcall queue: {e:?}"))),
         }
     }

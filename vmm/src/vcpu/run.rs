@@ -162,6 +162,7 @@ impl VcpuThread {
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 self.fd.set_kvm_immediate_exit(0);
+                self.relook_at_upcall();
                 if self.control.take_redelivery_request() {
                     self.redeliver_stuck_interrupt();
                 }
@@ -171,8 +172,11 @@ impl VcpuThread {
                 procs.revoke(procs.alloc.fire_due_wakes());
                 // Wake-ups still to come: this thread carries them if its processor is one
                 // they may take.
-                if let Some(next) = procs.alloc.next_timed_wake(self.guest.id) {
-                    self.control.kick_at(next);
+                // (And the watchdog's second look at a requested upcall vector, `redeliver.rs`.)
+                let relook = self.relook.map(|r| r.due);
+                let next = procs.alloc.next_timed_wake(self.guest.id);
+                if let Some(at) = next.into_iter().chain(relook).min() {
+                    self.control.kick_at(at);
                 }
                 if self.guest.stall_snapshot.load(Ordering::Acquire) && !self.snapshot_taken {
                     self.snapshot_taken = true;
