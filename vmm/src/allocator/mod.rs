@@ -23,7 +23,7 @@ mod shares;
 mod timed;
 use shares::tiered_shares;
 pub use shares::water_fill;
-pub use timed::TimerDue;
+pub use timed::{SleeperProbe, TimerDue};
 
 /// A guest, by its index in the monitor.
 pub type GuestId = usize;
@@ -141,6 +141,8 @@ struct GuestState {
     /// timers since then): whether its timer or its yield covers another vCPU's timed wake-up
     /// (`timed.rs`).
     started: Vec<Instant>,
+    /// Reads the guest's earliest sleeper ([`Allocator::watch_sleepers`]).
+    sleepers: Option<SleeperProbe>,
 }
 
 impl GuestState {
@@ -267,6 +269,7 @@ impl Allocator {
             wakes_fired: 0,
             wake_first: None,
             started: vec![now; nr_vcpus],
+            sleepers: None,
         });
         state.placement.add_guest(nr_vcpus);
         state.guests.len() - 1
@@ -300,6 +303,11 @@ impl Allocator {
     /// Mark `guest` latency-critical (served first) or not; takes effect at the next rebalance.
     pub fn set_latency_critical(&self, guest: GuestId, on: bool) {
         self.lock().guests[guest].latency_critical = on;
+    }
+
+    /// How to read `guest`'s earliest sleeper: its timed wake-ups then follow it (`timed.rs`).
+    pub fn watch_sleepers(&self, guest: GuestId, probe: SleeperProbe) {
+        self.lock().guests[guest].sleepers = Some(probe);
     }
 
     pub fn budget(&self) -> usize {
