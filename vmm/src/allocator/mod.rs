@@ -132,6 +132,10 @@ struct GuestState {
     /// Timed wake-ups of this guest's yielded vCPUs carried out on another guest's running
     /// vCPU thread ([`Allocator::fire_due_wakes`]).
     wakes_fired: u64,
+    /// Timed wake-ups found redundant when due (their sleepers were awake): moved to the
+    /// guest's next sleeper, or dropped (`timed.rs`, `follow_sleeper`).
+    wakes_moved: u64,
+    wakes_dropped: u64,
     /// A parked vCPU woken for its timer ([`Allocator::wake_for_timer`]): the next new
     /// activation of the guest starts there, however many rebalances it takes to free a
     /// processor. Another vCPU started instead would leave this one parked, and its own
@@ -228,6 +232,9 @@ pub struct GuestView {
     pub share: usize,
     /// Timed wake-ups carried out by another guest's running vCPU thread.
     pub wakes_fired: u64,
+    /// Timed wake-ups found redundant (their sleepers awake): moved to a later sleeper, dropped.
+    pub wakes_moved: u64,
+    pub wakes_dropped: u64,
 }
 
 impl Allocator {
@@ -267,6 +274,8 @@ impl Allocator {
             wake: (0..nr_vcpus).map(|_| Arc::new(Condvar::new())).collect(),
             latency_critical: false,
             wakes_fired: 0,
+            wakes_moved: 0,
+            wakes_dropped: 0,
             wake_first: None,
             started: vec![now; nr_vcpus],
             sleepers: None,
@@ -541,6 +550,8 @@ impl Allocator {
             wanted: g.wanted,
             share: g.share,
             wakes_fired: g.wakes_fired,
+            wakes_moved: g.wakes_moved,
+            wakes_dropped: g.wakes_dropped,
         }
     }
 

@@ -540,11 +540,14 @@ fn a_timed_wake_up_follows_the_sleeper_it_was_for() {
     let moved = at + Duration::from_millis(5);
     assert_eq!(alloc.next_timed_wake(batch), Some(moved));
     assert_eq!(alloc.timer_due(server, 0), TimerDue::Later(moved));
+    assert_eq!(alloc.view(server).wakes_moved, 1);
     // Nobody sleeps any more when it comes due: dropped.
     earliest.store(u64::MAX, Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(5) + WAKE_SLACK);
     assert_eq!(alloc.timer_due(server, 0), TimerDue::Gone);
     assert_eq!(alloc.next_timed_wake(batch), None);
+    assert_eq!(alloc.view(server).wakes_dropped, 1);
+    assert_eq!(alloc.view(server).vcpus[0], Slot::Parked);
 
     // A sleeper still asleep gets its wake-up as asked.
     let (alloc, server, _) = server_running_beside_batch();
@@ -577,4 +580,5 @@ fn two_yields_for_one_sleeper_leave_one_wake_up() {
     // One new activation wakes every sleeper due then: the earlier wake-up alone stays.
     assert_eq!(alloc.timer_due(server, 0), TimerDue::Gone);
     assert_eq!(alloc.timer_due(server, 1), TimerDue::Later(at1));
+    assert_eq!(alloc.view(server).wakes_dropped, 1);
 }

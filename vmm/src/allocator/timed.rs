@@ -344,14 +344,17 @@ fn follow_sleeper(state: &mut State, i: usize) -> Followed {
         .flatten()
     else {
         state.timed_wakes.remove(i);
+        state.guests[w.guest].wakes_dropped += 1;
         return Followed::Dropped;
     };
     let w = &mut state.timed_wakes[i];
     w.at = at;
     w.sleeper = Some(now);
+    let guest = w.guest;
     if one_per_sleeper(state, i) {
         Followed::Dropped
     } else {
+        state.guests[guest].wakes_moved += 1;
         Followed::Moved
     }
 }
@@ -375,11 +378,13 @@ fn one_per_sleeper(state: &mut State, i: usize) -> bool {
     else {
         return false;
     };
+    let before = state.timed_wakes.len();
     let mut j = 0;
     state.timed_wakes.retain(|o| {
         let drop = j != keep && same(o);
         j += 1;
         !drop
     });
+    state.guests[w.guest].wakes_dropped += (before - state.timed_wakes.len()) as u64;
     keep != i
 }
