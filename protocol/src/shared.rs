@@ -178,13 +178,7 @@ pub struct SharedHeader {
     /// VMM writes once: what this VMM supports beyond the version, `SHARED_FEATURE_*` bits
     /// (0 from a VMM that predates the field: it was padding).
     pub features: u32,
-    pub _pad0: u32,
-    /// Guest writes: the TSC deadline of its earliest sleeping thread, whenever it changes
-    /// (`u64::MAX`: none sleeps). 0, as a guest that predates the field leaves it (it was
-    /// padding): not published. The VMM reads it when a timed wake-up of a latency-critical
-    /// guest comes due: a later value means the sleepers the yield was for are awake.
-    pub earliest_sleeper: AtomicU64,
-    pub _pad1: [u8; 24],
+    pub _pad0: [u8; 36],
     /// Guest writes: how many vCPUs the guest can use (mirrors `sa_setconcurrency`).
     pub requested_concurrency: CacheAligned<AtomicU32>,
     /// Guest writes: bit i set = vCPU i is idle (spinning or halted with nothing to run).
@@ -197,6 +191,11 @@ pub struct SharedHeader {
     pub stack_cons: CacheAligned<AtomicU32>,
     /// Guest writes: stack tops (16-byte aligned guest addresses) for NEWPROC upcalls.
     pub stacks: [u64; STACK_POOL_CAPACITY],
+    /// Guest writes: the TSC deadline of its earliest sleeping thread, whenever it changes
+    /// (`u64::MAX`: none sleeps). 0, as a guest that predates the field leaves it (the rest of
+    /// the page): not published. The VMM reads it when a timed wake-up of a latency-critical
+    /// guest comes due: a later deadline means the sleepers the yield was for are awake.
+    pub earliest_sleeper: CacheAligned<AtomicU64>,
 }
 
 /// The shared area as seen by code built for this architecture.
@@ -258,13 +257,13 @@ mod tests {
         assert_eq!(offset_of!(SharedHeader, abi_version), 8);
         assert_eq!(offset_of!(SharedHeader, nr_vcpus), 12);
         assert_eq!(offset_of!(SharedHeader, features), 24);
-        assert_eq!(offset_of!(SharedHeader, earliest_sleeper), 32);
         assert_eq!(offset_of!(SharedHeader, requested_concurrency), 64);
         assert_eq!(offset_of!(SharedHeader, idle_vcpus), 128);
         assert_eq!(offset_of!(SharedHeader, granted_vcpus), 192);
         assert_eq!(offset_of!(SharedHeader, stack_prod), 256);
         assert_eq!(offset_of!(SharedHeader, stack_cons), 320);
         assert_eq!(offset_of!(SharedHeader, stacks), 384);
+        assert_eq!(offset_of!(SharedHeader, earliest_sleeper), 896);
         assert!(size_of::<SharedHeader>() <= SHARED_HEADER_SIZE);
         assert_eq!(shared_area_size(2), 4096 + 2 * 16384);
         assert_eq!(vcpu_area_offset(1), 4096 + 16384);
