@@ -23,7 +23,7 @@ mod shares;
 mod timed;
 use shares::tiered_shares;
 pub use shares::water_fill;
-pub use timed::{SleeperProbe, TimerDue};
+pub use timed::{SleeperProbe, Sleepers, TimerDue};
 
 /// A guest, by its index in the monitor.
 pub type GuestId = usize;

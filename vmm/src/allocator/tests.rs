@@ -506,17 +506,23 @@ fn a_yield_from_an_activation_started_after_another_yield_supersedes_its_wake_up
     assert_eq!(alloc.view(server).vcpus, [Slot::Parked, Slot::Parked]);
 }
 
-/// A probe for [`Allocator::watch_sleepers`] that reads the returned cell (ns; `u64::MAX`:
-/// none sleeps).
-fn sleeper_cell(alloc: &Allocator, guest: GuestId) -> Arc<std::sync::atomic::AtomicU64> {
+/// A probe for [`Allocator::watch_sleepers`] that reads the returned cells: the earliest
+/// sleeper (ns; `u64::MAX`: none sleeps) and the idle vCPUs (none at first).
+type SleeperCells = Arc<[std::sync::atomic::AtomicU64; 2]>;
+fn sleeper_cells(alloc: &Allocator, guest: GuestId) -> SleeperCells {
     use std::sync::atomic::{AtomicU64, Ordering};
-    let cell = Arc::new(AtomicU64::new(u64::MAX));
-    let read = Arc::clone(&cell);
+    let cells: SleeperCells = Arc::new([AtomicU64::new(u64::MAX), AtomicU64::new(0)]);
+    let read = Arc::clone(&cells);
     alloc.watch_sleepers(
         guest,
-        SleeperProbe(Arc::new(move || Some(read.load(Ordering::Relaxed)))),
+        SleeperProbe(Arc::new(move || {
+            Some(Sleepers {
+                earliest_ns: read[0].load(Ordering::Relaxed),
+                idle_vcpus: read[1].load(Ordering::Relaxed),
+            })
+        })),
     );
-    cell
+    cells
 }
 
 #[test]
@@ -525,7 +531,8 @@ fn a_timed_wake_up_follows_the_sleeper_it_was_for() {
     use std::sync::atomic::Ordering;
     const SECOND: u64 = 1_000_000_000;
     let (alloc, server, batch) = server_running_beside_batch();
-    let earliest = sleeper_cell(&alloc, server);
+    let cells = sleeper_cells(&alloc, server);
+    let earliest = &cells[0];
     // The server yields until just before its sleeper due at 1 s of its clock; the batch
     // vCPU granted the processor carries the wake-up.
     earliest.store(SECOND, Ordering::Relaxed);
@@ -551,7 +558,8 @@ fn a_timed_wake_up_follows_the_sleeper_it_was_for() {
 
     // A sleeper still asleep gets its wake-up as asked.
     let (alloc, server, _) = server_running_beside_batch();
-    let earliest = sleeper_cell(&alloc, server);
+    let cells = sleeper_cells(&alloc, server);
+    let earliest = &cells[0];
     earliest.store(SECOND, Ordering::Relaxed);
     let mut at = Instant::now();
     alloc.yield_processor(server, 0, Some(&mut at), true);
@@ -565,7 +573,8 @@ fn two_yields_for_one_sleeper_leave_one_wake_up() {
     let server = alloc.add_guest(2);
     alloc.set_latency_critical(server, true);
     alloc.set_activations(server, true);
-    let earliest = sleeper_cell(&alloc, server);
+    let cells = sleeper_cells(&alloc, server);
+    let earliest = &cells[0];
     for v in 0..2 {
         assert_eq!(alloc.acquire(server, v), Acquired::Resume);
     }
@@ -581,4 +590,37 @@ fn two_yields_for_one_sleeper_leave_one_wake_up() {
     assert_eq!(alloc.timer_due(server, 0), TimerDue::Gone);
     assert_eq!(alloc.timer_due(server, 1), TimerDue::Later(at1));
     assert_eq!(alloc.view(server).wakes_dropped, 1);
+}
+
+#[test]
+fn a_wake_up_whose_sleeper_woke_beside_a_busy_vcpu_stands() {
+    use super::timed::WAKE_SLACK;
+    use std::sync::atomic::Ordering;
+    const SECOND: u64 = 1_000_000_000;
+    for idle in [false, true] {
+        let alloc = Allocator::new(2, Duration::from_millis(10));
+        let server = alloc.add_guest(2);
+        alloc.set_latency_critical(server, true);
+        alloc.set_activations(server, true);
+        let cells = sleeper_cells(&alloc, server);
+        for v in 0..2 {
+            assert_eq!(alloc.acquire(server, v), Acquired::Resume);
+        }
+        // vCPU 0 yields for the earliest sleeper; vCPU 1, still running, wakes it.
+        cells[0].store(SECOND, Ordering::Relaxed);
+        let mut at = Instant::now();
+        alloc.yield_processor(server, 0, Some(&mut at), true);
+        cells[0].store(SECOND + 5_000_000, Ordering::Relaxed);
+        cells[1].store(if idle { 0b10 } else { 0 }, Ordering::Relaxed);
+        std::thread::sleep(at.saturating_duration_since(Instant::now()) + WAKE_SLACK);
+        let due = alloc.timer_due(server, 0);
+        if idle {
+            // vCPU 1 ran it and idles: the wake-up moves on to the next sleeper.
+            assert_eq!(due, TimerDue::Later(at + Duration::from_millis(5)));
+        } else {
+            // vCPU 1 is busy: the woken sleeper may wait behind its thread, so vCPU 0 still
+            // gets a processor to run it beside.
+            assert!(matches!(due, TimerDue::Woken(_)), "{due:?}");
+        }
+    }
 }

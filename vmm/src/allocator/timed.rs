@@ -20,11 +20,20 @@ pub struct TimedWake {
     pub sleeper: Option<u64>,
 }
 
-/// Reads the deadline of a guest's earliest sleeping thread, in nanoseconds of the guest's
-/// clock (`u64::MAX`: none sleeps); `None` if the guest does not publish it
+/// What a guest says of its sleepers and idle vCPUs (`SharedHeader`), read by a [`SleeperProbe`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sleepers {
+    /// The deadline of its earliest sleeping thread, in nanoseconds of its clock (`u64::MAX`:
+    /// none sleeps).
+    pub earliest_ns: u64,
+    /// The vCPUs it marks idle, a bit each (`SharedHeader::idle_vcpus`).
+    pub idle_vcpus: u64,
+}
+
+/// Reads a guest's [`Sleepers`]; `None` if the guest does not publish its earliest sleeper
 /// (`SharedHeader::earliest_sleeper`). Called under the allocator's lock: it must be cheap.
 #[derive(Clone)]
-pub struct SleeperProbe(pub Arc<dyn Fn() -> Option<u64> + Send + Sync>);
+pub struct SleeperProbe(pub Arc<dyn Fn() -> Option<Sleepers> + Send + Sync>);
 
 impl std::fmt::Debug for SleeperProbe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -267,8 +276,9 @@ fn yield_until_locked(
         .retain(|w| (w.guest, w.vcpu) != (guest, vcpu));
     supersede(state, guest, vcpu, Some((at, backstopped)));
     let sleeper = for_sleeper
-        .then(|| earliest_sleeper(state, guest))
+        .then(|| sleepers(state, guest))
         .flatten()
+        .map(|s| s.earliest_ns)
         .filter(|&ns| ns != u64::MAX);
     state.timed_wakes.push(TimedWake {
         at,
@@ -306,7 +316,7 @@ fn carriers(state: &State) -> Vec<(GuestId, usize)> {
 }
 
 /// The deadline of `guest`'s earliest sleeper, if it publishes it.
-fn earliest_sleeper(state: &State, guest: GuestId) -> Option<u64> {
+fn sleepers(state: &State, guest: GuestId) -> Option<Sleepers> {
     state.guests[guest].sleepers.as_ref().and_then(|p| (p.0)())
 }
 
@@ -323,8 +333,8 @@ enum Followed {
 
 /// Timed wake-up `i` comes due: if the guest's earliest sleeper is now later than the one it
 /// was for, every sleeper it was for was woken (by a vCPU of the guest that held a processor:
-/// only a running scheduler takes sleepers off the guest's one list), and the processor would
-/// only idle. The wake-up then follows the guest's earliest sleeper: moved later by as much
+/// only a running scheduler takes sleepers off the guest's one list), and if no other vCPU of
+/// the guest is busy now, each woken one runs or has run, and the processor would only idle. The wake-up then follows the guest's earliest sleeper: moved later by as much
 /// (keeping its lead and backstop), dropped if none sleeps. A sleeper still asleep keeps it
 /// as it is, so no wake-up a sleeper needs is ever lost.
 fn follow_sleeper(state: &mut State, i: usize) -> Followed {
@@ -332,10 +342,22 @@ fn follow_sleeper(state: &mut State, i: usize) -> Followed {
     let Some(was) = w.sleeper else {
         return Followed::Kept;
     };
-    let Some(now) = earliest_sleeper(state, w.guest) else {
+    let Some(seen) = sleepers(state, w.guest) else {
         return Followed::Kept;
     };
+    let now = seen.earliest_ns;
     if now <= was {
+        return Followed::Kept;
+    }
+    // A sleeper woken on a vCPU that is busy may wait there behind the running thread: the
+    // wake-up still brings a processor to run it beside (as it did before the guest published
+    // its sleepers). Only with every other vCPU of the guest idle or without a processor is
+    // the woken sleeper surely running or run.
+    let g = &state.guests[w.guest];
+    let busy = g.vcpus.iter().enumerate().any(|(v, s)| {
+        v != w.vcpu && s.holds_processor() && (v >= 64 || seen.idle_vcpus & (1 << v) == 0)
+    });
+    if busy {
         return Followed::Kept;
     }
     // (A deadline out of `Instant`'s range is none: the guest's value is untrusted.)
