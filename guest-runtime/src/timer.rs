@@ -296,6 +296,7 @@ fn update_earliest(list: &Sleepers) {
         unsafe { tcb::from_raw(list.0) }.sleep_deadline.get()
     };
     EARLIEST.store(next, Ordering::Release);
+    crate::upcall::sa::publish_earliest_sleeper(next);
 }
 
 /// The TSC deadline `d` from now (saturating far in the future).
@@ -312,6 +313,7 @@ pub fn add_sleeper(me: &Tcb, deadline: u64) {
         let mut list = SLEEPERS.lock();
         insert_sleeper(&mut list, me);
         EARLIEST.fetch_min(deadline, Ordering::AcqRel);
+        crate::upcall::sa::publish_earliest_sleeper(EARLIEST.load(Ordering::Acquire));
     }
     let hold = preempt::Hold::new();
     ensure_armed_by(deadline.saturating_sub(ns_to_ticks(SLEEP_EARLY_NS)));

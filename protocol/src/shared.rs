@@ -191,6 +191,11 @@ pub struct SharedHeader {
     pub stack_cons: CacheAligned<AtomicU32>,
     /// Guest writes: stack tops (16-byte aligned guest addresses) for NEWPROC upcalls.
     pub stacks: [u64; STACK_POOL_CAPACITY],
+    /// Guest writes: the TSC deadline of its earliest sleeping thread, whenever it changes
+    /// (`u64::MAX`: none sleeps). 0, as a guest that predates the field leaves it (the rest of
+    /// the page): not published. The VMM reads it when a timed wake-up of a latency-critical
+    /// guest comes due: a later deadline means the sleepers the yield was for are awake.
+    pub earliest_sleeper: CacheAligned<AtomicU64>,
 }
 
 /// The shared area as seen by code built for this architecture.
@@ -258,6 +263,7 @@ mod tests {
         assert_eq!(offset_of!(SharedHeader, stack_prod), 256);
         assert_eq!(offset_of!(SharedHeader, stack_cons), 320);
         assert_eq!(offset_of!(SharedHeader, stacks), 384);
+        assert_eq!(offset_of!(SharedHeader, earliest_sleeper), 896);
         assert!(size_of::<SharedHeader>() <= SHARED_HEADER_SIZE);
         assert_eq!(shared_area_size(2), 4096 + 2 * 16384);
         assert_eq!(vcpu_area_offset(1), 4096 + 16384);

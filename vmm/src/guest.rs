@@ -8,7 +8,7 @@ use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 
 use crate::activation::{Activations, SharedArea};
-use crate::allocator::{Allocator, GuestId};
+use crate::allocator::{Allocator, GuestId, SleeperProbe, Sleepers};
 use crate::arch::current as arch;
 use crate::bootinfo::{self, HostFacts};
 use crate::config::VmConfig;
@@ -290,10 +290,11 @@ impl Guest {
             running: AtomicUsize::new(config.vcpus as usize),
             console: Mutex::new(console),
         };
-        Ok(Created {
-            guest: Arc::new(guest),
-            fds,
-        })
+        let guest = Arc::new(guest);
+        if config.latency_critical {
+            procs.alloc.watch_sleepers(id, sleeper_probe(&guest));
+        }
+        Ok(Created { guest, fds })
     }
 
     /// Record the guest's outcome (the first one wins), stop its vCPUs, free its processors.
@@ -337,6 +338,28 @@ impl Guest {
         // The console is best effort: a closed stdout must not kill the guest.
         let _ = console.write_all(bytes).and_then(|_| console.flush());
     }
+}
+
+/// Reads `guest`'s earliest sleeper (`SharedHeader::earliest_sleeper`) in nanoseconds of its
+/// clock (the TSC) and its idle vCPUs, for the allocator (`Allocator::watch_sleepers`). Holds the guest weakly:
+/// the allocator outlives no guest it serves, and must not keep one alive.
+fn sleeper_probe(guest: &Arc<Guest>) -> SleeperProbe {
+    let guest = Arc::downgrade(guest);
+    SleeperProbe(Arc::new(move || {
+        let guest = guest.upgrade()?;
+        let shared = guest.shared();
+        let tsc = shared.earliest_sleeper()?;
+        let earliest_ns = if tsc == u64::MAX {
+            u64::MAX
+        } else {
+            let ns = u128::from(tsc) * 1_000_000 / u128::from(guest.tsc_khz.max(1));
+            u64::try_from(ns).unwrap_or(u64::MAX - 1)
+        };
+        Some(Sleepers {
+            earliest_ns,
+            idle_vcpus: shared.idle_vcpus(),
+        })
+    }))
 }
 
 /// A console that prefixes every line with a guest's name (when several guests share stdout).

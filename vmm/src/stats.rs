@@ -79,15 +79,18 @@ pub fn render(guest: &Guest) -> String {
             n(&s.upcalls[kind as usize])
         );
     }
+    let view = guest.procs.alloc.view(guest.id);
     let _ = write!(
         out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={} (placement widened for a late start={}) upcall watchdog kicks={} (undelivered upcall interrupts redelivered={}, halted vCPUs woken={})",
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}; found redundant, their sleepers awake: moved to a later sleeper={}, dropped={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={} (placement widened for a late start={}) upcall watchdog kicks={} (undelivered upcall interrupts redelivered={}, halted vCPUs woken={})",
         n(&s.preemptions),
         n(&s.deschedules),
         n(&s.run_forwards),
         n(&s.yields),
         n(&s.yield_wakes),
-        guest.procs.alloc.view(guest.id).wakes_fired,
+        view.wakes_fired,
+        view.wakes_moved,
+        view.wakes_dropped,
         n(&s.deferrals),
         n(&s.stack_waits),
         n(&s.canceled),

@@ -51,9 +51,20 @@ pub fn set_idle(vcpu: u32, idle: bool) {
     }
 }
 
+/// Publishes the TSC deadline of the earliest sleeping thread (`u64::MAX`: none) in the shared
+/// header, for the VMM: a timed wake-up it finds made redundant (its sleepers are awake) is moved
+/// to the next sleeper. Call under the sleepers' lock, so the last value written is the list's.
+pub fn publish_earliest_sleeper(deadline: u64) {
+    if SHARED.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    header().earliest_sleeper.store(deadline, Ordering::Release);
+}
+
 /// vCPU 0, at boot: where the shared area is.
 pub fn init() {
     SHARED.store(activm_stub::boot_info().shared_area, Ordering::Release);
+    publish_earliest_sleeper(u64::MAX);
 }
 
 /// Every vCPU, at boot: its words for the upcall queue and its boot activation.

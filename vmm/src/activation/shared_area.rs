@@ -115,6 +115,15 @@ impl<'a> SharedArea<'a> {
             .unwrap_or(0)
     }
 
+    /// `SharedHeader::earliest_sleeper`: the TSC deadline of the guest's earliest sleeping
+    /// thread (`u64::MAX`: none), or `None` if the guest does not publish it (0).
+    pub fn earliest_sleeper(&self) -> Option<u64> {
+        self.ram
+            .read_u64(self.header_field(offset_of!(SharedHeader, earliest_sleeper)))
+            .ok()
+            .filter(|&tsc| tsc != 0)
+    }
+
     /// `vcpu`'s queue tail for reports (`u32::MAX`: unreadable).
     pub fn queue_tail_or_max(&self, vcpu: u32) -> u32 {
         self.queue_tail(vcpu).unwrap_or(u32::MAX)

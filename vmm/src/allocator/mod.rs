@@ -23,7 +23,7 @@ mod shares;
 mod timed;
 use shares::tiered_shares;
 pub use shares::water_fill;
-pub use timed::TimerDue;
+pub use timed::{SleeperProbe, Sleepers, TimerDue};
 
 /// A guest, by its index in the monitor.
 pub type GuestId = usize;
@@ -132,6 +132,10 @@ struct GuestState {
     /// Timed wake-ups of this guest's yielded vCPUs carried out on another guest's running
     /// vCPU thread ([`Allocator::fire_due_wakes`]).
     wakes_fired: u64,
+    /// Timed wake-ups found redundant when due (their sleepers were awake): moved to the
+    /// guest's next sleeper, or dropped (`timed.rs`, `follow_sleeper`).
+    wakes_moved: u64,
+    wakes_dropped: u64,
     /// A parked vCPU woken for its timer ([`Allocator::wake_for_timer`]): the next new
     /// activation of the guest starts there, however many rebalances it takes to free a
     /// processor. Another vCPU started instead would leave this one parked, and its own
@@ -141,6 +145,8 @@ struct GuestState {
     /// timers since then): whether its timer or its yield covers another vCPU's timed wake-up
     /// (`timed.rs`).
     started: Vec<Instant>,
+    /// Reads the guest's earliest sleeper ([`Allocator::watch_sleepers`]).
+    sleepers: Option<SleeperProbe>,
 }
 
 impl GuestState {
@@ -226,6 +232,9 @@ pub struct GuestView {
     pub share: usize,
     /// Timed wake-ups carried out by another guest's running vCPU thread.
     pub wakes_fired: u64,
+    /// Timed wake-ups found redundant (their sleepers awake): moved to a later sleeper, dropped.
+    pub wakes_moved: u64,
+    pub wakes_dropped: u64,
 }
 
 impl Allocator {
@@ -265,8 +274,11 @@ impl Allocator {
             wake: (0..nr_vcpus).map(|_| Arc::new(Condvar::new())).collect(),
             latency_critical: false,
             wakes_fired: 0,
+            wakes_moved: 0,
+            wakes_dropped: 0,
             wake_first: None,
             started: vec![now; nr_vcpus],
+            sleepers: None,
         });
         state.placement.add_guest(nr_vcpus);
         state.guests.len() - 1
@@ -305,6 +317,11 @@ impl Allocator {
     /// Mark `guest` latency-critical (served first) or not; takes effect at the next rebalance.
     pub fn set_latency_critical(&self, guest: GuestId, on: bool) {
         self.lock().guests[guest].latency_critical = on;
+    }
+
+    /// How to read `guest`'s earliest sleeper: its timed wake-ups then follow it (`timed.rs`).
+    pub fn watch_sleepers(&self, guest: GuestId, probe: SleeperProbe) {
+        self.lock().guests[guest].sleepers = Some(probe);
     }
 
     pub fn budget(&self) -> usize {
@@ -546,6 +563,8 @@ impl Allocator {
             wanted: g.wanted,
             share: g.share,
             wakes_fired: g.wakes_fired,
+            wakes_moved: g.wakes_moved,
+            wakes_dropped: g.wakes_dropped,
         }
     }
 

@@ -437,7 +437,7 @@ fn a_yield_records_its_wake_up_before_the_granted_vcpu_can_start() {
     let (alloc, server, batch) = server_running_beside_batch();
     let at = Instant::now() + Duration::from_millis(1);
     let mut asked = at;
-    let (_, carriers) = alloc.yield_processor(server, 0, Some(&mut asked));
+    let (_, carriers) = alloc.yield_processor(server, 0, Some(&mut asked), false);
     assert_eq!(carriers, Some((vec![(batch, 0)], at)));
     assert!(matches!(
         alloc.view(batch).vcpus[0],
@@ -445,7 +445,7 @@ fn a_yield_records_its_wake_up_before_the_granted_vcpu_can_start() {
     ));
     assert_eq!(alloc.next_timed_wake(batch), Some(at));
     // Without a wake-up time it is a plain yield.
-    let (_, carriers) = alloc.yield_processor(batch, 0, None);
+    let (_, carriers) = alloc.yield_processor(batch, 0, None, false);
     assert_eq!(carriers, None);
 }
 
@@ -481,9 +481,9 @@ fn a_yield_from_an_activation_started_after_another_yield_supersedes_its_wake_up
     // the timers before vCPU 0's sleeper was there, so vCPU 0's wake-up stands and is carried
     // out.
     let mut at0 = Instant::now();
-    alloc.yield_processor(server, 0, Some(&mut at0));
+    alloc.yield_processor(server, 0, Some(&mut at0), false);
     let mut at1 = Instant::now() + Duration::from_secs(1);
-    alloc.yield_processor(server, 1, Some(&mut at1));
+    alloc.yield_processor(server, 1, Some(&mut at1), false);
     std::thread::sleep(at0.saturating_duration_since(Instant::now()) + WAKE_SLACK);
     assert!(matches!(alloc.timer_due(server, 0), TimerDue::Woken(_)));
     assert_eq!(alloc.timer_due(server, 1), TimerDue::Later(at1));
@@ -493,7 +493,7 @@ fn a_yield_from_an_activation_started_after_another_yield_supersedes_its_wake_up
     // sleeper of vCPU 1's still asleep (the guest's timers are one list), and vCPU 1's is
     // dropped, on its own thread and on the carriers alike.
     let mut at2 = Instant::now() + Duration::from_secs(2);
-    alloc.yield_processor(server, 0, Some(&mut at2));
+    alloc.yield_processor(server, 0, Some(&mut at2), false);
     assert_eq!(alloc.timer_due(server, 1), TimerDue::Gone);
     assert!(alloc.fire_due_wakes().is_empty());
     assert_eq!(alloc.timer_due(server, 0), TimerDue::Later(at2));
@@ -501,7 +501,126 @@ fn a_yield_from_an_activation_started_after_another_yield_supersedes_its_wake_up
     alloc.wake_for_timer(server, 1);
     settle(&alloc);
     assert!(running(&alloc, 1));
-    alloc.yield_processor(server, 1, None);
+    alloc.yield_processor(server, 1, None, false);
     assert_eq!(alloc.timer_due(server, 0), TimerDue::Gone);
     assert_eq!(alloc.view(server).vcpus, [Slot::Parked, Slot::Parked]);
+}
+
+/// A probe for [`Allocator::watch_sleepers`] that reads the returned cells: the earliest
+/// sleeper (ns; `u64::MAX`: none sleeps) and the idle vCPUs (none at first).
+type SleeperCells = Arc<[std::sync::atomic::AtomicU64; 2]>;
+fn sleeper_cells(alloc: &Allocator, guest: GuestId) -> SleeperCells {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let cells: SleeperCells = Arc::new([AtomicU64::new(u64::MAX), AtomicU64::new(0)]);
+    let read = Arc::clone(&cells);
+    alloc.watch_sleepers(
+        guest,
+        SleeperProbe(Arc::new(move || {
+            Some(Sleepers {
+                earliest_ns: read[0].load(Ordering::Relaxed),
+                idle_vcpus: read[1].load(Ordering::Relaxed),
+            })
+        })),
+    );
+    cells
+}
+
+#[test]
+fn a_timed_wake_up_follows_the_sleeper_it_was_for() {
+    use super::timed::WAKE_SLACK;
+    use std::sync::atomic::Ordering;
+    const SECOND: u64 = 1_000_000_000;
+    let (alloc, server, batch) = server_running_beside_batch();
+    let cells = sleeper_cells(&alloc, server);
+    let earliest = &cells[0];
+    // The server yields until just before its sleeper due at 1 s of its clock; the batch
+    // vCPU granted the processor carries the wake-up.
+    earliest.store(SECOND, Ordering::Relaxed);
+    let mut at = Instant::now() + Duration::from_millis(1);
+    let (_, carriers) = alloc.yield_processor(server, 0, Some(&mut at), true);
+    assert_eq!(carriers, Some((vec![(batch, 0)], at)));
+    // Meanwhile that sleeper was woken (the earliest is now one 5 ms later): when due, the
+    // wake-up moves 5 ms on and the processor stays with the batch guest.
+    earliest.store(SECOND + 5_000_000, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(1) + WAKE_SLACK);
+    assert!(alloc.fire_due_wakes().is_empty());
+    let moved = at + Duration::from_millis(5);
+    assert_eq!(alloc.next_timed_wake(batch), Some(moved));
+    assert_eq!(alloc.timer_due(server, 0), TimerDue::Later(moved));
+    assert_eq!(alloc.view(server).wakes_moved, 1);
+    // Nobody sleeps any more when it comes due: dropped.
+    earliest.store(u64::MAX, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(5) + WAKE_SLACK);
+    assert_eq!(alloc.timer_due(server, 0), TimerDue::Gone);
+    assert_eq!(alloc.next_timed_wake(batch), None);
+    assert_eq!(alloc.view(server).wakes_dropped, 1);
+    assert_eq!(alloc.view(server).vcpus[0], Slot::Parked);
+
+    // A sleeper still asleep gets its wake-up as asked.
+    let (alloc, server, _) = server_running_beside_batch();
+    let cells = sleeper_cells(&alloc, server);
+    let earliest = &cells[0];
+    earliest.store(SECOND, Ordering::Relaxed);
+    let mut at = Instant::now();
+    alloc.yield_processor(server, 0, Some(&mut at), true);
+    assert!(matches!(alloc.timer_due(server, 0), TimerDue::Woken(_)));
+}
+
+#[test]
+fn two_yields_for_one_sleeper_leave_one_wake_up() {
+    use std::sync::atomic::Ordering;
+    let alloc = Allocator::new(2, Duration::from_millis(10));
+    let server = alloc.add_guest(2);
+    alloc.set_latency_critical(server, true);
+    alloc.set_activations(server, true);
+    let cells = sleeper_cells(&alloc, server);
+    let earliest = &cells[0];
+    for v in 0..2 {
+        assert_eq!(alloc.acquire(server, v), Acquired::Resume);
+    }
+    // vCPU 0 yields for the guest's earliest sleeper while vCPU 1 runs (its wake-up is a
+    // backstop, later); vCPU 1, whose activation started before, then yields for the same one.
+    earliest.store(1_000_000_000, Ordering::Relaxed);
+    let mut at0 = Instant::now() + Duration::from_secs(1);
+    alloc.yield_processor(server, 0, Some(&mut at0), true);
+    let mut at1 = Instant::now() + Duration::from_secs(1);
+    alloc.yield_processor(server, 1, Some(&mut at1), true);
+    assert!(at1 < at0, "vCPU 0's wake-up was moved later (backstop)");
+    // One new activation wakes every sleeper due then: the earlier wake-up alone stays.
+    assert_eq!(alloc.timer_due(server, 0), TimerDue::Gone);
+    assert_eq!(alloc.timer_due(server, 1), TimerDue::Later(at1));
+    assert_eq!(alloc.view(server).wakes_dropped, 1);
+}
+
+#[test]
+fn a_wake_up_whose_sleeper_woke_beside_a_busy_vcpu_stands() {
+    use super::timed::WAKE_SLACK;
+    use std::sync::atomic::Ordering;
+    const SECOND: u64 = 1_000_000_000;
+    for idle in [false, true] {
+        let alloc = Allocator::new(2, Duration::from_millis(10));
+        let server = alloc.add_guest(2);
+        alloc.set_latency_critical(server, true);
+        alloc.set_activations(server, true);
+        let cells = sleeper_cells(&alloc, server);
+        for v in 0..2 {
+            assert_eq!(alloc.acquire(server, v), Acquired::Resume);
+        }
+        // vCPU 0 yields for the earliest sleeper; vCPU 1, still running, wakes it.
+        cells[0].store(SECOND, Ordering::Relaxed);
+        let mut at = Instant::now();
+        alloc.yield_processor(server, 0, Some(&mut at), true);
+        cells[0].store(SECOND + 5_000_000, Ordering::Relaxed);
+        cells[1].store(if idle { 0b10 } else { 0 }, Ordering::Relaxed);
+        std::thread::sleep(at.saturating_duration_since(Instant::now()) + WAKE_SLACK);
+        let due = alloc.timer_due(server, 0);
+        if idle {
+            // vCPU 1 ran it and idles: the wake-up moves on to the next sleeper.
+            assert_eq!(due, TimerDue::Later(at + Duration::from_millis(5)));
+        } else {
+            // vCPU 1 is busy: the woken sleeper may wait behind its thread, so vCPU 0 still
+            // gets a processor to run it beside.
+            assert!(matches!(due, TimerDue::Woken(_)), "{due:?}");
+        }
+    }
 }

@@ -2,6 +2,7 @@
 //! guests that lose their processors for them (see [`Allocator::yield_until`]).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Allocator, GuestId, Release, Slot, State};
@@ -14,6 +15,30 @@ pub struct TimedWake {
     pub vcpu: usize,
     /// When it yielded: the guest's scheduler looked at its timers just before.
     pub yielded: Instant,
+    /// The deadline of the guest's earliest sleeper when it yielded (ns of the guest's clock),
+    /// if the guest publishes it and the wake-up is for it: the sleeper this wake-up is for.
+    pub sleeper: Option<u64>,
+}
+
+/// What a guest says of its sleepers and idle vCPUs (`SharedHeader`), read by a [`SleeperProbe`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sleepers {
+    /// The deadline of its earliest sleeping thread, in nanoseconds of its clock (`u64::MAX`:
+    /// none sleeps).
+    pub earliest_ns: u64,
+    /// The vCPUs it marks idle, a bit each (`SharedHeader::idle_vcpus`).
+    pub idle_vcpus: u64,
+}
+
+/// Reads a guest's [`Sleepers`]; `None` if the guest does not publish its earliest sleeper
+/// (`SharedHeader::earliest_sleeper`). Called under the allocator's lock: it must be cheap.
+#[derive(Clone)]
+pub struct SleeperProbe(pub Arc<dyn Fn() -> Option<Sleepers> + Send + Sync>);
+
+impl std::fmt::Debug for SleeperProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SleeperProbe")
+    }
 }
 
 /// What a parked vCPU's own wake-up deadline comes to ([`Allocator::timer_due`]).
@@ -60,7 +85,7 @@ impl Allocator {
     /// processor; `at` is updated to the time recorded.
     pub fn yield_until(&self, guest: GuestId, vcpu: usize, at: &mut Instant) -> Option<Carriers> {
         let mut state = self.lock();
-        let carriers = yield_until_locked(&mut state, guest, vcpu, at);
+        let carriers = yield_until_locked(&mut state, guest, vcpu, at, false);
         self.wakes_pending
             .store(!state.timed_wakes.is_empty(), Ordering::Release);
         carriers
@@ -74,11 +99,16 @@ impl Allocator {
     /// release would wait that long unseen by its carriers. Recorded with it, the vCPU granted
     /// the processor finds it when it starts ([`Allocator::next_timed_wake`]). Returns the
     /// vCPUs to kick and the carriers to arm.
+    ///
+    /// `for_sleeper`: `at` is the wake-up the guest asked for its earliest sleeper, not moved
+    /// earlier for a device completion; then the wake-up follows that sleeper
+    /// ([`follow_sleeper`]).
     pub fn yield_processor(
         &self,
         guest: GuestId,
         vcpu: usize,
         at: Option<&mut Instant>,
+        for_sleeper: bool,
     ) -> (Vec<(GuestId, usize)>, Option<Carriers>) {
         let mut state = self.lock();
         let kicks = self.release_locked(&mut state, guest, vcpu, Release::Yielded);
@@ -89,7 +119,7 @@ impl Allocator {
                 .store(!state.timed_wakes.is_empty(), Ordering::Release);
         }
         let carriers = at.and_then(|at| {
-            let carriers = yield_until_locked(&mut state, guest, vcpu, at);
+            let carriers = yield_until_locked(&mut state, guest, vcpu, at, for_sleeper);
             self.wakes_pending
                 .store(!state.timed_wakes.is_empty(), Ordering::Release);
             carriers
@@ -127,6 +157,17 @@ impl Allocator {
         state
             .timed_wakes
             .retain(|w| guests[w.guest].vcpus[w.vcpu] == Slot::Parked);
+        // Move the due ones whose sleepers are awake to the next sleeper (or drop them); each
+        // change may remove others, so look again from the start (a handful of entries).
+        for _ in 0..=2 * state.timed_wakes.len() {
+            let changed = (0..state.timed_wakes.len()).any(|i| {
+                state.timed_wakes[i].at <= now + WAKE_SLACK
+                    && follow_sleeper(state, i) != Followed::Kept
+            });
+            if !changed {
+                break;
+            }
+        }
         let (mut due, rest): (Vec<_>, Vec<_>) = state
             .timed_wakes
             .drain(..)
@@ -161,6 +202,23 @@ impl Allocator {
             .iter()
             .position(|w| (w.guest, w.vcpu) == (guest, vcpu))
         else {
+            return TimerDue::Gone;
+        };
+        if state.timed_wakes[i].at <= now + WAKE_SLACK
+            && follow_sleeper(&mut state, i) == Followed::Dropped
+        {
+            self.wakes_pending
+                .store(!state.timed_wakes.is_empty(), Ordering::Release);
+            return TimerDue::Gone;
+        }
+        // (Moved by `follow_sleeper`: its record may now be another's.)
+        let Some(i) = state
+            .timed_wakes
+            .iter()
+            .position(|w| (w.guest, w.vcpu) == (guest, vcpu))
+        else {
+            self.wakes_pending
+                .store(!state.timed_wakes.is_empty(), Ordering::Release);
             return TimerDue::Gone;
         };
         let w = state.timed_wakes[i];
@@ -199,6 +257,7 @@ fn yield_until_locked(
     guest: GuestId,
     vcpu: usize,
     at: &mut Instant,
+    for_sleeper: bool,
 ) -> Option<Carriers> {
     let g = &state.guests[guest];
     if !g.latency_critical || !g.activations || g.vcpus[vcpu] != Slot::Parked {
@@ -216,12 +275,19 @@ fn yield_until_locked(
         .timed_wakes
         .retain(|w| (w.guest, w.vcpu) != (guest, vcpu));
     supersede(state, guest, vcpu, Some((at, backstopped)));
+    let sleeper = for_sleeper
+        .then(|| sleepers(state, guest))
+        .flatten()
+        .map(|s| s.earliest_ns)
+        .filter(|&ns| ns != u64::MAX);
     state.timed_wakes.push(TimedWake {
         at,
         guest,
         vcpu,
         yielded: Instant::now(),
+        sleeper,
     });
+    one_per_sleeper(state, state.timed_wakes.len() - 1);
     let carriers = carriers(state);
     let first = earliest(state)?;
     (!carriers.is_empty()).then_some((carriers, first))
@@ -247,4 +313,100 @@ fn carriers(state: &State) -> Vec<(GuestId, usize)> {
                 .map(move |(v, _)| (id, v))
         })
         .collect()
+}
+
+/// The deadline of `guest`'s earliest sleeper, if it publishes it.
+fn sleepers(state: &State, guest: GuestId) -> Option<Sleepers> {
+    state.guests[guest].sleepers.as_ref().and_then(|p| (p.0)())
+}
+
+/// What [`follow_sleeper`] did to a wake-up.
+#[derive(Debug, PartialEq, Eq)]
+enum Followed {
+    /// Left as it was (its sleeper still sleeps, or nothing is known).
+    Kept,
+    /// Moved to the guest's next sleeper.
+    Moved,
+    /// Removed: no sleeper is left, or another wake-up is for the same one.
+    Dropped,
+}
+
+/// Timed wake-up `i` comes due: if the guest's earliest sleeper is now later than the one it
+/// was for, every sleeper it was for was woken (by a vCPU of the guest that held a processor:
+/// only a running scheduler takes sleepers off the guest's one list), and if no other vCPU of
+/// the guest is busy now, each woken one runs or has run, and the processor would only idle. The wake-up then follows the guest's earliest sleeper: moved later by as much
+/// (keeping its lead and backstop), dropped if none sleeps. A sleeper still asleep keeps it
+/// as it is, so no wake-up a sleeper needs is ever lost.
+fn follow_sleeper(state: &mut State, i: usize) -> Followed {
+    let w = state.timed_wakes[i];
+    let Some(was) = w.sleeper else {
+        return Followed::Kept;
+    };
+    let Some(seen) = sleepers(state, w.guest) else {
+        return Followed::Kept;
+    };
+    let now = seen.earliest_ns;
+    if now <= was {
+        return Followed::Kept;
+    }
+    // A sleeper woken on a vCPU that is busy may wait there behind the running thread: the
+    // wake-up still brings a processor to run it beside (as it did before the guest published
+    // its sleepers). Only with every other vCPU of the guest idle or without a processor is
+    // the woken sleeper surely running or run.
+    let g = &state.guests[w.guest];
+    let busy = g.vcpus.iter().enumerate().any(|(v, s)| {
+        v != w.vcpu && s.holds_processor() && (v >= 64 || seen.idle_vcpus & (1 << v) == 0)
+    });
+    if busy {
+        return Followed::Kept;
+    }
+    // (A deadline out of `Instant`'s range is none: the guest's value is untrusted.)
+    let Some(at) = (now != u64::MAX)
+        .then(|| w.at.checked_add(Duration::from_nanos(now - was)))
+        .flatten()
+    else {
+        state.timed_wakes.remove(i);
+        state.guests[w.guest].wakes_dropped += 1;
+        return Followed::Dropped;
+    };
+    let w = &mut state.timed_wakes[i];
+    w.at = at;
+    w.sleeper = Some(now);
+    let guest = w.guest;
+    if one_per_sleeper(state, i) {
+        Followed::Dropped
+    } else {
+        state.guests[guest].wakes_moved += 1;
+        Followed::Moved
+    }
+}
+
+/// Of wake-up `i` and the guest's other wake-ups for the same sleeper, only the earliest
+/// stays: one new activation wakes every sleeper due then (the guest's timers are one list),
+/// and each other one would take a processor to idle on. `true` if `i` was the one removed.
+fn one_per_sleeper(state: &mut State, i: usize) -> bool {
+    let w = state.timed_wakes[i];
+    let Some(sleeper) = w.sleeper else {
+        return false;
+    };
+    let same = |o: &TimedWake| o.guest == w.guest && o.sleeper == Some(sleeper);
+    let Some(keep) = state
+        .timed_wakes
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| same(o))
+        .min_by_key(|(j, o)| (o.at, *j != i))
+        .map(|(j, _)| j)
+    else {
+        return false;
+    };
+    let before = state.timed_wakes.len();
+    let mut j = 0;
+    state.timed_wakes.retain(|o| {
+        let drop = j != keep && same(o);
+        j += 1;
+        !drop
+    });
+    state.guests[w.guest].wakes_dropped += (before - state.timed_wakes.len()) as u64;
+    keep != i
 }

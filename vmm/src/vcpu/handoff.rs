@@ -328,12 +328,14 @@ impl VcpuThread {
             .then(|| std::time::Instant::now() + std::time::Duration::from_nanos(wake_ns));
         // Given back with block requests in flight (`SHARED_FEATURE_YIELD_IO`): back when the
         // earliest completion is due, if sooner.
+        let mut for_sleeper = self.wake_at.is_some();
         if let Some(due) = self
             .guest
             .disk
             .as_ref()
             .and_then(|d| d.queue.earliest_due())
         {
+            for_sleeper = false;
             self.wake_at = Some(self.wake_at.map_or(due, |at| at.min(due)));
         }
         self.complete_pending_io();
@@ -344,10 +346,12 @@ impl VcpuThread {
         // Released and the wake-up recorded in one step: the thread may lose its host CPU to
         // the vCPU it grants the processor to (`Allocator::yield_processor`).
         let procs = &self.guest.procs;
-        let (kicks, carriers) =
-            procs
-                .alloc
-                .yield_processor(self.guest.id, self.index as usize, self.wake_at.as_mut());
+        let (kicks, carriers) = procs.alloc.yield_processor(
+            self.guest.id,
+            self.index as usize,
+            self.wake_at.as_mut(),
+            for_sleeper,
+        );
         procs.revoke(kicks);
         if let Some((carriers, first)) = carriers {
             for carrier in carriers {
