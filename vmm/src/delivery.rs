@@ -221,12 +221,8 @@ impl Guest {
         }
         if let Some(stalled) = self.acts.stalled_for() {
             if stalled > UPCALL_STALL_LIMIT {
-                // Where was each vCPU? Kick them all; those in `KVM_RUN` print their registers.
-                self.stall_snapshot.store(true, Ordering::Release);
-                for control in &self.vcpus {
-                    control.kick();
-                }
-                std::thread::sleep(std::time::Duration::from_millis(100));
+                // Where was each vCPU? The hang report says (`hang.rs`).
+                self.begin_hang_report("upcall queues without room");
                 self.finish(Outcome::fault(
                     self.running_vcpu(None).unwrap_or(0),
                     format!(

@@ -1,7 +1,7 @@
 //! One guest: its VM, memory, vCPU controls, activation state, outcome and counters.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use kvm_bindings::kvm_userspace_memory_region;
@@ -129,8 +129,8 @@ pub struct Guest {
     pub tsc_khz: u64,
     pub phases: Vec<(&'static str, u64)>,
     outcome: Mutex<Option<Outcome>>,
-    /// Set when the guest stalls: every vCPU in `KVM_RUN` prints its registers when kicked.
-    pub stall_snapshot: AtomicBool,
+    /// The hang report, when the VMM stops the guest (`hang.rs`).
+    pub hang: crate::hang::HangState,
     running: AtomicUsize,
     console: Mutex<Box<dyn Write + Send>>,
 }
@@ -281,7 +281,7 @@ impl Guest {
             tsc_khz,
             phases,
             outcome: Mutex::new(None),
-            stall_snapshot: AtomicBool::new(false),
+            hang: Default::default(),
             running: AtomicUsize::new(config.vcpus as usize),
             console: Mutex::new(console),
         };

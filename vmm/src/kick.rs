@@ -11,7 +11,7 @@
 use std::cell::Cell;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 use kvm_bindings::kvm_run;
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
@@ -35,6 +35,8 @@ pub struct VcpuControl {
     /// vCPU is the one that can act at once when a yielded vCPU's wake-up time comes
     /// ([`Allocator::yield_until`](crate::allocator::Allocator::yield_until)).
     wake_timer: OnceLock<KickTimer>,
+    /// What the thread saw of its vCPU when the guest was stopped for a hang report.
+    snapshot: Mutex<Option<crate::hang::VcpuSnapshot>>,
 }
 
 /// Indices into `VcpuControl::exits`.
@@ -68,6 +70,18 @@ impl VcpuControl {
             }
             _ => false,
         }
+    }
+
+    /// Keep what the vCPU thread saw of its vCPU when the guest was stopped (`hang.rs`).
+    pub(crate) fn set_snapshot(&self, snapshot: crate::hang::VcpuSnapshot) {
+        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
+    }
+
+    pub fn snapshot(&self) -> Option<crate::hang::VcpuSnapshot> {
+        self.snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The vCPU thread is done with its `kvm_run`.

@@ -275,8 +275,10 @@ fn wait_all(
                 let now = Instant::now();
                 if now >= deadline {
                     drop(done);
+                    let timeout = timeout.unwrap_or_default();
                     for guest in guests {
-                        guest.finish(Outcome::TimedOut(timeout.unwrap_or_default()));
+                        guest.begin_hang_report(&format!("--timeout {timeout:?}"));
+                        guest.finish(Outcome::TimedOut(timeout));
                     }
                     done = count.lock().unwrap_or_else(|e| e.into_inner());
                     continue;

@@ -66,8 +66,8 @@ struct VcpuThread {
     timer: Option<KickTimer>,
     /// The activation last started here, until the processor is next given back.
     fresh: Option<NewActivation>,
-    /// Whether this vCPU printed its registers for a stalled guest already.
-    snapshot_taken: bool,
+    /// Where the thread is now, for the hang report (`hang.rs`).
+    place: &'static str,
     /// Parked by an `sa_yield` that asked for a processor back at this time.
     wake_at: Option<std::time::Instant>,
     /// Where the guest was (`arch::progress_mark`) when the upcall watchdog last found a
@@ -91,12 +91,19 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
         control,
         timer: KickTimer::new(),
         fresh: None,
-        snapshot_taken: false,
+        place: "starting",
         wake_at: None,
         undelivered_at: None,
     };
     crate::sandbox::enter(crate::sandbox::ThreadKind::Vcpu);
     vcpu.run();
+    if vcpu.guest.hang.wanted() {
+        vcpu.control.set_snapshot(crate::hang::VcpuSnapshot {
+            place: vcpu.place,
+            halted: arch::halted(&vcpu.fd).ok(),
+            registers: arch::dump(&vcpu.fd),
+        });
+    }
     vcpu.guest
         .procs
         .alloc

@@ -31,6 +31,11 @@ impl VcpuThread {
 
     pub(super) fn run(&mut self) {
         loop {
+            self.place = if self.wake_at.is_some() {
+                "given back by the guest, waiting for its wake-up time"
+            } else {
+                "waiting for a processor"
+            };
             let acquired = self.guest.procs.alloc.acquire_until(
                 self.guest.id,
                 self.index as usize,
@@ -89,6 +94,7 @@ impl VcpuThread {
                     continue;
                 }
             }
+            self.place = crate::hang::RUNNING;
             self.trace_state("running", true);
             let step = self.run_until_revoked();
             self.trace_state("running", false);
@@ -105,7 +111,10 @@ impl VcpuThread {
                     self.guest.finish(outcome);
                     break;
                 }
-                ExitAction::Block(req) => self.block_on_request(req),
+                ExitAction::Block(req) => {
+                    self.place = "blocked on a device request";
+                    self.block_on_request(req)
+                }
                 ExitAction::Continue => unreachable!("run_until_revoked returns only on a change"),
             }
         }
@@ -160,14 +169,6 @@ impl VcpuThread {
                 if let Some(next) = procs.alloc.next_timed_wake(self.guest.id) {
                     self.control.kick_at(next);
                 }
-                if self.guest.stall_snapshot.load(Ordering::Acquire) && !self.snapshot_taken {
-                    self.snapshot_taken = true;
-                    eprintln!(
-                        "activm: vCPU {} of the stalled guest, in KVM_RUN:\n{}",
-                        self.index,
-                        arch::dump(&self.fd)
-                    );
-                }
                 self.control.exits[EXIT_KICK].fetch_add(1, Ordering::Relaxed);
                 return ExitAction::Kicked;
             }
@@ -193,6 +194,7 @@ impl VcpuThread {
     /// enter the guest's upcall entry on a stack from its pool.
     /// `Ok(false)`: the processor was revoked while the activation waited for a stack.
     fn start_activation(&mut self) -> Result<bool, Outcome> {
+        self.place = "starting a new activation";
         // An empty stack pool is a guest that has not recycled its upcall stacks yet: wait for
         // it (its other vCPUs run), up to a bound; a pool that stays empty is a guest bug.
         let waiting_since = std::time::Instant::now();
