@@ -32,8 +32,7 @@ pub const TCB_FLAG_MAIN: u32 = 1 << 0;
 /// The TCB's `flags` word: blocked in the VMM (a BLOCKED record named its activation).
 pub const TCB_FLAG_BLOCKED_IN_VMM: u32 = 1 << 1;
 
-/// Where each field of a TCB is, as a byte offset from the TCB's address (0: not published;
-/// no field the VMM reads is at offset 0).
+/// Where each field of a TCB is, as a byte offset from the TCB's address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TcbLayout {
@@ -55,7 +54,8 @@ pub struct TcbLayout {
     pub sp: u32,
     /// u64: the TSC deadline of a sleeping thread (0: none).
     pub sleep: u32,
-    /// u64: the address of the name's UTF-8 bytes, less `name_delta` (0: no name).
+    /// u64: the address of the name's UTF-8 bytes, less `name_delta` (a word of 0: no name).
+    /// An offset of 0 here or in `name_len`: the runtime publishes no names.
     pub name_ptr: u32,
     /// u64: the name's length in bytes.
     pub name_len: u32,
