@@ -83,6 +83,10 @@ fn name_layout() -> Option<(u32, u32, u32)> {
     (0..2).find_map(|i| {
         let (ptr, len) = (words[i], words[1 - i]);
         let delta = text.wrapping_sub(ptr);
-        (len == 5 && ptr != 0 && delta < 64).then_some((8 * i as u32, 8 * (1 - i) as u32, delta as u32))
+        (len == 5 && ptr != 0 && delta < 64).then_some((
+            8 * i as u32,
+            8 * (1 - i) as u32,
+            delta as u32,
+        ))
     })
 }

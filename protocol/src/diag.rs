@@ -23,7 +23,15 @@ pub const WAKE_PARKED: u32 = 2;
 
 /// The TCB's `event` word (u32): the last scheduling event, `EVENT_* << 8 | vCPU`.
 pub const EVENT_NAMES: [&str; 10] = [
-    "?", "spawned", "queued", "running", "parked", "resumed", "continued", "exited", "global",
+    "?",
+    "spawned",
+    "queued",
+    "running",
+    "parked",
+    "resumed",
+    "continued",
+    "exited",
+    "global",
     "next",
 ];
 
