@@ -206,6 +206,20 @@ impl Guest {
         }
     }
 
+    /// The interrupt watch (`vcpu/nudge.rs`): kick every running vCPU of the guest to look for
+    /// a requested interrupt KVM left undelivered.
+    pub fn watch_interrupts(&self) {
+        if self.outcome().is_some() {
+            return;
+        }
+        let view = self.procs.alloc.view(self.id);
+        for (vcpu, slot) in view.vcpus.iter().enumerate() {
+            if matches!(slot, Slot::Running(_)) {
+                self.vcpus[vcpu].request_interrupt_look();
+            }
+        }
+    }
+
     /// Called every quantum: retry events that found no room, and stop a guest whose queues
     /// have had no room for a second (it does not consume its upcalls, or corrupted them).
     pub fn retry_pending(&self) {

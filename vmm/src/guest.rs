@@ -101,6 +101,9 @@ pub struct GuestStats {
     /// Of those, the vCPUs KVM held halted with the records still untaken at the next look,
     /// which were woken (`vcpu/redeliver.rs`).
     pub halted_woken: AtomicU64,
+    /// Requested interrupts found undelivered by the interrupt watch and made KVM look at
+    /// again (`vcpu/nudge.rs`).
+    pub interrupts_nudged: AtomicU64,
     /// Kick-to-context-captured delays of preemptions, in TSC ticks (a bounded sample).
     pub preempt_delays: Mutex<crate::stats::Reservoir>,
 }

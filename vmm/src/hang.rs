@@ -120,6 +120,7 @@ impl Guest {
             image: self.plan.image.clone(),
             now_tsc: crate::arch::current::timestamp(),
             tsc_khz: self.tsc_khz,
+            max_tcbs: runtime_view::MAX_TCBS,
         };
         out += &runtime_view::describe(&self.ram, &context);
         Some(out)

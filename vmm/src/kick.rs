@@ -25,6 +25,9 @@ pub struct VcpuControl {
     /// The upcall watchdog saw records left untaken on this running vCPU: look at its
     /// interrupt controller on the way out (`VcpuThread::redeliver_interrupts`).
     redelivery_requested: AtomicBool,
+    /// The interrupt watch asks for a look at the vCPU's requested interrupts
+    /// (`vcpu/nudge.rs`).
+    interrupt_look_requested: AtomicBool,
     thread: OnceLock<libc::pthread_t>,
     /// Exits handled, by coarse reason (see `EXIT_*`).
     pub exits: [AtomicUsize; 3],
@@ -97,6 +100,18 @@ impl VcpuControl {
     /// Whether a kick asked for a look at the vCPU's requested interrupts (consumes it).
     pub(crate) fn take_redelivery_request(&self) -> bool {
         self.redelivery_requested.swap(false, Ordering::AcqRel)
+    }
+
+    /// Whether the interrupt watch asked for a look at the requested interrupts (consumes it).
+    pub(crate) fn take_interrupt_look_request(&self) -> bool {
+        self.interrupt_look_requested.swap(false, Ordering::AcqRel)
+    }
+
+    /// The interrupt watch: kick this running vCPU to look for a requested interrupt KVM left
+    /// undelivered (`vcpu/nudge.rs`).
+    pub fn request_interrupt_look(&self) {
+        self.interrupt_look_requested.store(true, Ordering::Release);
+        self.kick();
     }
 
     /// Records wait untaken in this running vCPU's queue: kick it, and have it check on its

@@ -15,8 +15,9 @@ use protocol::MAX_VCPUS;
 
 use crate::memory::GuestRam;
 
-/// TCBs walked at most (the list holds every TCB ever allocated, free ones too).
-pub const MAX_TCBS: usize = 4096;
+/// TCBs walked at most (the list holds every TCB ever allocated, free ones too: `rt-tests`
+/// leaves over 4,096; this many take ~0.1 s to read).
+pub const MAX_TCBS: usize = 1 << 18;
 /// Threads listed at most; the rest are counted.
 pub const MAX_LISTED: usize = 64;
 /// Bytes of a name shown at most.
@@ -39,6 +40,8 @@ pub struct Context {
     /// The TSC now and its rate (0: unknown), to say when a deadline is due.
     pub now_tsc: u64,
     pub tsc_khz: u64,
+    /// TCBs walked at most ([`MAX_TCBS`]).
+    pub max_tcbs: usize,
 }
 
 /// Little-endian fields of bytes read from the guest.
@@ -99,7 +102,7 @@ pub fn describe(ram: &GuestRam, cx: &Context) -> String {
     let Some(tcb) = tcb else {
         return "guest runtime: thread table has an impossible TCB layout".into();
     };
-    let threads = walk(ram, &table, &tcb);
+    let threads = walk(ram, &table, &tcb, cx.max_tcbs);
     let ids: HashMap<u64, u64> = threads.list.iter().map(|t| (t.at, t.id)).collect();
     let nr = table
         .u32(offset_of!(RuntimeDiag, nr_vcpus))
@@ -199,12 +202,9 @@ fn event_name(event: u32) -> &'static str {
 
 /// When TSC deadline `at` is due, from now.
 fn due(at: u64, cx: &Context) -> String {
-    let ms = |ticks: u64| {
-        if cx.tsc_khz == 0 {
-            format!("{ticks} TSC ticks")
-        } else {
-            format!("{} ms", ticks / cx.tsc_khz)
-        }
+    let ms = |ticks: u64| match ticks.checked_div(cx.tsc_khz) {
+        Some(ms) => format!("{ms} ms"),
+        None => format!("{ticks} TSC ticks"),
     };
     if at >= cx.now_tsc {
         format!("due in {}", ms(at - cx.now_tsc))
@@ -253,7 +253,7 @@ struct Walk {
     stopped: Option<String>,
 }
 
-fn walk(ram: &GuestRam, table: &Bytes, tcb: &TcbLayout) -> Walk {
+fn walk(ram: &GuestRam, table: &Bytes, tcb: &TcbLayout, max_tcbs: usize) -> Walk {
     let mut list = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let head = table.u64(offset_of!(RuntimeDiag, threads));
@@ -268,8 +268,8 @@ fn walk(ram: &GuestRam, table: &Bytes, tcb: &TcbLayout) -> Walk {
     };
     let mut stopped = None;
     while at != 0 {
-        if seen.len() == MAX_TCBS {
-            stopped = Some(format!("cut after {MAX_TCBS} entries"));
+        if seen.len() == max_tcbs {
+            stopped = Some(format!("cut after {max_tcbs} entries"));
             break;
         }
         if !seen.insert(at) {

@@ -96,6 +96,11 @@ pub fn render(guest: &Guest) -> String {
         n(&s.interrupts_redelivered),
         n(&s.halted_woken)
     );
+    let _ = write!(
+        out,
+        "\ninterrupt watch: undelivered interrupts redelivered={}",
+        n(&s.interrupts_nudged)
+    );
     let (mut delays, seen) = {
         let reservoir = s.preempt_delays.lock().unwrap_or_else(|e| e.into_inner());
         (reservoir.samples().to_vec(), reservoir.seen())

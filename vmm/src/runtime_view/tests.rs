@@ -84,6 +84,7 @@ fn context() -> Context {
         image: 0x20_0000..0x30_0000,
         now_tsc: 1_000_000,
         tsc_khz: 1000,
+        max_tcbs: MAX_TCBS,
     }
 }
 
@@ -179,6 +180,7 @@ fn hostile_names_and_words_are_clamped() {
 #[test]
 fn a_long_list_is_cut() {
     let ram = GuestRam::new(4 << 20).unwrap();
+    const CUT: usize = 4096;
     let mut table = RuntimeDiag {
         magic: DIAG_MAGIC,
         size: size_of::<RuntimeDiag>() as u32,
@@ -197,22 +199,25 @@ fn a_long_list_is_cut() {
     table.tcb.sp = 0;
     ram.write_struct(TABLE, &table).unwrap();
     ram.write_u64(HEAD, 0x10_0000).unwrap();
-    for i in 0..(MAX_TCBS as u64 + 10) {
+    for i in 0..(CUT as u64 + 10) {
         let at = 0x10_0000 + i * 64;
         ram.write_u64(at + 8, at + 64).unwrap();
         ram.write_u64(at + 16, i + 1).unwrap();
         ram.write_u32(at + 24, 1).unwrap();
         ram.write_u32(at + 28, WAKE_PARKED).unwrap();
     }
-    let text = describe(&ram, &context());
-    assert!(
-        text.contains(&format!("cut after {MAX_TCBS} entries")),
-        "{text}"
+    let text = describe(
+        &ram,
+        &Context {
+            max_tcbs: CUT,
+            ..context()
+        },
     );
+    assert!(text.contains(&format!("cut after {CUT} entries")), "{text}");
     assert!(
         text.contains(&format!(
-            "{MAX_TCBS} live threads ({MAX_LISTED} listed above, {} not)",
-            MAX_TCBS - MAX_LISTED
+            "{CUT} live threads ({MAX_LISTED} listed above, {} not)",
+            CUT - MAX_LISTED
         )),
         "{text}"
     );

@@ -13,6 +13,7 @@
 mod exits;
 mod handoff;
 pub(crate) mod hypercalls;
+mod nudge;
 mod redeliver;
 mod run;
 
@@ -28,6 +29,7 @@ use crate::guest::Guest;
 use crate::kick::KickTimer;
 pub use crate::kick::{install_kick_handler, VcpuControl, EXIT_HYPERCALL, EXIT_KICK, EXIT_OTHER};
 use crate::vm::Outcome;
+pub use nudge::INTERRUPT_WATCH_PERIOD;
 
 /// What the vCPU loop does after one `KVM_RUN` and the handling of its exit.
 #[derive(Debug)]

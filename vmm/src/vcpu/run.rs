@@ -160,6 +160,9 @@ impl VcpuThread {
                 if self.control.take_redelivery_request() {
                     self.redeliver_stuck_interrupt();
                 }
+                if self.control.take_interrupt_look_request() {
+                    self.nudge_undelivered_interrupt();
+                }
                 crate::devices::blk_async::after_kick(&self.guest, self.index, &self.fd);
                 // A yielded vCPU's wake-up time may be what kicked this thread.
                 let procs = &self.guest.procs;
