@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use activm::devices::blk::DiskConfig;
+use activm::config::DiskConfig;
 use activm::{MonitorOptions, VmConfig};
 use activm_benches::modes::{pin_and_report, Mode};
 use activm_benches::{field, guest, run_captured, stats::summary, TempDisk};
@@ -40,7 +40,7 @@ fn run(
             path: disk.0.clone(),
             read_only: false,
             latency: Duration::from_micros(latency_us),
-            inline_wait: activm::devices::blk::DEFAULT_INLINE_WAIT,
+            inline_wait: activm::config::DEFAULT_INLINE_WAIT,
         }),
         ..VmConfig::new(guest("iobench"))
     };

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use activm::devices::blk::DiskConfig;
+use activm::config::DiskConfig;
 use activm::{MonitorOptions, VmConfig};
 use activm_benches::modes::{pin_and_report, Mode};
 use activm_benches::{field, guest, plot, run_captured, stats::summary, TempDisk};
@@ -51,7 +51,7 @@ fn run(mode: Mode, disk: &TempDisk, requests: u64, with_batch: bool) -> Result<S
             path: disk.0.clone(),
             read_only: true,
             latency: Duration::from_micros(DISK_LATENCY_US),
-            inline_wait: activm::devices::blk::DEFAULT_INLINE_WAIT,
+            inline_wait: activm::config::DEFAULT_INLINE_WAIT,
         }),
         // Served before the batch guest by activm's allocator (no effect under host-sched).
         latency_critical: true,

@@ -11,7 +11,8 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::OnceLock;
 
-use activm::devices::blk::{Disk, DiskConfig, Op, Request};
+use activm::config::DiskConfig;
+use activm::devices::blk::{Disk, Op, Request};
 use activm::devices::blk_async::{check_ring_address, parse_request, take_submissions};
 use activm_fuzz::{scratch_dir, Guest, Input};
 use libfuzzer_sys::fuzz_target;
@@ -33,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
         path,
         read_only,
         latency: Default::default(),
-        inline_wait: activm::devices::blk::DEFAULT_INLINE_WAIT,
+        inline_wait: activm::config::DEFAULT_INLINE_WAIT,
     })
     .expect("disk");
     assert_eq!(disk.info(BLK_INFO_SECTORS), Some(sectors));

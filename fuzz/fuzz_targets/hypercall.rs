@@ -6,7 +6,8 @@
 
 use std::sync::OnceLock;
 
-use activm::devices::blk::{Disk, DiskConfig, Request};
+use activm::config::DiskConfig;
+use activm::devices::blk::{Disk, Request};
 use activm::fuzzing::read_buffer;
 use activm::hypercall::Call;
 use activm_fuzz::{scratch_dir, Guest, Input, MEM_SIZE};
@@ -30,7 +31,7 @@ fn world() -> &'static World {
             path,
             read_only: false,
             latency: Default::default(),
-            inline_wait: activm::devices::blk::DEFAULT_INLINE_WAIT,
+            inline_wait: activm::config::DEFAULT_INLINE_WAIT,
         })
         .expect("disk");
         World {

@@ -15,7 +15,7 @@ use activm_stub::protocol::fs::{
 use activm_stub::protocol::hypercall::Hypercall;
 
 use crate::errno::{fail, EINVAL};
-use crate::sys::Iovec;
+use crate::iovec::{each_iovec, Iovec};
 
 /// hermit-abi's `timespec` inside `stat` (`tv_nsec` is an `i32`).
 #[repr(C)]
@@ -108,21 +108,8 @@ pub unsafe fn write(fd: i32, buf: *const u8, len: usize) -> isize {
 /// # Safety
 /// `iov` points to `iovcnt` iovecs of writable memory.
 pub unsafe fn readv(fd: i32, iov: *const Iovec, iovcnt: usize) -> isize {
-    let mut total = 0isize;
-    for i in 0..iovcnt {
-        // SAFETY: the caller passes `iovcnt` iovecs.
-        let v = unsafe { &*iov.add(i) };
-        // SAFETY: each iovec describes writable memory.
-        let n = unsafe { read(fd, v.base, v.len) };
-        if n < 0 {
-            return if total > 0 { total } else { n };
-        }
-        total += n;
-        if (n as usize) < v.len {
-            break;
-        }
-    }
-    total
+    // SAFETY: the caller passes `iovcnt` iovecs of writable memory, which `read` fills.
+    unsafe { each_iovec(iov, iovcnt, |base, len| read(fd, base, len)) }
 }
 
 /// `isize sys_lseek(int fd, isize offset, int whence)`.

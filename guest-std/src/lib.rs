@@ -22,6 +22,7 @@ pub mod emutls;
 pub mod errno;
 pub mod fs;
 pub mod futex;
+pub mod iovec;
 pub mod net;
 pub mod socket;
 pub mod socket_rx;

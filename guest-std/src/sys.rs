@@ -8,6 +8,7 @@ use core::time::Duration;
 use activm_rt::rt;
 
 use crate::errno::{fail, EBADF, EINVAL, ENOSYS};
+use crate::iovec::{each_iovec, Iovec};
 
 /// hermit-abi's `timespec` (`tv_nsec` is an `i32` there).
 #[repr(C)]
@@ -26,14 +27,6 @@ impl Timespec {
             .filter(|&n| n < 1_000_000_000)?;
         Some(Duration::new(secs, nanos))
     }
-}
-
-/// hermit-abi's `iovec`.
-#[repr(C)]
-#[derive(Debug)]
-pub struct Iovec {
-    pub base: *mut u8,
-    pub len: usize,
 }
 
 const CLOCK_REALTIME: i32 = 1;
@@ -225,22 +218,8 @@ pub unsafe extern "C" fn sys_write(fd: i32, buf: *const u8, len: usize) -> isize
 /// `iov` points to `iovcnt` iovecs of readable memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_writev(fd: i32, iov: *const Iovec, iovcnt: usize) -> isize {
-    let mut total = 0isize;
-    for i in 0..iovcnt {
-        // SAFETY: the caller passes `iovcnt` iovecs.
-        let v = unsafe { &*iov.add(i) };
-        // SAFETY: each iovec describes readable memory.
-        let n = unsafe { sys_write(fd, v.base, v.len) };
-        if n < 0 {
-            return if total > 0 { total } else { n };
-        }
-        total += n;
-        if (n as usize) < v.len {
-            // A socket took part of it: the rest would go out of order.
-            break;
-        }
-    }
-    total
+    // SAFETY: the caller passes `iovcnt` iovecs of readable memory, which `sys_write` reads.
+    unsafe { each_iovec(iov, iovcnt, |base, len| sys_write(fd, base, len)) }
 }
 
 /// `isize sys_read(int fd, u8 *buf, usize len)`: stdin is empty (0, end of file); sockets and

@@ -72,6 +72,69 @@ pub(super) fn blk_tests() -> Vec<Trial> {
                 check_blk_pattern(&disk)
             },
         ),
+        Trial::test("blk_blocked_vcpu_goes_on_as_a_new_activation", || {
+            // As many vCPUs as processors (no spare vCPU to hand the processor to): a read
+            // moves its data in the exit and blocks only for the rest of the device's 500 us, so
+            // its vCPU goes on at once as a new activation (BLOCKED after its NEWPROC) and the
+            // UNBLOCKED comes at the due time. (A read whose data took longer than the latency
+            // to move, on a loaded host, completes in its exit.) Exact counts, and the same
+            // result as oblivious vCPUs that sleep in the exit.
+            let serve = ["--rt-blk-async=off", "serve", "8", "96", "20", "5"];
+            let run_mode = |options: &[&str]| -> Result<Run, Failed> {
+                let disk = temp_disk("blk-reenter", 4)?;
+                let mut all = options.to_vec();
+                all.extend(["--stats", "--disk", disk.arg(), "--io-latency", "500"]);
+                activm_run(&guest("iobench")?, &all, &serve)?.expect_code(0)
+            };
+            let check = |run: &Run| -> Option<String> {
+                let line = run.stdout.lines().find(|l| l.starts_with("RESULT serve"))?;
+                line.split_whitespace()
+                    .find(|w| w.starts_with("check="))
+                    .map(str::to_string)
+            };
+            let act = run_mode(&["--vcpus", "2", "--pcpus", "2"])?;
+            let obl = run_mode(&["--vcpus", "2", "--no-activations"])?;
+            let stat = |key: &str| {
+                let at = act.stderr.find(key)? + key.len();
+                act.stderr[at..]
+                    .split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            };
+            let (blocked, unblocked) = (
+                upcall_count(&act.stderr, "BLOCKED"),
+                upcall_count(&act.stderr, "UNBLOCKED"),
+            );
+            let newproc = upcall_count(&act.stderr, "NEWPROC").unwrap_or(0);
+            let reentered = stat("new activation on the same vCPU=");
+            let reads = stat(" reads=");
+            let (in_exit, blocking) = (stat("completed in the exit="), stat("blocked the vCPU="));
+            let (Some(in_exit), Some(blocking)) = (in_exit, blocking) else {
+                return Err(format!("no disk counters\n{}", act.stderr).into());
+            };
+            if check(&act).is_none()
+                || check(&act) != check(&obl)
+                || reads != Some(96)
+                || in_exit + blocking != 96
+                || blocking < 48
+                || blocked != Some(blocking)
+                || unblocked != Some(blocking)
+                || reentered != Some(blocking)
+                || newproc < blocking
+            {
+                return Err(format!(
+                    "reads {reads:?} ({in_exit} in the exit, {blocking} blocking), BLOCKED \
+                     {blocked:?}, UNBLOCKED {unblocked:?}, NEWPROC {newproc}, new activations on \
+                     the blocked vCPU {reentered:?}; results {:?} (oblivious {:?})\n{}",
+                    check(&act),
+                    check(&obl),
+                    act.stderr
+                )
+                .into());
+            }
+            Ok(())
+        }),
         Trial::test("blk_short_latency_is_waited_for_in_the_exit", || {
             // Two-phase wait: a 20 us device with a 50 us inline wait. Reads and writes
             // complete inside their exits (no BLOCKED / UNBLOCKED for them); only flushes, whose

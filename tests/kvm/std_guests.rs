@@ -112,29 +112,70 @@ const CROSSBEAM_SKIPPED: &str = include_str!("../../guests/apps/std-crossbeam-te
 const CROSSBEAM_RESULT: &str =
     include_str!("../../guests/apps/std-crossbeam-tests/expected-result.txt");
 
-/// The libtest arguments of a crossbeam suite run: 4 test threads, the skips.
+/// The libtest arguments of a crossbeam suite run: 4 test threads, the skips, and the test
+/// threads' output (a failing test's panic message) printed, not captured: with `panic=abort`
+/// a captured message would be lost with the process.
 fn crossbeam_args() -> Vec<&'static str> {
     let skips = CROSSBEAM_SKIPPED
         .lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| line.split_whitespace().next());
-    let mut args = vec!["--test-threads", "4"];
+    let mut args = vec!["--nocapture", "--test-threads", "4"];
     for name in skips {
         args.extend(["--skip", name]);
     }
     args
 }
 
+/// Whether libtest's panic `message` is one of crossbeam's bounds on how LATE a wait may end
+/// (`now - start <= ms(550)`, `fired - start <= ms(250)`, `now - fired < fired - start`,
+/// `start + ms(150) > t2`). A host that leaves the guest's vCPU threads without a CPU for tens of
+/// milliseconds breaks them, as it would a host process's. A bound on how EARLY a wait may end
+/// (`now - start >= ms(450)`) is never one of them: waking early is a bug.
+fn is_late_wake_assertion(message: &str) -> bool {
+    let Some(expr) = message.strip_prefix("assertion failed: ") else {
+        return false;
+    };
+    expr.contains(" <= ms(")
+        || expr == "now - fired < fired - start"
+        || (expr.starts_with("start + ms(") && expr.contains(" > "))
+}
+
+/// The panic messages in a suite's output (the line after each `panicked at` line).
+fn panic_messages(output: &str) -> Vec<&str> {
+    let mut lines = output.lines();
+    let mut messages = Vec::new();
+    while let Some(line) = lines.next() {
+        if line.contains("' panicked at ") || line.contains(") panicked at ") {
+            messages.push(lines.next().unwrap_or(""));
+        }
+    }
+    messages
+}
+
 /// The suite on 2 vCPUs with 4 test threads (most of its time is tests sleeping and timing out
 /// on purpose: ~155 s on one test thread, ~40 s on four): every test but the skipped ones passes.
-/// The guest gets 240 s, a bound for a loaded machine, not a speed target.
+/// The guest gets 240 s, a bound for a loaded machine, not a speed target. A run that a
+/// late-wake assertion ended (and nothing else: see [`is_late_wake_assertion`]) is tried again,
+/// at most twice; on a quiet host the first run passes.
 fn crossbeam_suite(activations: bool) -> Result<(), Failed> {
     let args = crossbeam_args();
     let options = [&["--vcpus", "2"], no_activations(activations)].concat();
-    activm_run_within("240", &std_guest("std-crossbeam-tests")?, &options, &args)?
-        .expect_code(0)?
-        .stdout_has(CROSSBEAM_RESULT.trim_end())?;
-    Ok(())
+    let image = std_guest("std-crossbeam-tests")?;
+    let mut attempt = 1;
+    loop {
+        let run = activm_run_within("240", &image, &options, &args)?;
+        let panics = panic_messages(&run.stdout);
+        let late_only = !panics.is_empty() && panics.iter().all(|m| is_late_wake_assertion(m));
+        if run.code == 134 && late_only && attempt < 3 {
+            eprintln!("crossbeam suite, run {attempt}: ended by late wake-ups {panics:?}; again");
+            attempt += 1;
+            continue;
+        }
+        run.expect_code(0)?
+            .stdout_has(CROSSBEAM_RESULT.trim_end())?;
+        return Ok(());
+    }
 }
 
 const OUTSIDE_MAIN: &str = r#"use std::sync::{Arc, Mutex};

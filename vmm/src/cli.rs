@@ -124,8 +124,8 @@ pub(crate) struct RunArgs {
     /// Map the host directory HOSTDIR at GUESTDIR (absolute) in every guest, for std::fs
     /// (repeatable). Nothing outside HOSTDIR is reachable (`..`, symbolic links leading out
     /// are refused). With `:ro`, writes fail with EROFS.
-    #[arg(long, value_name = "HOSTDIR:GUESTDIR[:ro]", value_parser = activm::devices::fs_path::parse_mount)]
-    pub(crate) mount: Vec<activm::devices::fs_path::MountConfig>,
+    #[arg(long, value_name = "HOSTDIR:GUESTDIR[:ro]", value_parser = activm::config::parse_mount)]
+    pub(crate) mount: Vec<activm::config::MountConfig>,
     /// Attach the disks read-only (writes fail with BLK_ERR_READ_ONLY).
     #[arg(long)]
     pub(crate) disk_read_only: bool,

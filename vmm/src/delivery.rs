@@ -51,6 +51,46 @@ impl Guest {
             .map(|(i, _)| i as u32)
     }
 
+    /// Running vCPUs the guest marks idle (`SharedHeader::idle_vcpus`).
+    fn idle_running_vcpus(&self) -> u64 {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let idle = self.shared().idle_vcpus();
+        let view = self.procs.alloc.view(self.id);
+        view.vcpus
+            .iter()
+            .enumerate()
+            .filter(|&(i, s)| i < 64 && matches!(s, Slot::Running(_)) && idle & (1 << i) != 0)
+            .fold(0, |mask, (i, _)| mask | 1 << i)
+    }
+
+    /// A running vCPU marked idle.
+    fn idle_running_vcpu(&self) -> Option<u32> {
+        let mask = self.idle_running_vcpus();
+        (mask != 0).then(|| mask.trailing_zeros())
+    }
+
+    /// Whether an UNBLOCKED record (not bound to its BLOCKED's queue) should wait pending
+    /// rather than go out now with the upcall interrupt: every running vCPU is busy, so the
+    /// interrupt would only preempt a computing thread, through the guest's CPL0 path
+    /// (emulated on our hosts, tens of microseconds), to run this one first. Pending, it goes
+    /// out with the next new activation of the guest (every request that blocks starts one),
+    /// ahead of the next delivered record, to a vCPU that yields, or with the quantum's retry
+    /// (with the interrupt), whichever comes first. Some vCPU must run: otherwise the
+    /// guest wants a processor for it (`deliver`).
+    fn unblocked_for_later(&self, event: &Event) -> bool {
+        if !self.acts.enabled()
+            || self.idle_running_vcpus() != 0
+            || self.running_vcpu(None).is_none()
+        {
+            return false;
+        }
+        self.stats.quiet_unblocked.fetch_add(1, Ordering::Relaxed);
+        if let Some(trace) = &self.trace {
+            trace.instant(self.id, event.vcpu, "UNBLOCKED pending", 0);
+        }
+        true
+    }
+
     /// Keep `event` pending, without interrupting anyone: it goes out with the next new
     /// activation, ahead of the next delivered event, or with the next quantum's retry.
     pub fn post_pending(&self, event: Event) {
@@ -78,18 +118,27 @@ impl Guest {
             // USER goes to the vCPU it names (the caller checked it runs).
             UpcallKind::User => Some(event.vcpu),
             UpcallKind::Signal => self.running_vcpu(None),
-            // Behind its BLOCKED record, in the same queue, while that queue's vCPU runs.
-            UpcallKind::Unblocked => self
-                .acts
-                .blocked_record_queue(event.activation)
-                .filter(|&v| {
-                    v != event.vcpu
-                        && matches!(
-                            self.procs.alloc.view(self.id).vcpus.get(v as usize),
-                            Some(Slot::Running(_))
-                        )
-                })
-                .or_else(|| self.running_vcpu(Some(event.vcpu))),
+            // Behind its BLOCKED record, in the same queue, while that queue's vCPU runs (the
+            // blocked vCPU itself, if it went on as a new activation). Else a vCPU that idles;
+            // if none does, see `unblocked_for_later`.
+            UpcallKind::Unblocked => {
+                let behind_blocked =
+                    self.acts
+                        .blocked_record_queue(event.activation)
+                        .filter(|&v| {
+                            matches!(
+                                self.procs.alloc.view(self.id).vcpus.get(v as usize),
+                                Some(Slot::Running(_))
+                            )
+                        });
+                if behind_blocked.is_none() && self.unblocked_for_later(&event) {
+                    self.post_pending(event);
+                    return;
+                }
+                behind_blocked
+                    .or_else(|| self.idle_running_vcpu())
+                    .or_else(|| self.running_vcpu(None))
+            }
             _ => self.running_vcpu(Some(event.vcpu)),
         };
         if target.is_none() && self.acts.enabled() {
@@ -106,12 +155,7 @@ impl Guest {
                 if let Some(trace) = &self.trace {
                     trace.instant(self.id, vcpu, upcall_name(kind), 0);
                 }
-                if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
-                    self.finish(Outcome::fault(
-                        vcpu,
-                        format!("cannot send the upcall interrupt: {e}"),
-                    ));
-                }
+                self.send_upcall_interrupt(vcpu);
             }
             Ok(None) => {
                 // Its target's activation ended meanwhile: to another running vCPU, or a
@@ -137,6 +181,19 @@ impl Guest {
             }
         }
     }
+    /// Raise the upcall interrupt on `vcpu` (counted for the watchdog's second look).
+    fn send_upcall_interrupt(&self, vcpu: u32) {
+        self.vcpus[vcpu as usize]
+            .upcall_interrupts
+            .fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
+            self.finish(Outcome::fault(
+                vcpu,
+                format!("cannot send the upcall interrupt: {e}"),
+            ));
+        }
+    }
+
     /// Events that waited for a running vCPU go to `vcpu`, which is about to run or runs.
     pub fn flush_pending(&self, vcpu: u32) {
         if self.acts.pending() == 0 {
@@ -144,14 +201,7 @@ impl Guest {
         }
         match self.acts.flush_pending(self.shared(), vcpu) {
             Ok(0) => {}
-            Ok(_) => {
-                if let Err(e) = arch::send_upcall_interrupt(&self.vm, vcpu) {
-                    self.finish(Outcome::fault(
-                        vcpu,
-                        format!("cannot send the upcall interrupt: {e}"),
-                    ));
-                }
-            }
+            Ok(_) => self.send_upcall_interrupt(vcpu),
             Err(e) => self.finish(Outcome::fault(vcpu, format!("upcall queue: {e:?}"))),
         }
     }

@@ -93,6 +93,11 @@ pub struct GuestStats {
     pub stack_waits: AtomicU64,
     /// New activations canceled because they lost their processor before running.
     pub canceled: AtomicU64,
+    /// Requests that blocked with only the device's latency left, whose vCPU went on at once
+    /// as a new activation (`reenter_while_blocked`).
+    pub blocked_reentered: AtomicU64,
+    /// UNBLOCKED records left pending, without the upcall interrupt (every running vCPU busy).
+    pub quiet_unblocked: AtomicU64,
     /// Kicks of running vCPUs whose queue kept records untaken for `UPCALL_WATCH_BOUND`.
     pub upcall_watch_kicks: AtomicU64,
     /// Of those, the vCPUs found with the upcall interrupt requested and deliverable but not

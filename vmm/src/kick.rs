@@ -10,7 +10,7 @@
 
 use std::cell::Cell;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
 
 use kvm_bindings::kvm_run;
@@ -34,6 +34,8 @@ pub struct VcpuControl {
     /// The guest halted (`halt` hypercall) and has not run an instruction since as far as the
     /// VMM knows: KVM may still hold the vCPU halted.
     pub(crate) maybe_halted: AtomicBool,
+    /// Upcall interrupts sent to this vCPU so far (the watchdog's second look, `redeliver.rs`).
+    pub(crate) upcall_interrupts: AtomicU64,
     /// A timer that kicks this vCPU's thread, for other threads to arm: the thread of a running
     /// vCPU is the one that can act at once when a yielded vCPU's wake-up time comes
     /// ([`Allocator::yield_until`](crate::allocator::Allocator::yield_until)).

@@ -125,35 +125,29 @@ fn settings(
     let (mut machine, guests) = config::load(&file)?;
     let flags = machine_from_flags(args);
     let given = |id: &str| given.iter().any(|g| g == id);
-    if given("pcpus") {
-        machine.pcpus = flags.pcpus;
-        machine.from_flags.push(Key::Pcpus);
+    // A value given as a flag beside the file replaces the file's; a check that refuses it
+    // then names the flag (`from_flags`).
+    macro_rules! from_flag {
+        ($id:literal, $field:ident) => {
+            if given($id) {
+                machine.$field = flags.$field;
+            }
+        };
+        ($id:literal, $field:ident, $key:expr) => {
+            from_flag!($id, $field);
+            if given($id) {
+                machine.from_flags.push($key);
+            }
+        };
     }
-    if given("quantum") {
-        machine.quantum_ms = flags.quantum_ms;
-        machine.from_flags.push(Key::Quantum);
-    }
-    if given("timeout") {
-        machine.timeout_secs = flags.timeout_secs;
-        machine.from_flags.push(Key::Timeout);
-    }
-    if given("io_latency") {
-        machine.io_latency_us = flags.io_latency_us;
-        machine.from_flags.push(Key::IoLatency);
-    }
-    if given("io_inline_wait") {
-        machine.io_inline_wait_us = flags.io_inline_wait_us;
-        machine.from_flags.push(Key::IoInlineWait);
-    }
-    if given("chaos") {
-        machine.chaos = flags.chaos;
-    }
-    if given("trace") {
-        machine.trace = flags.trace;
-    }
-    if given("ctl") {
-        machine.ctl = flags.ctl;
-    }
+    from_flag!("pcpus", pcpus, Key::Pcpus);
+    from_flag!("quantum", quantum_ms, Key::Quantum);
+    from_flag!("timeout", timeout_secs, Key::Timeout);
+    from_flag!("io_latency", io_latency_us, Key::IoLatency);
+    from_flag!("io_inline_wait", io_inline_wait_us, Key::IoInlineWait);
+    from_flag!("chaos", chaos);
+    from_flag!("trace", trace);
+    from_flag!("ctl", ctl);
     // Switches: a flag can turn them on, not off; placement is on unless a flag or the file
     // turns it off.
     machine.stats |= flags.stats;

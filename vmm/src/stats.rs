@@ -81,7 +81,7 @@ pub fn render(guest: &Guest) -> String {
     }
     let _ = write!(
         out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={} upcall watchdog kicks={} (undelivered upcall interrupts redelivered={}, halted vCPUs woken={})",
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={} (placement widened for a late start={}) upcall watchdog kicks={} (undelivered upcall interrupts redelivered={}, halted vCPUs woken={})",
         n(&s.preemptions),
         n(&s.deschedules),
         n(&s.run_forwards),
@@ -92,9 +92,16 @@ pub fn render(guest: &Guest) -> String {
         n(&s.stack_waits),
         n(&s.canceled),
         guest.procs.alloc.rebinds(),
+        guest.procs.alloc.placement_widenings(),
         n(&s.upcall_watch_kicks),
         n(&s.interrupts_redelivered),
         n(&s.halted_woken)
+    );
+    let _ = write!(
+        out,
+        "\nblocked with a new activation on the same vCPU={} UNBLOCKED left pending without an interrupt (every running vCPU busy)={}",
+        n(&s.blocked_reentered),
+        n(&s.quiet_unblocked)
     );
     let _ = write!(
         out,

@@ -297,6 +297,11 @@ impl Allocator {
         self.lock().placement.rebinds
     }
 
+    /// Times placement was widened for a granted thread that started late (for `--stats`).
+    pub fn placement_widenings(&self) -> u64 {
+        self.lock().placement.widenings
+    }
+
     /// Mark `guest` latency-critical (served first) or not; takes effect at the next rebalance.
     pub fn set_latency_critical(&self, guest: GuestId, on: bool) {
         self.lock().guests[guest].latency_critical = on;
@@ -363,7 +368,12 @@ impl Allocator {
             match *slot {
                 Slot::Stopped => return Acquired::Exit,
                 Slot::GrantedResume | Slot::Running(_) => {
-                    *slot = Slot::Running(Instant::now());
+                    let granted = *slot == Slot::GrantedResume;
+                    let now = Instant::now();
+                    *slot = Slot::Running(now);
+                    if granted {
+                        state.placement.started(guest, vcpu, now);
+                    }
                     self.settle(&mut state);
                     return Acquired::Resume;
                 }
@@ -371,6 +381,7 @@ impl Allocator {
                     let now = Instant::now();
                     *slot = Slot::Running(now);
                     state.guests[guest].started[vcpu] = now;
+                    state.placement.started(guest, vcpu, now);
                     self.settle(&mut state);
                     return Acquired::NewActivation;
                 }
@@ -520,7 +531,9 @@ impl Allocator {
     pub fn rebalance(&self) -> Vec<(GuestId, usize)> {
         let mut state = self.lock();
         state.rotation = state.rotation.wrapping_add(1);
-        self.rebalance_locked(&mut state, Instant::now())
+        let now = Instant::now();
+        place::widen_if_slow(&mut state, now);
+        self.rebalance_locked(&mut state, now)
     }
 
     pub fn view(&self, guest: GuestId) -> GuestView {

@@ -12,24 +12,55 @@
 //!
 //! On by default (`MonitorOptions::place_vcpus`; `--no-place-vcpus` turns it off), only when the
 //! budget covers every CPU the process may use (the default, or a `taskset` as wide as
-//! `--pcpus`); never for host-scheduled runs (`--host-sched`), which are the baseline. With it
-//! on, the chaos soak used to stall in a few runs of a hundred: the host's KVM left the upcall
-//! vector requested and undelivered; the upcall watchdog (`Guest::watch_upcall_queues`,
-//! `vcpu/redeliver.rs`) now delivers it.
+//! `--pcpus`); never for host-scheduled runs (`--host-sched`), which are the baseline.
 //! A thread is re-bound only when its processor changes (one `sched_setaffinity`: ~1.3 us of
 //! CPU time on a sleeping thread here); a vCPU that gets its own processor back costs nothing.
+//!
+//! **Widened under foreign load.** A CPU that other processes keep busy holds a thread bound to
+//! it: the granted thread waits there for a host tick or more (54 ms was seen) while the other
+//! CPU may be free, and the chaos soak got fewer preemptions with placement than without it on
+//! a loaded host. So a granted thread that has not started [`SLOW_START`] after its grant (seen
+//! when it starts, or by the quantum's look at the grants still waiting) widens placement:
+//! every vCPU thread may then run on any CPU of the process, for [`WIDE_FOR`] after the last
+//! slow start; then each thread is bound to its processor again at its next grant.
 
-use super::{GuestId, State};
+use std::time::{Duration, Instant};
+
+use super::{GuestId, Slot, State};
+
+/// A granted vCPU thread not running this long after its grant waits behind another thread on
+/// its CPU: a wake-up onto a free CPU takes 7-50 us here, while a busy CPU's thread keeps it
+/// until its slice ends at a host tick (every 4 ms).
+pub(super) const SLOW_START: Duration = Duration::from_millis(2);
+/// How long placement stays widened after the last slow start.
+pub(super) const WIDE_FOR: Duration = Duration::from_millis(250);
+
+/// One vCPU's thread, as placement knows it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Thread {
+    /// Its id; 0 until it registers.
+    tid: libc::pid_t,
+    /// The processor it is bound to (or was, while widened).
+    processor: Option<usize>,
+    /// Allowed on every CPU of the process (placement widened), not only its processor's.
+    wide: bool,
+    /// Granted a processor at this instant (its thread registered) and not running yet.
+    granted_at: Option<Instant>,
+}
 
 /// The host CPUs behind the processors, and the threads bound to them.
 #[derive(Debug, Default)]
 pub(super) struct Placement {
     /// Host CPUs this process may run on, in order; empty: placement is off.
     cpus: Vec<usize>,
-    /// Per guest, per vCPU: its thread (0 until it registers) and the processor it is bound to.
-    threads: Vec<Vec<(libc::pid_t, Option<usize>)>>,
-    /// Threads re-bound so far (`sched_setaffinity` calls), for `--stats`.
+    /// Per guest, per vCPU.
+    threads: Vec<Vec<Thread>>,
+    /// Threads re-bound to their processor so far (`sched_setaffinity` calls), for `--stats`.
     pub(super) rebinds: u64,
+    /// Placement is widened until then (see the module comment).
+    wide_until: Option<Instant>,
+    /// Times placement was widened, for `--stats`.
+    pub(super) widenings: u64,
 }
 
 impl Placement {
@@ -58,17 +89,20 @@ impl Placement {
     }
 
     pub(super) fn add_guest(&mut self, nr_vcpus: usize) {
-        self.threads.push(vec![(0, None); nr_vcpus]);
+        self.threads.push(vec![Thread::default(); nr_vcpus]);
     }
 
-    /// The thread of `vcpu` of `guest` is `tid` (the calling thread); it binds itself to the
-    /// processor it was granted before it registered, if any.
+    /// The thread of `vcpu` of `guest` is `tid` (the calling thread); it binds itself as a
+    /// thread granted before it registered would have been.
     pub(super) fn register(&mut self, guest: GuestId, vcpu: usize, tid: libc::pid_t) {
         let Some(entry) = self.threads.get_mut(guest).and_then(|g| g.get_mut(vcpu)) else {
             return;
         };
-        entry.0 = tid;
-        if let Some(processor) = entry.1 {
+        entry.tid = tid;
+        let thread = *entry;
+        if thread.wide {
+            self.bind_wide(0);
+        } else if let Some(processor) = thread.processor {
             self.bind(0, processor);
         }
     }
@@ -76,28 +110,83 @@ impl Placement {
     /// The thread of `vcpu` of `guest` ends: never touch its id again (it may be reused).
     pub(super) fn unregister(&mut self, guest: GuestId, vcpu: usize) {
         if let Some(entry) = self.threads.get_mut(guest).and_then(|g| g.get_mut(vcpu)) {
-            entry.0 = 0;
+            entry.tid = 0;
+        }
+    }
+
+    /// Whether placement is widened at `now`.
+    fn widened(&self, now: Instant) -> bool {
+        self.wide_until.is_some_and(|until| now < until)
+    }
+
+    /// A granted thread started slowly at `now`: every thread may run on any CPU of the
+    /// process until [`WIDE_FOR`] from now.
+    fn widen(&mut self, now: Instant) {
+        if !self.widened(now) {
+            self.widenings += 1;
+        }
+        self.wide_until = Some(now + WIDE_FOR);
+        for g in 0..self.threads.len() {
+            for v in 0..self.threads[g].len() {
+                let thread = &mut self.threads[g][v];
+                if thread.wide {
+                    continue;
+                }
+                thread.wide = true;
+                let tid = thread.tid;
+                if tid != 0 {
+                    self.bind_wide(tid);
+                }
+            }
+        }
+    }
+
+    /// The thread of `vcpu` of `guest` picked up its grant at `now`.
+    pub(super) fn started(&mut self, guest: GuestId, vcpu: usize, now: Instant) {
+        let Some(entry) = self.threads.get_mut(guest).and_then(|g| g.get_mut(vcpu)) else {
+            return;
+        };
+        let slow = entry
+            .granted_at
+            .take()
+            .is_some_and(|at| now.saturating_duration_since(at) > SLOW_START);
+        if slow && !self.cpus.is_empty() {
+            self.widen(now);
         }
     }
 
     fn bind(&mut self, tid: libc::pid_t, processor: usize) {
-        let cpu = self.cpus[processor % self.cpus.len()];
+        self.set_affinity(tid, &[self.cpus[processor % self.cpus.len()]]);
+        self.rebinds += 1;
+    }
+
+    fn bind_wide(&self, tid: libc::pid_t) {
+        self.set_affinity(tid, &self.cpus);
+    }
+
+    fn set_affinity(&self, tid: libc::pid_t, cpus: &[usize]) {
         // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: cpu < CPU_SETSIZE (it came from CPU_ISSET over that range).
-        unsafe { libc::CPU_SET(cpu, &mut set) };
+        for &cpu in cpus {
+            // SAFETY: cpu < CPU_SETSIZE (it came from CPU_ISSET over that range).
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
         // SAFETY: `set` is a valid cpu_set_t of the size given; `tid` is 0 (this thread) or a
         // registered vCPU thread of this process, still alive (it unregisters, under the
         // allocator's lock, before it ends). A failure leaves the thread where it was.
         unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-        self.rebinds += 1;
     }
 }
 
 /// Bind the threads of the vCPUs just granted a processor (`granted`, before they are woken) to
 /// free processors: their own if it is free, else the lowest free one. Processors held by other
-/// vCPUs (running, being revoked, granted earlier) are not free.
+/// vCPUs (running, being revoked, granted earlier) are not free. While placement is widened,
+/// the processor is recorded and the thread may run on any CPU.
 pub(super) fn place_granted(state: &mut State, granted: &[(GuestId, usize)]) {
+    place_granted_at(state, granted, Instant::now());
+}
+
+fn place_granted_at(state: &mut State, granted: &[(GuestId, usize)], now: Instant) {
     if state.placement.cpus.is_empty() {
         return;
     }
@@ -113,48 +202,117 @@ pub(super) fn place_granted(state: &mut State, granted: &[(GuestId, usize)]) {
                 .map(move |(v, _)| (id, v))
         })
         .filter(|w| !granted.contains(w))
-        .filter_map(|(id, v)| state.placement.threads[id][v].1)
+        .filter_map(|(id, v)| state.placement.threads[id][v].processor)
         .collect();
     let budget = state.budget;
     let placement = &mut state.placement;
+    let wide = placement.widened(now);
     for &(id, v) in granted {
-        let (tid, bound) = placement.threads[id][v];
-        let own = bound.filter(|p| *p < budget && !used.contains(p));
+        let thread = placement.threads[id][v];
+        // Timed only once its thread exists: a thread still being created (vCPU creation takes
+        // milliseconds at boot) is not waiting behind another.
+        placement.threads[id][v].granted_at = (thread.tid != 0).then_some(now);
+        let own = thread
+            .processor
+            .filter(|p| *p < budget && !used.contains(p));
         let Some(processor) = own.or_else(|| (0..budget).find(|p| !used.contains(p))) else {
             continue;
         };
         used.push(processor);
-        if bound == Some(processor) {
+        placement.threads[id][v].processor = Some(processor);
+        if wide {
+            if !thread.wide {
+                placement.threads[id][v].wide = true;
+                if thread.tid != 0 {
+                    placement.bind_wide(thread.tid);
+                }
+            }
             continue;
         }
-        placement.threads[id][v].1 = Some(processor);
-        if tid != 0 {
-            placement.bind(tid, processor);
+        if thread.processor == Some(processor) && !thread.wide {
+            continue;
         }
+        placement.threads[id][v].wide = false;
+        if thread.tid != 0 {
+            placement.bind(thread.tid, processor);
+        }
+    }
+}
+
+/// The quantum's look: a vCPU granted more than [`SLOW_START`] ago whose thread has not
+/// started yet widens placement at once, so the kernel may move that thread off its busy CPU.
+pub(super) fn widen_if_slow(state: &mut State, now: Instant) {
+    if state.placement.cpus.is_empty() {
+        return;
+    }
+    let mut slow = false;
+    for (id, g) in state.guests.iter().enumerate() {
+        for (v, slot) in g.vcpus.iter().enumerate() {
+            let thread = &mut state.placement.threads[id][v];
+            if !matches!(slot, Slot::GrantedNew | Slot::GrantedResume) {
+                // A grant withdrawn before its thread took it.
+                thread.granted_at = None;
+                continue;
+            }
+            slow |= thread
+                .granted_at
+                .is_some_and(|at| now.saturating_duration_since(at) > SLOW_START);
+        }
+    }
+    if slow {
+        state.placement.widen(now);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
-    use super::super::{Acquired, Allocator, Release};
+    use super::super::{Acquired, Allocator, Release, Slot};
+    use super::{SLOW_START, WIDE_FOR};
 
     /// The processor each vCPU of guest 0 is bound to.
     fn bound(alloc: &Allocator) -> Vec<Option<usize>> {
         alloc.lock().placement.threads[0]
             .iter()
-            .map(|t| t.1)
+            .map(|t| t.processor)
             .collect()
+    }
+
+    /// Whether each vCPU thread of guest 0 may run on any CPU.
+    fn wide(alloc: &Allocator) -> Vec<bool> {
+        alloc.lock().placement.threads[0]
+            .iter()
+            .map(|t| t.wide)
+            .collect()
+    }
+
+    /// Two host CPUs, no thread registered (bindings are recorded, no call is made), and a
+    /// guest of `vcpus` vCPUs granted its first processors.
+    fn placed(vcpus: usize) -> Allocator {
+        let alloc = Allocator::new(2, Duration::ZERO);
+        alloc.lock().placement.cpus = vec![0, 1];
+        alloc.add_guest(vcpus);
+        assert!(alloc.rebalance().is_empty());
+        alloc
+    }
+
+    /// Make the grant of `vcpu` of guest 0 look `ago` old.
+    fn granted_ago(alloc: &Allocator, vcpu: usize, ago: Duration) {
+        alloc.lock().placement.threads[0][vcpu].granted_at = Some(Instant::now() - ago);
+    }
+
+    /// Make the grant of `vcpu` of guest 0 one that cannot turn late while the test runs,
+    /// however slowly the machine runs it.
+    fn granted_just_now(alloc: &Allocator, vcpu: usize) {
+        alloc.lock().placement.threads[0][vcpu].granted_at =
+            Some(Instant::now() + Duration::from_secs(3600));
     }
 
     #[test]
     fn a_granted_vcpu_takes_the_freed_processor_or_keeps_its_own() {
-        let alloc = Allocator::new(2, Duration::ZERO);
-        // Two host CPUs and no thread registered: the bindings are recorded, no call is made.
-        alloc.lock().placement.cpus = vec![0, 1];
-        let g = alloc.add_guest(3);
-        assert!(alloc.rebalance().is_empty());
+        let alloc = placed(3);
+        let g = 0;
         assert_eq!(bound(&alloc), [Some(0), Some(1), None]);
         assert_eq!(alloc.acquire(g, 0), Acquired::Resume);
         assert_eq!(alloc.acquire(g, 1), Acquired::Resume);
@@ -167,5 +325,72 @@ mod tests {
         assert_eq!(bound(&alloc), [Some(1), Some(1), Some(0)]);
         assert_eq!(alloc.acquire(g, 0), Acquired::Resume);
         assert_eq!(alloc.lock().placement.rebinds, 0);
+    }
+
+    #[test]
+    fn a_slow_start_widens_placement_until_it_calms_down() {
+        let alloc = placed(3);
+        // vCPU 0 starts promptly, vCPU 1 long after its grant: its CPU was busy.
+        assert_eq!(alloc.acquire(0, 0), Acquired::Resume);
+        granted_ago(&alloc, 1, SLOW_START * 2);
+        assert_eq!(alloc.acquire(0, 1), Acquired::Resume);
+        assert_eq!(alloc.lock().placement.widenings, 1);
+        assert_eq!(wide(&alloc), [true; 3]);
+        // Widened, a grant still records its processor but binds nothing.
+        alloc.release(0, 0, Release::Descheduled);
+        assert_eq!(bound(&alloc), [Some(0), Some(1), Some(0)]);
+        assert_eq!(wide(&alloc), [true; 3]);
+        assert_eq!(alloc.acquire(0, 2), Acquired::Resume);
+        // Calm for WIDE_FOR: the next grant binds its thread to its processor again.
+        alloc.lock().placement.wide_until = Some(Instant::now() - Duration::from_nanos(1));
+        alloc.release(0, 1, Release::Descheduled);
+        assert_eq!(bound(&alloc), [Some(1), Some(1), Some(0)]);
+        assert_eq!(wide(&alloc), [false, true, true]);
+        assert_eq!(alloc.lock().placement.widenings, 1);
+        assert!(WIDE_FOR > SLOW_START);
+    }
+
+    #[test]
+    fn the_quantum_widens_for_a_grant_that_waits_too_long() {
+        let alloc = placed(2);
+        // Both granted; vCPU 1's thread has not started for longer than SLOW_START.
+        assert_eq!(alloc.view(0).vcpus[1], Slot::GrantedResume);
+        granted_just_now(&alloc, 0);
+        granted_just_now(&alloc, 1);
+        assert!(alloc.rebalance().is_empty());
+        assert_eq!(alloc.lock().placement.widenings, 0, "not late yet");
+        // A prompt start does not widen either.
+        assert_eq!(alloc.acquire(0, 0), Acquired::Resume);
+        assert_eq!(alloc.lock().placement.widenings, 0);
+        assert_eq!(wide(&alloc), [false, false]);
+        granted_ago(&alloc, 1, SLOW_START * 2);
+        assert!(alloc.rebalance().is_empty());
+        assert_eq!(alloc.lock().placement.widenings, 1);
+        assert_eq!(wide(&alloc), [true, true]);
+        // Its start, late as well, keeps it widened once (not a second widening).
+        assert_eq!(alloc.acquire(0, 1), Acquired::Resume);
+        assert_eq!(alloc.lock().placement.widenings, 1);
+    }
+
+    #[test]
+    fn a_grant_to_a_thread_still_being_created_is_not_timed() {
+        // No thread registered yet (boot): the grants are not timed, whatever the quantum sees.
+        let alloc = placed(2);
+        assert!(alloc.lock().placement.threads[0]
+            .iter()
+            .all(|t| t.granted_at.is_none()));
+        assert!(alloc.rebalance().is_empty());
+        assert_eq!(alloc.lock().placement.widenings, 0);
+    }
+
+    #[test]
+    fn a_withdrawn_grant_does_not_widen() {
+        let alloc = placed(2);
+        granted_ago(&alloc, 1, SLOW_START * 2);
+        // The guest stops vCPU 1 before its thread took the grant.
+        alloc.release(0, 1, Release::Stopped);
+        assert!(alloc.rebalance().is_empty());
+        assert_eq!(alloc.lock().placement.widenings, 0);
+        assert!(alloc.lock().placement.threads[0][1].granted_at.is_none());
     }
 }

@@ -3,11 +3,11 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::DiskConfig;
 use super::{
     host_cpus, GuestSpec, Key, Machine, MonitorOptions, Problem, RunPlan, Source, VmConfig,
     EXIT_INVALID, EXIT_USAGE, MAX_QUANTUM_MS, MAX_TIMEOUT_SECS,
 };
-use crate::devices::blk::DiskConfig;
 
 /// How errors name guest `index`'s setting `key`, or the machine's (`index` `None`).
 fn setting(
@@ -211,8 +211,8 @@ pub fn build(
 }
 
 /// The guest's `publish` and `allow_connect` entries, parsed.
-fn net_config(guest: &GuestSpec) -> Result<crate::devices::net::NetConfig, (Key, String)> {
-    use crate::devices::net::{parse_allow_connect, parse_publish, NetConfig};
+fn net_config(guest: &GuestSpec) -> Result<super::NetConfig, (Key, String)> {
+    use super::{parse_allow_connect, parse_publish, NetConfig};
     let publish = guest
         .publish
         .iter()

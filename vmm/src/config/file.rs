@@ -193,7 +193,7 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
                 .mounts
                 .iter()
                 .map(|m| {
-                    let mut mount = crate::devices::fs_path::parse_mount(m)
+                    let mut mount = super::parse_mount(m)
                         .map_err(|e| Problem::usage(format!("{}: mounts: {e}", path.display())))?;
                     mount.host = here(mount.host);
                     Ok(mount)

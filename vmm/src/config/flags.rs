@@ -112,7 +112,7 @@ impl Default for Machine {
             trace: None,
             ctl: None,
             io_latency_us: 0,
-            io_inline_wait_us: crate::devices::blk::DEFAULT_INLINE_WAIT.as_micros() as u64,
+            io_inline_wait_us: super::DEFAULT_INLINE_WAIT.as_micros() as u64,
             host_sched: false,
             place_vcpus: true,
             from_flags: Vec::new(),
@@ -139,7 +139,7 @@ pub struct GuestSpec {
     pub disk: Option<PathBuf>,
     pub disk_read_only: bool,
     /// Host directories mapped into the guest.
-    pub mounts: Vec<crate::devices::fs_path::MountConfig>,
+    pub mounts: Vec<super::MountConfig>,
     /// Usable bytes of each thread stack.
     pub thread_stack: u64,
     pub thread_stacks: Option<u32>,

@@ -46,8 +46,11 @@
 //! plain data: it knows nothing of the monitor or the VMs it configures.
 
 mod build;
+mod disk;
 mod file;
 mod flags;
+mod mount;
+mod net;
 #[cfg(test)]
 mod tests;
 
@@ -56,8 +59,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use build::build;
+pub use disk::{DiskConfig, DEFAULT_INLINE_WAIT, MAX_INLINE_WAIT, MAX_LATENCY};
 pub use file::{load, parse, parse_size};
 pub use flags::{GuestSpec, Key, Machine};
+pub use mount::{parse_mount, MountConfig};
+pub use net::{parse_allow_connect, parse_publish, NetConfig};
 
 use crate::arch::current as arch;
 
@@ -133,11 +139,11 @@ pub struct VmConfig {
     pub thread_stack_size: u64,
     pub thread_stacks: Option<u32>,
     /// The guest's block device, if any.
-    pub disk: Option<crate::devices::blk::DiskConfig>,
+    pub disk: Option<DiskConfig>,
     /// Host directories mapped into the guest (`--mount HOSTDIR:GUESTDIR[:ro]`).
-    pub mounts: Vec<crate::devices::fs_path::MountConfig>,
+    pub mounts: Vec<MountConfig>,
     /// What the guest's sockets may reach (nothing by default).
-    pub net: crate::devices::net::NetConfig,
+    pub net: NetConfig,
     /// Whether this guest may use scheduler activations (`--no-activations`, or
     /// `no_activations` in a configuration file, clears it). Guests with and without share one
     /// budget of processors; `MonitorOptions::activations` turns them off for every guest.
@@ -201,22 +207,16 @@ impl VmConfig {
             return Err((Key::ThreadStack, "must be between 4K and 64M".into()));
         }
         if let Some(disk) = &self.disk {
-            if disk.latency > crate::devices::blk::MAX_LATENCY {
+            if disk.latency > MAX_LATENCY {
                 return Err((
                     Key::IoLatency,
-                    format!(
-                        "is at most {} us",
-                        crate::devices::blk::MAX_LATENCY.as_micros()
-                    ),
+                    format!("is at most {} us", MAX_LATENCY.as_micros()),
                 ));
             }
-            if disk.inline_wait > crate::devices::blk::MAX_INLINE_WAIT {
+            if disk.inline_wait > MAX_INLINE_WAIT {
                 return Err((
                     Key::IoInlineWait,
-                    format!(
-                        "is at most {} us",
-                        crate::devices::blk::MAX_INLINE_WAIT.as_micros()
-                    ),
+                    format!("is at most {} us", MAX_INLINE_WAIT.as_micros()),
                 ));
             }
         }

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
+use super::MountConfig;
 use super::*;
-use crate::devices::fs_path::MountConfig;
 
 const FILE: &str = "/etc/activm/run.toml";
 

@@ -11,7 +11,7 @@
 //! **Two-phase wait.** On a device with `--io-latency` the data of a read or write still moves
 //! inside the exit when the page cache allows, and only the emulated latency is left: its end
 //! is known then. If it ends within the disk's inline wait (`--io-inline-wait`, default
-//! [`DEFAULT_INLINE_WAIT`]) the exit waits for it and returns the result, as a spinning lock
+//! [`DEFAULT_INLINE_WAIT`](crate::config::DEFAULT_INLINE_WAIT)) the exit waits for it and returns the result, as a spinning lock
 //! spins before it sleeps: cheaper than blocking (BLOCKED, a new activation, UNBLOCKED; or, for
 //! the asynchronous path, a completion posted later with a wake-up). Only a request that would
 //! wait longer (or whose data waits for the host: a cold read, a flush) blocks.
@@ -27,29 +27,9 @@ use protocol::blk::{
     BLK_INFO_FLAGS, BLK_INFO_SECTORS, BLK_MAX_SECTORS, BLK_OK, SECTOR_SIZE,
 };
 
+use crate::config::{DiskConfig, MAX_INLINE_WAIT, MAX_LATENCY};
 use crate::error::Error;
 use crate::memory::{GuestRam, Plan};
-
-/// How a guest's disk is set up (`activm run --disk`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DiskConfig {
-    pub path: PathBuf,
-    pub read_only: bool,
-    /// Added to every read and write (an emulated slow device).
-    pub latency: Duration,
-    /// A request whose emulated latency ends within this after its data moved is waited for
-    /// inside the exit instead of blocking (`--io-inline-wait`).
-    pub inline_wait: Duration,
-}
-
-/// The default inline wait: below what blocking costs. A blocking request's BLOCKED, new
-/// activation and UNBLOCKED cost ~45 us of guest time on this host (a 1 us device: 73.0 us a
-/// read against 29.4 us for an oblivious vCPU that sleeps in the exit), an asynchronous
-/// request's later completion a wake-up of tens of microseconds; QEMU's I/O threads poll up to
-/// 32 us by default for the same reason.
-pub const DEFAULT_INLINE_WAIT: Duration = Duration::from_micros(25);
-/// Longest inline wait accepted: the vCPU keeps its processor while it waits.
-pub const MAX_INLINE_WAIT: Duration = Duration::from_millis(1);
 
 /// A checked request that could not complete inside its exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,9 +92,6 @@ pub struct Disk {
     /// Asynchronous requests (`blk_submit`, `blk_async.rs`).
     pub queue: crate::devices::blk_async::AsyncQueue,
 }
-
-/// Longest emulated latency accepted (a stuck guest must still be stoppable quickly).
-pub const MAX_LATENCY: Duration = Duration::from_secs(10);
 
 impl Disk {
     /// Open the image and lock it against other writers (an exclusive lock when writable, a
@@ -283,6 +260,16 @@ impl Disk {
                 result
             }
         }
+    }
+
+    /// A request left with only its latency that blocked without a thread waiting for it
+    /// (the UNBLOCKED goes out at `due`): counted as blocking, for the time left.
+    pub fn count_blocked_until(&self, due: Instant) {
+        self.stats.blocking.fetch_add(1, Ordering::Relaxed);
+        self.stats.blocked_us.fetch_add(
+            due.saturating_duration_since(Instant::now()).as_micros() as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// Try to move a read or write's data without waiting, whatever the emulated latency (the

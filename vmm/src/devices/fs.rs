@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use protocol::fs::*;
 use protocol::hypercall::Hypercall;
 
-use super::fs_path::{last_errno, MountConfig, Mounts};
+use super::fs_path::{last_errno, Mounts};
+use crate::config::MountConfig;
 use crate::error::Error;
 use crate::memory::{GuestRam, Plan};
 

@@ -26,13 +26,12 @@ use protocol::net::*;
 use crate::guest::Guest;
 
 mod byte_ring;
-mod config;
 mod linger;
 mod opts;
 mod poll;
 mod rx;
 mod tx;
-pub use config::{parse_allow_connect, parse_publish, NetConfig};
+use crate::config::NetConfig;
 use opts::{so_error, sockopt};
 pub use poll::{after_call, spawn_thread};
 use poll::{epoll_update, post};

@@ -130,7 +130,8 @@ impl VcpuThread {
                 true
             }
             ExitAction::Block(pending) => {
-                self.block_on_request(pending);
+                // The processor is being taken: no new activation here.
+                self.block_on_request(pending, false);
                 true
             }
             ExitAction::Stop => {
@@ -185,12 +186,21 @@ impl VcpuThread {
     /// activation itself with the UNBLOCKED in its own queue. Otherwise the UNBLOCKED goes to a
     /// running vCPU (into the queue that got the BLOCKED, if it still lives, so it cannot
     /// overtake it). Oblivious guests' vCPUs just lose their processor meanwhile.
-    pub(super) fn block_on_request(&mut self, pending: Pending) {
+    ///
+    /// A request left with only the device's latency (its data moved in the exit) takes the
+    /// short way when `may_reenter`: [`VcpuThread::reenter_while_blocked`]. Returns whether
+    /// this vCPU runs a new activation now (the run loop goes on running it).
+    pub(super) fn block_on_request(&mut self, pending: Pending, may_reenter: bool) -> bool {
         let Some(disk) = &self.guest.disk else {
             unreachable!("only device requests block")
         };
-        self.trace_state("blocked", true);
         let handing_over = self.guest.acts.enabled() && arch::at_user_level(&self.fd);
+        if let (true, true, Pending::Latency { result, due }) =
+            (handing_over, may_reenter, &pending)
+        {
+            return self.reenter_while_blocked(*result, *due);
+        }
+        self.trace_state("blocked", true);
         let activation = self.guest.acts.current(self.index);
         if handing_over {
             self.guest
@@ -211,7 +221,7 @@ impl VcpuThread {
         self.trace_state("blocked", false);
         arch::set_hypercall_result(&mut self.fd, result);
         if self.control.stop_requested.load(Ordering::Acquire) {
-            return;
+            return false;
         }
         if !handing_over {
             let procs = &self.guest.procs;
@@ -219,11 +229,11 @@ impl VcpuThread {
                 .alloc
                 .unblock(self.guest.id, self.index as usize, false);
             procs.revoke(kicks);
-            return;
+            return false;
         }
         self.complete_pending_io();
         let Some(context) = self.take_context("unblocked") else {
-            return;
+            return false;
         };
         let mut event = Event::new(UpcallKind::Unblocked, activation, self.index, result);
         event.context = Some(Box::new(context));
@@ -240,6 +250,58 @@ impl VcpuThread {
         } else {
             self.guest.deliver(event);
         }
+        false
+    }
+
+    /// Blocking on a request whose data moved in the exit: only the device's latency is left
+    /// and the result is known, so the thread's context is final now. Take it (result in
+    /// place), end the activation and start a new one right here, on this processor, with the
+    /// BLOCKED record after its NEWPROC (Anderson et al. 1992, 3.1: the kernel upcalls on the
+    /// processor the blocked activation ran on). The disk's timer thread delivers the UNBLOCKED
+    /// at the due time. Against the hand-off (release the processor, wake another vCPU's
+    /// thread for the new activation, then at completion wake this one to take the context
+    /// and park again) no host thread changes hands. Returns whether the new activation runs.
+    fn reenter_while_blocked(&mut self, result: u64, due: std::time::Instant) -> bool {
+        arch::set_hypercall_result(&mut self.fd, result);
+        self.complete_pending_io();
+        let Some(context) = self.take_context("unblocked") else {
+            return false;
+        };
+        let activation = self.guest.acts.current(self.index);
+        self.guest
+            .timeline_handed_over(self.index, UpcallKind::Blocked, arch::timestamp());
+        if let Some(trace) = &self.guest.trace {
+            trace.instant(self.guest.id, self.index, "blocked: new activation here", 0);
+        }
+        self.fresh = None;
+        self.guest
+            .acts
+            .end_activation(self.guest.shared(), self.index, VcpuRunState::Blocked);
+        self.guest
+            .post_pending(Event::new(UpcallKind::Blocked, activation, self.index, 0));
+        self.guest
+            .stats
+            .blocked_reentered
+            .fetch_add(1, Ordering::Relaxed);
+        let started = match self.start_activation() {
+            Ok(true) => true,
+            Ok(false) => {
+                // Revoked while it waited for an upcall stack: the BLOCKED stays pending.
+                self.release(Release::Preempted);
+                false
+            }
+            Err(outcome) => {
+                self.guest.finish(outcome);
+                false
+            }
+        };
+        let mut event = Event::new(UpcallKind::Unblocked, activation, self.index, result);
+        event.context = Some(Box::new(context));
+        if let Some(disk) = &self.guest.disk {
+            disk.count_blocked_until(due);
+            disk.queue.unblock_at(due, event);
+        }
+        started
     }
 
     /// The vCPU's user context (sync regs and one FPU transfer), to hand to the guest; if KVM

@@ -72,9 +72,10 @@ struct VcpuThread {
     place: &'static str,
     /// Parked by an `sa_yield` that asked for a processor back at this time.
     wake_at: Option<std::time::Instant>,
-    /// Where the guest was (`arch::progress_mark`) when the upcall watchdog last found a
-    /// requested interrupt undelivered here (`redeliver.rs`).
-    undelivered_at: Option<[u64; 2]>,
+    /// The upcall watchdog's last look found KVM holding this vCPU halted (`redeliver.rs`).
+    halted_seen: bool,
+    /// A requested upcall vector waiting for its second look (`redeliver.rs`).
+    relook: Option<redeliver::Relook>,
 }
 
 /// The body of vCPU thread `index` of `guest`.
@@ -95,7 +96,8 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
         fresh: None,
         place: "starting",
         wake_at: None,
-        undelivered_at: None,
+        halted_seen: false,
+        relook: None,
     };
     crate::sandbox::enter(crate::sandbox::ThreadKind::Vcpu);
     vcpu.run();

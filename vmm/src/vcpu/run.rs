@@ -30,6 +30,42 @@ impl VcpuThread {
     }
 
     pub(super) fn run(&mut self) {
+        // A request blocked and this vCPU went on as a new activation: run it, nothing to
+        // acquire.
+        let mut reentered = false;
+        loop {
+            if !std::mem::take(&mut reentered) && !self.acquire_and_start() {
+                break;
+            }
+            self.place = crate::hang::RUNNING;
+            self.trace_state("running", true);
+            let step = self.run_until_revoked();
+            self.trace_state("running", false);
+            self.guest.drain_timeline();
+            match step {
+                ExitAction::Kicked => self.give_back_processor(),
+                ExitAction::Yield { wake_ns } => self.yielded(wake_ns),
+                ExitAction::Stop => {
+                    self.release(Release::Stopped);
+                    self.guest.vcpu_stopped();
+                    break;
+                }
+                ExitAction::Finish(outcome) => {
+                    self.guest.finish(outcome);
+                    break;
+                }
+                ExitAction::Block(req) => {
+                    self.place = "blocked on a device request";
+                    reentered = self.block_on_request(req, true)
+                }
+                ExitAction::Continue => unreachable!("run_until_revoked returns only on a change"),
+            }
+        }
+    }
+
+    /// Wait for a processor and start a new activation or resume; `false` when the vCPU is
+    /// done.
+    fn acquire_and_start(&mut self) -> bool {
         loop {
             self.place = if self.wake_at.is_some() {
                 "given back by the guest, waiting for its wake-up time"
@@ -52,7 +88,7 @@ impl VcpuThread {
                 }
             }
             match acquired {
-                Acquired::Exit => break,
+                Acquired::Exit => return false,
                 Acquired::WakeDue => {
                     // The guest's timer is due and it gave this processor back for it: it
                     // wants one again (taken from another guest if need be), unless another
@@ -84,7 +120,7 @@ impl VcpuThread {
                     }
                     Err(outcome) => {
                         self.guest.finish(outcome);
-                        break;
+                        return false;
                     }
                 },
                 Acquired::HandOff => {
@@ -94,29 +130,7 @@ impl VcpuThread {
                     continue;
                 }
             }
-            self.place = crate::hang::RUNNING;
-            self.trace_state("running", true);
-            let step = self.run_until_revoked();
-            self.trace_state("running", false);
-            self.guest.drain_timeline();
-            match step {
-                ExitAction::Kicked => self.give_back_processor(),
-                ExitAction::Yield { wake_ns } => self.yielded(wake_ns),
-                ExitAction::Stop => {
-                    self.release(Release::Stopped);
-                    self.guest.vcpu_stopped();
-                    break;
-                }
-                ExitAction::Finish(outcome) => {
-                    self.guest.finish(outcome);
-                    break;
-                }
-                ExitAction::Block(req) => {
-                    self.place = "blocked on a device request";
-                    self.block_on_request(req)
-                }
-                ExitAction::Continue => unreachable!("run_until_revoked returns only on a change"),
-            }
+            return true;
         }
     }
 
@@ -157,6 +171,7 @@ impl VcpuThread {
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 self.fd.set_kvm_immediate_exit(0);
+                self.relook_at_upcall();
                 if self.control.take_redelivery_request() {
                     self.redeliver_stuck_interrupt();
                 }
@@ -169,8 +184,11 @@ impl VcpuThread {
                 procs.revoke(procs.alloc.fire_due_wakes());
                 // Wake-ups still to come: this thread carries them if its processor is one
                 // they may take.
-                if let Some(next) = procs.alloc.next_timed_wake(self.guest.id) {
-                    self.control.kick_at(next);
+                // (And the watchdog's second look at a requested upcall vector, `redeliver.rs`.)
+                let relook = self.relook.map(|r| r.due);
+                let next = procs.alloc.next_timed_wake(self.guest.id);
+                if let Some(at) = next.into_iter().chain(relook).min() {
+                    self.control.kick_at(at);
                 }
                 self.control.exits[EXIT_KICK].fetch_add(1, Ordering::Relaxed);
                 return ExitAction::Kicked;
@@ -196,7 +214,7 @@ impl VcpuThread {
     /// Start a new activation here: NEWPROC (and pending events) in this vCPU's queue, then
     /// enter the guest's upcall entry on a stack from its pool.
     /// `Ok(false)`: the processor was revoked while the activation waited for a stack.
-    fn start_activation(&mut self) -> Result<bool, Outcome> {
+    pub(super) fn start_activation(&mut self) -> Result<bool, Outcome> {
         self.place = "starting a new activation";
         // An empty stack pool is a guest that has not recycled its upcall stacks yet: wait for
         // it (its other vCPUs run), up to a bound; a pool that stays empty is a guest bug.

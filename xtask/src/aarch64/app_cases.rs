@@ -3,7 +3,7 @@
 //! x86_64 suite's expectations (tests/kvm.rs); the numbers the benchmarks print are not checked
 //! (TCG timings mean nothing), their results are.
 
-use super::cases::{upcalls, Case};
+use super::case::{upcalls, Case};
 
 /// Every upcall the activation test expects arrived once.
 fn sa_counts(output: &str) -> Result<(), String> {

@@ -1,77 +1,9 @@
-//! The cases `cargo xtask aarch64-test` runs in the arm64 machine: a command for `/init`, its
-//! exit status and the lines its output must hold, and for some a check of counts.
+//! The cases `cargo xtask aarch64-test` runs in the arm64 machine (the kind is `case::Case`):
+//! the runtime, block and scale cases here, the apps', the hostile guests' and the std guests'
+//! in their own files.
 
-/// A check of a case's whole output.
-pub(super) type OutputCheck = fn(&str) -> Result<(), String>;
-
-/// One command the arm64 `/init` runs, and what it must print.
-pub(super) struct Case {
-    pub(super) name: String,
-    pub(super) command: String,
-    pub(super) status: i32,
-    /// Text the output must contain, each on some line.
-    pub(super) expect: Vec<String>,
-    /// A further check of the whole output (counts that must agree).
-    pub(super) check: Option<OutputCheck>,
-    /// The guest's whole stdout, exactly (the command prints it between [`STDOUT_BEGIN`] and
-    /// [`STDOUT_END`] lines: see [`stdout_of`]).
-    pub(super) stdout: Option<String>,
-}
-
-/// The lines around a guest's stdout in a case's output.
-pub(super) const STDOUT_BEGIN: &str = "@@STDOUT";
-pub(super) const STDOUT_END: &str = "@@STDOUT-END";
-
-/// `/activm run OPTIONS -- GUEST_ARGS` with the guest's stdout kept in a file, printed between
-/// [`STDOUT_BEGIN`] and [`STDOUT_END`] afterwards (stderr goes to the case's output as it
-/// comes); the case's status is activm's.
-pub(super) fn stdout_of(name: &str, options: &str, guest_args: &str) -> String {
-    let out = format!("/tmp/{name}.out");
-    format!(
-        "/activm run {options} -- {guest_args} > {out}; s=$?; echo {STDOUT_BEGIN}; cat {out}; \
-         echo {STDOUT_END}; (exit $s)"
-    )
-}
-
-impl Case {
-    pub(super) fn new(
-        name: impl Into<String>,
-        command: &str,
-        status: i32,
-        expect: &[&str],
-    ) -> Case {
-        Case {
-            name: name.into(),
-            command: command.into(),
-            status,
-            expect: expect.iter().map(|s| s.to_string()).collect(),
-            check: None,
-            stdout: None,
-        }
-    }
-
-    /// A case whose guest stdout must be `stdout` exactly (command from [`stdout_of`]).
-    pub(super) fn exact(
-        name: impl Into<String>,
-        command: String,
-        status: i32,
-        stdout: String,
-    ) -> Case {
-        Case {
-            name: name.into(),
-            command,
-            status,
-            expect: Vec::new(),
-            check: None,
-            stdout: Some(stdout),
-        }
-    }
-
-    pub(super) fn checked(mut self, check: OutputCheck) -> Case {
-        self.check = Some(check);
-        self
-    }
-}
+use super::case::{upcalls, Case};
+use super::{app_cases, hostile_cases, std_cases};
 
 /// `activm run OPTIONS --disk /tmp/NAME.img -- GUEST_ARGS` on a fresh zeroed 4 MiB disk;
 /// afterwards, with the status kept, the bytes the block tests leave at sector 5 offset 17 and
@@ -85,14 +17,6 @@ fn with_disk(name: &str, options: &str, guest_args: &str) -> String {
         byte(5 * 512 + 17),
         byte(511 * 512 + 511)
     )
-}
-
-/// `NAME=count` from the `--stats` upcall line.
-pub(super) fn upcalls(output: &str, name: &str) -> Option<u64> {
-    let line = output.lines().find(|l| l.starts_with("upcalls:"))?;
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{name}=")))
-        .and_then(|n| n.parse().ok())
 }
 
 /// Threads blocked in the VMM came back: BLOCKED records, as many UNBLOCKED ones.
@@ -264,9 +188,9 @@ pub(super) fn cases() -> Vec<Case> {
     cases.extend(exception_cases());
     cases.extend(blk_cases());
     cases.extend(scale_cases());
-    cases.extend(super::app_cases::cases());
-    cases.extend(super::hostile_cases::cases());
-    cases.extend(super::std_cases::cases());
+    cases.extend(app_cases::cases());
+    cases.extend(hostile_cases::cases());
+    cases.extend(std_cases::cases());
     cases
 }
 

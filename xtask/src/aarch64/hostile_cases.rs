@@ -5,7 +5,7 @@
 //! the x86 raw-image triple fault has no aarch64 counterpart (an exception taken at EL1 is the
 //! stub's `fatal_trap`, covered by `archcheck-fault`).
 
-use super::cases::Case;
+use super::case::Case;
 
 /// Mode, exit status, and text its output must hold.
 const MODES: &[(&str, i32, &str)] = &[

@@ -22,11 +22,13 @@ use std::time::{Duration, Instant};
 use crate::{dpkg_installed, is_root, repo_root, run};
 
 mod app_cases;
+mod case;
 mod cases;
 mod hostile_cases;
 mod std_cases;
 
-use cases::{cases, Case, STDOUT_BEGIN, STDOUT_END};
+use case::{Case, STDOUT_BEGIN, STDOUT_END};
+use cases::cases;
 
 /// Exit status of a skipped run (the automake convention).
 pub const SKIPPED: u8 = 77;
@@ -409,7 +411,7 @@ fn boot(kernel: &Path, initrd: &Path, smp: u32) -> Result<String, Failure> {
     Ok(text)
 }
 
-/// The guest stdout a [`cases::stdout_of`] command printed between its markers.
+/// The guest stdout a [`case::stdout_of`] command printed between its markers.
 fn guest_stdout(output: &str) -> Option<&str> {
     let begin = format!("\n{STDOUT_BEGIN}\n");
     let start = output.find(&begin)? + begin.len();

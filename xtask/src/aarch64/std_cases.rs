@@ -1,7 +1,7 @@
 //! The `std` guests (guests/apps/std-*, built for `guests/aarch64-activm-std.json`) on arm64
 //! KVM: the same programs and the same exact outputs as on x86_64 (tests/kvm/std_guests.rs).
 
-use super::cases::{stdout_of, Case};
+use super::case::{stdout_of, Case};
 
 /// The std guests the cases run (copied into the initramfs).
 pub(super) const STD_APPS: &[&str] = &["std-demo", "std-rayon", "std-crossbeam-tests"];

@@ -78,8 +78,3 @@ pub fn undelivered_interrupt(_fd: &VcpuFd) -> Result<bool, vmm_sys_util::errno::
 pub fn halted(_fd: &VcpuFd) -> Result<bool, vmm_sys_util::errno::Error> {
     Ok(false)
 }
-
-/// Where the guest is, for `undelivered_interrupt`'s caller: never asked on arm64.
-pub fn progress_mark(_fd: &VcpuFd) -> [u64; 2] {
-    [0; 2]
-}

@@ -4,6 +4,8 @@
 use kvm_bindings::{kvm_mp_state, KVM_MP_STATE_HALTED, KVM_MP_STATE_RUNNABLE};
 use kvm_ioctls::{SyncReg, VcpuFd};
 
+use super::abi;
+
 /// Ask KVM to sync the general and system registers out on every exit (the hypercall
 /// arguments, the user-level test and the context hand-over read them without an ioctl).
 pub fn prepare_run(fd: &mut VcpuFd) {
@@ -56,10 +58,11 @@ pub fn timestamp() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
-/// Whether the vCPU (just out of `KVM_RUN`, registers synced) has an interrupt requested in its
-/// local APIC that it could take now: interrupts on, the vector's priority class above the
-/// processor priority (the task priority and the highest vector in service). One
-/// `KVM_GET_LAPIC`.
+/// Whether the vCPU (just out of `KVM_RUN`, registers synced) has the upcall vector requested in
+/// its local APIC and could take it now: interrupts on, the vector's priority class above the
+/// processor priority (the task priority and the highest vector in service). Other vectors (the
+/// guest's timer) are not looked at: one found requested at an exit is usually one that came
+/// while the vCPU was out of the guest. One `KVM_GET_LAPIC`.
 pub fn undelivered_interrupt(fd: &VcpuFd) -> Result<bool, vmm_sys_util::errno::Error> {
     if fd.sync_regs().regs.rflags & (1 << 9) == 0 {
         return Ok(false);
@@ -79,21 +82,13 @@ pub fn undelivered_interrupt(fd: &VcpuFd) -> Result<bool, vmm_sys_util::errno::E
     const TPR: usize = 0x80;
     const ISR: usize = 0x100;
     const IRR: usize = 0x200;
-    let Some(requested) = highest(IRR) else {
-        return Ok(false);
-    };
+    let upcall = u32::from(abi::UPCALL_IRQ);
+    let requested = word(IRR + 16 * (upcall as usize / 32)) & (1 << (upcall % 32)) != 0;
     let in_service = highest(ISR).unwrap_or(0);
-    Ok(requested & 0xf0 > (word(TPR) & 0xf0).max(in_service & 0xf0))
+    Ok(requested && upcall & 0xf0 > (word(TPR) & 0xf0).max(in_service & 0xf0))
 }
 
 /// Whether KVM holds the vCPU halted (waiting for an interrupt). One `KVM_GET_MP_STATE`.
 pub fn halted(fd: &VcpuFd) -> Result<bool, vmm_sys_util::errno::Error> {
     Ok(fd.get_mp_state()?.mp_state == KVM_MP_STATE_HALTED)
-}
-
-/// Where the guest is (instruction and stack pointer, from the synced registers): two marks
-/// that differ mean it ran in between.
-pub fn progress_mark(fd: &VcpuFd) -> [u64; 2] {
-    let regs = fd.sync_regs().regs;
-    [regs.rip, regs.rsp]
 }

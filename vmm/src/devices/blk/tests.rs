@@ -1,6 +1,7 @@
 //! Unit tests of the block device (`blk.rs`).
 
 use super::*;
+use crate::config::DEFAULT_INLINE_WAIT;
 use crate::memory::StackSlots;
 use vmm_sys_util::tempfile::TempFile;
 

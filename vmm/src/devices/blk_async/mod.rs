@@ -41,6 +41,7 @@ use crate::vm::Outcome;
 
 mod request;
 mod submit_ring;
+mod unblock;
 mod wake;
 pub use request::parse_request;
 pub use submit_ring::{check_ring_address, take_submissions, SUBMIT_POLL};
@@ -93,6 +94,8 @@ struct State {
     nudge: Option<(Instant, u32)>,
     /// The timer thread sleeps until then (`None`: until notified).
     timer_wakes_at: Option<Instant>,
+    /// UNBLOCKED records to deliver at their due time (`unblock.rs`).
+    unblocks: Vec<(Instant, crate::activation::Event)>,
     /// The disk is gone: I/O threads end.
     closed: bool,
 }
@@ -195,7 +198,12 @@ impl AsyncQueue {
     /// unless another vCPU is.
     pub fn before_halt(&self, vcpu: u32) {
         let mut state = self.shared.lock();
-        let Some(Reverse((due, _, _))) = state.delayed.peek() else {
+        let ring = state.delayed.peek().map(|&Reverse((due, _, _))| due);
+        let Some(due) = [ring, unblock::earliest(&state)]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
             return;
         };
         if state.poller.is_some() {
@@ -219,13 +227,14 @@ impl AsyncQueue {
     }
 
     /// When the earliest completion whose data already moved is due (it waits only for the
-    /// device's latency).
+    /// device's latency): one for the ring, or an UNBLOCKED (`unblock.rs`).
     pub fn earliest_due(&self) -> Option<Instant> {
-        self.shared
-            .lock()
-            .delayed
-            .peek()
-            .map(|&Reverse((due, _, _))| due)
+        let state = self.shared.lock();
+        let ring = state.delayed.peek().map(|&Reverse((due, _, _))| due);
+        [ring, unblock::earliest(&state)]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Post the completions due by now (a new activation of the guest is about to start: it
@@ -308,21 +317,21 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
             state.workers -= 1;
             return;
         }
-        let due = state.delayed.peek().map(|&Reverse((due, _, _))| {
+        let grace = |due: Instant| {
             if state.poller.is_some() {
                 due + POLLER_GRACE
             } else {
                 due
             }
-        });
-        let nudge = state.nudge.map(|(at, _)| at);
-        let now = Instant::now();
-        let deadline = match (due, nudge) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b).unwrap_or(now + IDLE_CHECK),
         };
+        let due = state.delayed.peek().map(|&Reverse((due, _, _))| grace(due));
+        let nudge = state.nudge.map(|(at, _)| at);
+        let unblock = unblock::earliest(&state).map(grace);
+        let now = Instant::now();
+        let earliest = [due, nudge, unblock].into_iter().flatten().min();
+        let deadline = earliest.unwrap_or(now + IDLE_CHECK);
         if now < deadline {
-            state.timer_wakes_at = (due.is_some() || nudge.is_some()).then_some(deadline);
+            state.timer_wakes_at = earliest;
             state = shared
                 .timer
                 .wait_timeout(state, deadline - now)
@@ -334,8 +343,9 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
         let Some(guest) = guest.upgrade() else {
             continue;
         };
+        let unblocks = unblock::take_due(&mut state, now);
         let posted = post_due(&mut state, &guest, now);
-        if posted && state.poller.is_some() {
+        if (posted || !unblocks.is_empty()) && state.poller.is_some() {
             // The poller's grace ran out (its vCPU lost its processor, or its kick came late):
             // stop waiting for it.
             state.poller = None;
@@ -343,6 +353,7 @@ fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
         let nudge_now =
             state.nudge.is_some_and(|(at, _)| at <= now) && nudge_due(&mut state, &guest, now);
         drop(state);
+        unblock::deliver(&guest, unblocks);
         if nudge_now {
             fence(Ordering::SeqCst);
             if !wake_one_idle(&guest) {
@@ -376,12 +387,16 @@ pub fn after_kick(guest: &Guest, vcpu: u32, fd: &VcpuFd) {
     if state.poller == Some(vcpu) {
         state.poller = None;
     }
-    let posted = post_due(&mut state, guest, Instant::now() + Duration::from_micros(2));
+    let soon = Instant::now() + Duration::from_micros(2);
+    let unblocks = unblock::take_due(&mut state, soon);
+    let posted = post_due(&mut state, guest, soon) || !unblocks.is_empty();
     let tell_timer = timer_must_wake(&state);
     drop(state);
     if tell_timer {
         shared.timer.notify_one();
     }
+    // This vCPU idles (it halted): its own UNBLOCKED records come to it, with the interrupt.
+    unblock::deliver(guest, unblocks);
     if posted
         && guest.vcpus[vcpu as usize]
             .maybe_halted
