@@ -8,6 +8,8 @@
 
 #[path = "kvm/exact.rs"]
 mod exact;
+#[path = "kvm/hang.rs"]
+mod hang;
 #[path = "kvm/hostile.rs"]
 mod hostile;
 #[path = "kvm/timeline.rs"]
@@ -259,6 +261,7 @@ fn main() {
     trials.extend(std_files::tests());
     trials.extend(net::tests());
     trials.extend(timeline::tests());
+    trials.extend(hang::tests());
     if let Err(why) = kvm_usable() {
         if let Some(required) = exact::kvm_required() {
             // A machine with KVM (or CI) must not pass by skipping: every KVM test fails.

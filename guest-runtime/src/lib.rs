@@ -27,6 +27,7 @@ pub mod arch;
 pub mod blk;
 mod blk_async;
 pub mod config;
+mod diag;
 #[doc(hidden)]
 pub mod fault;
 pub mod io;

@@ -187,6 +187,8 @@ pub struct Counters {
     pub exception_contexts: AtomicU64,
     pub resumed_contexts: AtomicU64,
     pub activations: AtomicU64,
+    /// `Word::Armed` found holding a deadline long past (`timer::armed_deadline`).
+    pub stale_timer_words: AtomicU64,
 }
 
 /// A vCPU's `next` thread (see `Pcpu::next`).

@@ -65,6 +65,7 @@ fn init(main: MainFn) {
     upcall::init();
     crate::timeline::init();
     upcall::reserve_spare_stacks();
+    crate::diag::publish();
 
     // Arguments: the runtime's own (`--rt-*`) are consumed here.
     let args: Vec<&'static str> = activm_stub::args()

@@ -41,6 +41,8 @@ pub struct Stats {
     pub exception_contexts: u64,
     pub resumed_contexts: u64,
     pub activations: u64,
+    /// `Word::Armed` found holding a deadline long past, and cleared.
+    pub stale_timer_words: u64,
     /// Upcall records whose sequence number did not increase within their queue.
     pub seq_errors: u64,
     pub heap_stacks: u64,
@@ -73,6 +75,7 @@ pub fn snapshot() -> Stats {
         s.exception_contexts += get(&c.exception_contexts);
         s.resumed_contexts += get(&c.resumed_contexts);
         s.activations += get(&c.activations);
+        s.stale_timer_words += get(&c.stale_timer_words);
     }
     s.seq_errors = crate::upcall::SEQ_ERRORS.load(Ordering::Relaxed);
     s.heap_stacks = u64::from(crate::stack::HEAP_STACKS.load(Ordering::Relaxed));

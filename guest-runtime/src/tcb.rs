@@ -175,6 +175,11 @@ pub fn history(t: &Tcb) -> alloc::string::String {
 /// Every TCB ever allocated (diagnostics): a push-only list through `Tcb::all_next`.
 static ALL: AtomicPtr<Tcb> = AtomicPtr::new(ptr::null_mut());
 
+/// The address of the list's head (for the VMM's hang report, `crate::diag`).
+pub fn all_head_address() -> u64 {
+    &ALL as *const AtomicPtr<Tcb> as u64
+}
+
 /// Calls `f` on every TCB ever allocated.
 pub fn for_each(mut f: impl FnMut(&'static Tcb)) {
     let mut p = ALL.load(Ordering::Acquire) as *const Tcb;

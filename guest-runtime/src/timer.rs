@@ -104,13 +104,34 @@ fn ensure_armed_by(deadline: u64) {
 /// register, no exit). On aarch64 the word was seen left set over a timer the EL1 stub had
 /// masked (about 120 times in 30 runs of `rt-tests blk-overlap`; cause not found): the vCPU
 /// then never took a timer interrupt again, and a third of those runs hung.
+///
+/// A deadline the word still holds [`STALE_ARMED_NS`] after it passed is stale too: its
+/// interrupt came and went without clearing it (`on_timer` clears the word of the vCPU it runs
+/// on, which a nested interrupt after the trampoline's EOI may have moved its thread to). A
+/// stale word in the past made every later `ensure_armed_by` believe an earlier deadline was
+/// armed: that vCPU never armed its timer again, and halted over its sleepers. Clearing it
+/// costs at worst one extra timer interrupt when the real one is merely late.
 fn armed_deadline() -> u64 {
     let armed = cpu::get(Word::Armed);
-    if armed != 0 && cpu::timer_stopped() {
+    if armed != 0 && (cpu::timer_stopped() || stale(armed)) {
         cpu::set(Word::Armed, 0);
         return 0;
     }
     armed
+}
+
+/// How long past its deadline `Word::Armed` may still hold it before it is taken as stale.
+/// The timer fires ~40 us late on our hosts; a vCPU whose host thread waits for a CPU takes it
+/// when it runs again, before any of its code can look at the word.
+const STALE_ARMED_NS: u64 = 2_000_000;
+
+/// Whether `armed`, the word's deadline, is stale (see [`armed_deadline`]); counts it.
+fn stale(armed: u64) -> bool {
+    let stale = cpu::rdtsc() > armed.saturating_add(ns_to_ticks(STALE_ARMED_NS));
+    if stale {
+        percpu::bump(&percpu::this().counters.stale_timer_words);
+    }
+    stale
 }
 
 /// The deadline the timer should fire at for the thread switched in at `slice_start`.
@@ -140,7 +161,8 @@ pub fn on_switch_in(now: u64) {
 
 /// Thread context, after making a thread runnable here: the running thread's slice must end.
 pub fn ensure_slice_timer() {
-    if cpu::get(Word::Armed) != 0 && !cpu::timer_stopped() {
+    let armed = cpu::get(Word::Armed);
+    if armed != 0 && !cpu::timer_stopped() && cpu::rdtsc() <= armed + ns_to_ticks(STALE_ARMED_NS) {
         return;
     }
     let hold = preempt::Hold::new();

@@ -6,6 +6,7 @@
 //! * [`shared`]: the activation shared area: per-vCPU state and upcall event queues, and the
 //!   guest-to-VMM requests (concurrency, idle vCPUs, upcall stacks).
 //! * [`timeline`]: the runtime's per-vCPU event rings the VMM merges into its trace.
+//! * [`diag`]: the runtime's self-description the VMM reads for its hang report.
 //! * [`blk`]: the block device behind the `blk_*` hypercalls.
 //! * [`fs`]: host directories mapped into the guest, behind the `fs_*` hypercalls.
 //! * [`arch`]: per-architecture constants and the saved user context.
@@ -21,6 +22,7 @@ pub mod arch;
 pub mod blk;
 pub mod blk_submit;
 pub mod boot;
+pub mod diag;
 pub mod fs;
 pub mod hypercall;
 pub mod net;
@@ -32,7 +34,7 @@ pub use wire::UnknownWireValue;
 
 /// The ABI version. Both sides refuse to run with a peer of another version.
 /// Bump it on any change to a `#[repr(C)]` type, a hypercall or a constant in this crate.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// The largest number of vCPUs a guest may have.
 pub const MAX_VCPUS: usize = 64;

@@ -178,7 +178,11 @@ pub struct SharedHeader {
     /// VMM writes once: what this VMM supports beyond the version, `SHARED_FEATURE_*` bits
     /// (0 from a VMM that predates the field: it was padding).
     pub features: u32,
-    pub _pad0: [u8; 36],
+    pub _pad0: [u8; 4],
+    /// Guest writes once: the address of its runtime's [`crate::diag::RuntimeDiag`], for the
+    /// VMM's hang report (0: none).
+    pub runtime_diag: AtomicU64,
+    pub _pad1: [u8; 24],
     /// Guest writes: how many vCPUs the guest can use (mirrors `sa_setconcurrency`).
     pub requested_concurrency: CacheAligned<AtomicU32>,
     /// Guest writes: bit i set = vCPU i is idle (spinning or halted with nothing to run).
@@ -257,6 +261,7 @@ mod tests {
         assert_eq!(offset_of!(SharedHeader, abi_version), 8);
         assert_eq!(offset_of!(SharedHeader, nr_vcpus), 12);
         assert_eq!(offset_of!(SharedHeader, features), 24);
+        assert_eq!(offset_of!(SharedHeader, runtime_diag), 32);
         assert_eq!(offset_of!(SharedHeader, requested_concurrency), 64);
         assert_eq!(offset_of!(SharedHeader, idle_vcpus), 128);
         assert_eq!(offset_of!(SharedHeader, granted_vcpus), 192);

@@ -256,6 +256,20 @@ impl Guest {
         }
     }
 
+    /// The interrupt watch (`vcpu/nudge.rs`): kick every running vCPU of the guest to look for
+    /// a requested interrupt KVM left undelivered.
+    pub fn watch_interrupts(&self) {
+        if self.outcome().is_some() {
+            return;
+        }
+        let view = self.procs.alloc.view(self.id);
+        for (vcpu, slot) in view.vcpus.iter().enumerate() {
+            if matches!(slot, Slot::Running(_)) {
+                self.vcpus[vcpu].request_interrupt_look();
+            }
+        }
+    }
+
     /// Called every quantum: retry events that found no room, and stop a guest whose queues
     /// have had no room for a second (it does not consume its upcalls, or corrupted them).
     pub fn retry_pending(&self) {
@@ -271,12 +285,8 @@ impl Guest {
         }
         if let Some(stalled) = self.acts.stalled_for() {
             if stalled > UPCALL_STALL_LIMIT {
-                // Where was each vCPU? Kick them all; those in `KVM_RUN` print their registers.
-                self.stall_snapshot.store(true, Ordering::Release);
-                for control in &self.vcpus {
-                    control.kick();
-                }
-                std::thread::sleep(std::time::Duration::from_millis(100));
+                // Where was each vCPU? The hang report says (`hang.rs`).
+                self.begin_hang_report("upcall queues without room");
                 self.finish(Outcome::fault(
                     self.running_vcpu(None).unwrap_or(0),
                     format!(

@@ -1,7 +1,7 @@
 //! One guest: its VM, memory, vCPU controls, activation state, outcome and counters.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use kvm_bindings::kvm_userspace_memory_region;
@@ -106,6 +106,9 @@ pub struct GuestStats {
     /// Of those, the vCPUs KVM held halted with the records still untaken at the next look,
     /// which were woken (`vcpu/redeliver.rs`).
     pub halted_woken: AtomicU64,
+    /// Requested interrupts found undelivered by the interrupt watch and made KVM look at
+    /// again (`vcpu/nudge.rs`).
+    pub interrupts_nudged: AtomicU64,
     /// Kick-to-context-captured delays of preemptions, in TSC ticks (a bounded sample).
     pub preempt_delays: Mutex<crate::stats::Reservoir>,
 }
@@ -134,8 +137,8 @@ pub struct Guest {
     pub tsc_khz: u64,
     pub phases: Vec<(&'static str, u64)>,
     outcome: Mutex<Option<Outcome>>,
-    /// Set when the guest stalls: every vCPU in `KVM_RUN` prints its registers when kicked.
-    pub stall_snapshot: AtomicBool,
+    /// The hang report, when the VMM stops the guest (`hang.rs`).
+    pub hang: crate::hang::HangState,
     running: AtomicUsize,
     console: Mutex<Box<dyn Write + Send>>,
 }
@@ -286,7 +289,7 @@ impl Guest {
             tsc_khz,
             phases,
             outcome: Mutex::new(None),
-            stall_snapshot: AtomicBool::new(false),
+            hang: Default::default(),
             running: AtomicUsize::new(config.vcpus as usize),
             console: Mutex::new(console),
         };

@@ -11,7 +11,7 @@
 use std::cell::Cell;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 use kvm_bindings::kvm_run;
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
@@ -25,6 +25,9 @@ pub struct VcpuControl {
     /// The upcall watchdog saw records left untaken on this running vCPU: look at its
     /// interrupt controller on the way out (`VcpuThread::redeliver_interrupts`).
     redelivery_requested: AtomicBool,
+    /// The interrupt watch asks for a look at the vCPU's requested interrupts
+    /// (`vcpu/nudge.rs`).
+    interrupt_look_requested: AtomicBool,
     thread: OnceLock<libc::pthread_t>,
     /// Exits handled, by coarse reason (see `EXIT_*`).
     pub exits: [AtomicUsize; 3],
@@ -37,6 +40,8 @@ pub struct VcpuControl {
     /// vCPU is the one that can act at once when a yielded vCPU's wake-up time comes
     /// ([`Allocator::yield_until`](crate::allocator::Allocator::yield_until)).
     wake_timer: OnceLock<KickTimer>,
+    /// What the thread saw of its vCPU when the guest was stopped for a hang report.
+    snapshot: Mutex<Option<crate::hang::VcpuSnapshot>>,
 }
 
 /// Indices into `VcpuControl::exits`.
@@ -72,6 +77,18 @@ impl VcpuControl {
         }
     }
 
+    /// Keep what the vCPU thread saw of its vCPU when the guest was stopped (`hang.rs`).
+    pub(crate) fn set_snapshot(&self, snapshot: crate::hang::VcpuSnapshot) {
+        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
+    }
+
+    pub fn snapshot(&self) -> Option<crate::hang::VcpuSnapshot> {
+        self.snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The vCPU thread is done with its `kvm_run`.
     pub(crate) fn unbind(&self) {
         KVM_RUN_PTR.with(|p| p.set(null_mut()));
@@ -85,6 +102,18 @@ impl VcpuControl {
     /// Whether a kick asked for a look at the vCPU's requested interrupts (consumes it).
     pub(crate) fn take_redelivery_request(&self) -> bool {
         self.redelivery_requested.swap(false, Ordering::AcqRel)
+    }
+
+    /// Whether the interrupt watch asked for a look at the requested interrupts (consumes it).
+    pub(crate) fn take_interrupt_look_request(&self) -> bool {
+        self.interrupt_look_requested.swap(false, Ordering::AcqRel)
+    }
+
+    /// The interrupt watch: kick this running vCPU to look for a requested interrupt KVM left
+    /// undelivered (`vcpu/nudge.rs`).
+    pub fn request_interrupt_look(&self) {
+        self.interrupt_look_requested.store(true, Ordering::Release);
+        self.kick();
     }
 
     /// Records wait untaken in this running vCPU's queue: kick it, and have it check on its

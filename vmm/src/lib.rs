@@ -28,6 +28,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod guest;
+pub mod hang;
 pub mod hostfile;
 pub mod hypercall;
 pub mod kick;
@@ -35,6 +36,7 @@ pub mod loader;
 pub mod memory;
 pub mod monitor;
 pub mod report;
+pub mod runtime_view;
 pub mod sandbox;
 pub mod signals;
 pub mod stats;

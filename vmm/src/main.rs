@@ -291,6 +291,9 @@ fn run(args: RunArgs, given: &[String], start_tsc: u64) -> ExitCode {
         if let Some(message) = report.outcome.describe() {
             eprintln!("activm: {who}{message}");
         }
+        for line in report.hang.iter().flat_map(|hang| hang.lines()) {
+            eprintln!("activm: {who}{line}");
+        }
         if several {
             eprintln!("activm: {who}exit status {}", report.outcome.exit_code());
         }

@@ -158,14 +158,20 @@ pub fn run_guests(
             .name("dispatcher".into())
             .spawn(move || {
                 crate::sandbox::enter(crate::sandbox::ThreadKind::Dispatcher);
+                let mut watch = InterruptWatch::default();
                 match chaos {
-                    None if host_sched => {}
+                    None if host_sched => {
+                        while !stop.wait(vcpu::INTERRUPT_WATCH_PERIOD) {
+                            watch.maybe(&guests);
+                        }
+                    }
                     None => {
                         let pause = procs.alloc.quantum().max(Duration::from_micros(100));
                         while !stop.wait(pause) {
                             procs.revoke(procs.alloc.rebalance());
                             guests.iter().for_each(|g| g.retry_pending());
                             guests.iter().for_each(|g| g.drain_timeline());
+                            watch.maybe(&guests);
                         }
                     }
                     Some(seed) => {
@@ -183,6 +189,7 @@ pub fn run_guests(
                             procs.revoke(procs.alloc.rebalance());
                             guests.iter().for_each(|g| g.retry_pending());
                             guests.iter().for_each(|g| g.drain_timeline());
+                            watch.maybe(&guests);
                             if stop.wait(Duration::from_micros(100 + next() % 1900)) {
                                 break;
                             }
@@ -236,6 +243,26 @@ pub fn run_guests(
         .collect())
 }
 
+/// When the dispatcher last ran the interrupt watch (`vcpu/nudge.rs`).
+#[derive(Debug)]
+struct InterruptWatch(Instant);
+
+impl Default for InterruptWatch {
+    fn default() -> Self {
+        InterruptWatch(Instant::now())
+    }
+}
+
+impl InterruptWatch {
+    /// Run the watch on every guest if a period has passed since the last time.
+    fn maybe(&mut self, guests: &[Arc<Guest>]) {
+        if self.0.elapsed() >= vcpu::INTERRUPT_WATCH_PERIOD {
+            self.0 = Instant::now();
+            guests.iter().for_each(|g| g.watch_interrupts());
+        }
+    }
+}
+
 /// Tells the dispatcher to stop, waking it at once however long its pause.
 #[derive(Debug, Default)]
 struct StopSignal {
@@ -275,8 +302,10 @@ fn wait_all(
                 let now = Instant::now();
                 if now >= deadline {
                     drop(done);
+                    let timeout = timeout.unwrap_or_default();
                     for guest in guests {
-                        guest.finish(Outcome::TimedOut(timeout.unwrap_or_default()));
+                        guest.begin_hang_report(&format!("--timeout {timeout:?}"));
+                        guest.finish(Outcome::TimedOut(timeout));
                     }
                     done = count.lock().unwrap_or_else(|e| e.into_inner());
                     continue;

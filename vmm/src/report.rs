@@ -57,6 +57,8 @@ pub struct RunReport {
     pub exits: Vec<(usize, usize, usize)>,
     /// `--stats`: upcalls by kind name, preemptions and the other counters, printable.
     pub stats: String,
+    /// What the guest looked like when the VMM stopped it (`hang.rs`), if it did.
+    pub hang: Option<String>,
 }
 
 impl RunReport {
@@ -79,6 +81,7 @@ impl RunReport {
             timing,
             exits,
             stats: crate::stats::render(guest),
+            hang: guest.hang_report(),
         }
     }
 }

@@ -1,6 +1,5 @@
 //! Host signals: SIGINT and SIGTERM become SIGNAL upcalls; the second one stops every guest.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -67,17 +66,11 @@ pub fn spawn_forwarder(set: libc::sigset_t, guests: Vec<Arc<Guest>>) -> Option<J
 /// Deliver a host signal to every guest: as a SIGNAL upcall where the guest takes upcalls,
 /// otherwise by stopping it (it could not shut down cleanly anyway).
 pub fn forward_signal(guests: &[Arc<Guest>], signal: i32, forced: bool) {
-    if forced {
-        // Where was each vCPU? Those in `KVM_RUN` print their registers when kicked (a guest
-        // that did not act on the first signal is usually stuck somewhere worth knowing).
-        for guest in guests.iter().filter(|g| g.outcome().is_none()) {
-            guest.stall_snapshot.store(true, Ordering::Release);
-            guest.vcpus.iter().for_each(|control| control.kick());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
     for guest in guests {
         if forced || !guest.acts.enabled() {
+            // A guest that did not act on the first signal is usually stuck somewhere worth
+            // knowing (`hang.rs`).
+            guest.begin_hang_report(&format!("stopped by signal {signal}"));
             guest.finish(Outcome::Signaled(signal));
         } else {
             guest.deliver(Event::new(UpcallKind::Signal, 0, 0, signal as u64));

@@ -106,6 +106,11 @@ pub fn render(guest: &Guest) -> String {
         n(&s.blocked_reentered),
         n(&s.quiet_unblocked)
     );
+    let _ = write!(
+        out,
+        "\ninterrupt watch: undelivered interrupts redelivered={}",
+        n(&s.interrupts_nudged)
+    );
     let (mut delays, seen) = {
         let reservoir = s.preempt_delays.lock().unwrap_or_else(|e| e.into_inner());
         (reservoir.samples().to_vec(), reservoir.seen())

@@ -368,6 +368,16 @@ pub fn wait(me: &Tcb) {
 }
 
 /// Prints the scheduler's global state and every live thread's last event (diagnostics).
+/// The addresses of the halted and spinning vCPU masks and of the global queue's length (for
+/// the VMM's hang report, `crate::diag`).
+pub(crate) fn diag_words() -> (u64, u64, u64) {
+    (
+        idle::HALTED as *const _ as u64,
+        idle::SPINNING as *const _ as u64,
+        queue::global_len_address(),
+    )
+}
+
 pub fn dump() {
     {
         tcb::for_each(|t| {

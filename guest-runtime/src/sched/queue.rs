@@ -30,6 +30,11 @@ static GLOBAL: percpu::Line<SpinLock<GlobalQueue>> = percpu::Line(SpinLock::new(
 }));
 static GLOBAL_LEN: percpu::Line<AtomicUsize> = percpu::Line(AtomicUsize::new(0));
 
+/// The address of the global queue's length (diagnostics).
+pub(super) fn global_len_address() -> u64 {
+    &GLOBAL_LEN.0 as *const AtomicUsize as u64
+}
+
 fn global_push_list(first: *const Tcb, last: *const Tcb, n: usize) {
     let mut g = GLOBAL.lock();
     // SAFETY: `last` is a TCB being queued; its link is ours until it is popped.

@@ -65,6 +65,7 @@ pub use drain::{
     SEQ_ERRORS,
 };
 pub use entry::in_unsafe_window;
+pub(crate) use sa::publish_runtime_diag;
 pub use sa::{
     activations_enabled, enable, granted_vcpus, init, init_vcpu, io_yield_supported, preempt_vcpu,
     queue_nonempty, set_concurrency, set_idle, some_yielded, want_processors, yield_idle_vcpu,

@@ -61,6 +61,13 @@ pub fn publish_earliest_sleeper(deadline: u64) {
     header().earliest_sleeper.store(deadline, Ordering::Release);
 }
 
+/// Publish the runtime's self-description for the VMM's hang report (`crate::diag`).
+pub(crate) fn publish_runtime_diag(at: u64) {
+    if SHARED.load(Ordering::Relaxed) != 0 {
+        header().runtime_diag.store(at, Ordering::Release);
+    }
+}
+
 /// vCPU 0, at boot: where the shared area is.
 pub fn init() {
     SHARED.store(activm_stub::boot_info().shared_area, Ordering::Release);

@@ -91,6 +91,13 @@ impl<'a> SharedArea<'a> {
         self.ram.read_struct(self.record_addr(vcpu, slot))
     }
 
+    /// The address of the guest runtime's self-description (`protocol::diag`; 0: none).
+    pub fn runtime_diag(&self) -> u64 {
+        self.ram
+            .read_u64(self.header_field(offset_of!(SharedHeader, runtime_diag)))
+            .unwrap_or(0)
+    }
+
     /// The guest's producer index of the upcall stack pool.
     pub fn stack_prod(&self) -> Result<u32, Error> {
         self.read_u32(self.header_field(offset_of!(SharedHeader, stack_prod)))

@@ -13,6 +13,7 @@
 mod exits;
 mod handoff;
 pub(crate) mod hypercalls;
+mod nudge;
 mod redeliver;
 mod run;
 
@@ -28,6 +29,7 @@ use crate::guest::Guest;
 use crate::kick::KickTimer;
 pub use crate::kick::{install_kick_handler, VcpuControl, EXIT_HYPERCALL, EXIT_KICK, EXIT_OTHER};
 use crate::vm::Outcome;
+pub use nudge::INTERRUPT_WATCH_PERIOD;
 
 /// What the vCPU loop does after one `KVM_RUN` and the handling of its exit.
 #[derive(Debug)]
@@ -66,8 +68,8 @@ struct VcpuThread {
     timer: Option<KickTimer>,
     /// The activation last started here, until the processor is next given back.
     fresh: Option<NewActivation>,
-    /// Whether this vCPU printed its registers for a stalled guest already.
-    snapshot_taken: bool,
+    /// Where the thread is now, for the hang report (`hang.rs`).
+    place: &'static str,
     /// Parked by an `sa_yield` that asked for a processor back at this time.
     wake_at: Option<std::time::Instant>,
     /// The upcall watchdog's last look found KVM holding this vCPU halted (`redeliver.rs`).
@@ -92,13 +94,20 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
         control,
         timer: KickTimer::new(),
         fresh: None,
-        snapshot_taken: false,
+        place: "starting",
         wake_at: None,
         halted_seen: false,
         relook: None,
     };
     crate::sandbox::enter(crate::sandbox::ThreadKind::Vcpu);
     vcpu.run();
+    if vcpu.guest.hang.wanted() {
+        vcpu.control.set_snapshot(crate::hang::VcpuSnapshot {
+            place: vcpu.place,
+            halted: arch::halted(&vcpu.fd).ok(),
+            registers: arch::dump(&vcpu.fd),
+        });
+    }
     vcpu.guest
         .procs
         .alloc

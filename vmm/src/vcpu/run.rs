@@ -37,6 +37,7 @@ impl VcpuThread {
             if !std::mem::take(&mut reentered) && !self.acquire_and_start() {
                 break;
             }
+            self.place = crate::hang::RUNNING;
             self.trace_state("running", true);
             let step = self.run_until_revoked();
             self.trace_state("running", false);
@@ -53,7 +54,10 @@ impl VcpuThread {
                     self.guest.finish(outcome);
                     break;
                 }
-                ExitAction::Block(req) => reentered = self.block_on_request(req, true),
+                ExitAction::Block(req) => {
+                    self.place = "blocked on a device request";
+                    reentered = self.block_on_request(req, true)
+                }
                 ExitAction::Continue => unreachable!("run_until_revoked returns only on a change"),
             }
         }
@@ -63,6 +67,11 @@ impl VcpuThread {
     /// done.
     fn acquire_and_start(&mut self) -> bool {
         loop {
+            self.place = if self.wake_at.is_some() {
+                "given back by the guest, waiting for its wake-up time"
+            } else {
+                "waiting for a processor"
+            };
             let acquired = self.guest.procs.alloc.acquire_until(
                 self.guest.id,
                 self.index as usize,
@@ -166,6 +175,9 @@ impl VcpuThread {
                 if self.control.take_redelivery_request() {
                     self.redeliver_stuck_interrupt();
                 }
+                if self.control.take_interrupt_look_request() {
+                    self.nudge_undelivered_interrupt();
+                }
                 crate::devices::blk_async::after_kick(&self.guest, self.index, &self.fd);
                 // A yielded vCPU's wake-up time may be what kicked this thread.
                 let procs = &self.guest.procs;
@@ -177,14 +189,6 @@ impl VcpuThread {
                 let next = procs.alloc.next_timed_wake(self.guest.id);
                 if let Some(at) = next.into_iter().chain(relook).min() {
                     self.control.kick_at(at);
-                }
-                if self.guest.stall_snapshot.load(Ordering::Acquire) && !self.snapshot_taken {
-                    self.snapshot_taken = true;
-                    eprintln!(
-                        "activm: vCPU {} of the stalled guest, in KVM_RUN:\n{}",
-                        self.index,
-                        arch::dump(&self.fd)
-                    );
                 }
                 self.control.exits[EXIT_KICK].fetch_add(1, Ordering::Relaxed);
                 return ExitAction::Kicked;
@@ -211,6 +215,7 @@ impl VcpuThread {
     /// enter the guest's upcall entry on a stack from its pool.
     /// `Ok(false)`: the processor was revoked while the activation waited for a stack.
     pub(super) fn start_activation(&mut self) -> Result<bool, Outcome> {
+        self.place = "starting a new activation";
         // An empty stack pool is a guest that has not recycled its upcall stacks yet: wait for
         // it (its other vCPUs run), up to a bound; a pool that stays empty is a guest bug.
         let waiting_since = std::time::Instant::now();

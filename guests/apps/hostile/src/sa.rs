@@ -125,6 +125,17 @@ fn ignore(_frame: &mut IrqFrame) {}
 /// Register `entry` (a function of this image unless given), put `stacks` good stacks in the
 /// pool, enable upcalls.
 fn enable(entry: u64, handler: activm_stub::IrqHandler, stacks: usize) {
+    enable_after(entry, handler, stacks, || {})
+}
+
+/// [`enable`], with `more_setup` run just before upcalls are enabled: no new activation (which
+/// says setup is done, see [`together`]) can start before all of it is done.
+fn enable_after(
+    entry: u64,
+    handler: activm_stub::IrqHandler,
+    stacks: usize,
+    more_setup: impl FnOnce(),
+) {
     activm_stub::register_irq_handler(UPCALL_IRQ, handler);
     for _ in 0..stacks {
         push_top(good_stack());
@@ -134,13 +145,24 @@ fn enable(entry: u64, handler: activm_stub::IrqHandler, stacks: usize) {
     } else {
         entry
     };
-    if raw(Hypercall::SaRegister, entry, 0, 0) != 0 || raw(Hypercall::SaEnable, 0, 0, 0) != 0 {
+    if raw(Hypercall::SaRegister, entry, 0, 0) != 0 {
+        println!("hostile: activations unsupported (--no-activations?)");
+        exit(3);
+    }
+    more_setup();
+    if raw(Hypercall::SaEnable, 0, 0, 0) != 0 {
         println!("hostile: activations unsupported (--no-activations?)");
         exit(3);
     }
 }
 
 /// vCPU 0 sets things up with `setup` while the others wait; then every vCPU runs `then`.
+///
+/// `setup` enables upcalls last (`enable_after`), and every new activation's entry sets
+/// `READY` too: vCPU 0 may lose its setup context to a preemption with hand-off right after
+/// `sa_enable` (this app never resumes a context taken away), and its new activation goes
+/// straight to its loop; without that, the other vCPUs would wait for `READY` for ever, their
+/// queues filling up.
 fn together(vcpu: u32, setup: impl FnOnce(), then: fn() -> !) -> ! {
     if nr_vcpus() < 2 {
         println!("hostile: this mode needs --vcpus 2");
@@ -156,8 +178,10 @@ fn together(vcpu: u32, setup: impl FnOnce(), then: fn() -> !) -> ! {
     then()
 }
 
-/// Where new activations start: toggle the concurrency like everybody else.
+/// Where new activations start: say setup is done (one exists only after it, see
+/// [`together`]), then toggle the concurrency like everybody else.
 extern "C" fn toggle_entry(_vcpu: u64, _activation: u64) -> ! {
+    READY.store(true, Ordering::Release);
     toggle()
 }
 
@@ -212,10 +236,11 @@ fn queue_indices_huge(vcpu: u32) -> ! {
     together(
         vcpu,
         || {
-            enable(0, consume, 8);
-            for v in 0..nr_vcpus() {
-                area(v).queue_tail.0.store(0xdead_beef, Ordering::Release);
-            }
+            enable_after(0, consume, 8, || {
+                for v in 0..nr_vcpus() {
+                    area(v).queue_tail.0.store(0xdead_beef, Ordering::Release);
+                }
+            })
         },
         || {
             if this_vcpu() == 0 {
@@ -239,14 +264,13 @@ fn bad_pool(vcpu: u32, _mode: &'static str, entry: u64, bad: &'static [Option<u6
     together(
         vcpu,
         || {
-            enable(entry, consume, 0);
-            match bad.first() {
+            enable_after(entry, consume, 0, || match bad.first() {
                 Some(Some(u64::MAX)) => push_top(boot_info().mem_size + 0x10000),
                 Some(Some(offset)) => push_top(good_stack() + offset),
                 Some(None) => push_top(0x9000),
                 None if entry != 0 => push_top(good_stack()),
                 None => {}
-            }
+            })
         },
         toggle,
     )
@@ -256,8 +280,9 @@ fn stack_indices_corrupt(vcpu: u32) -> ! {
     together(
         vcpu,
         || {
-            enable(0, consume, 4);
-            header().stack_prod.0.store(1000, Ordering::Release);
+            enable_after(0, consume, 4, || {
+                header().stack_prod.0.store(1000, Ordering::Release);
+            })
         },
         toggle,
     )

@@ -1,4 +1,4 @@
-//! Modes that end the guest: a stack overflow, a panic, a fault.
+//! Modes that end the guest: a stack overflow, a panic, a fault; and one that never ends.
 
 use alloc::string::String;
 use core::hint::black_box;
@@ -67,5 +67,33 @@ pub fn fault_mode(kind: &str) -> i32 {
         .unwrap()
         .join();
     println!("fault: the thread returned {r:?} (modes: bad-access, undefined, bad-mxcsr)");
+    1
+}
+
+/// Two named threads wait for each other on rendezvous channels and `main` joins one: nothing
+/// ever runs again. Ended by the VMM's `--timeout`, whose hang report names the stuck threads.
+pub fn deadlock_mode() -> i32 {
+    use activm_rt::sync::mpsc::sync_channel;
+    let (to_a, for_a) = sync_channel::<u32>(0);
+    let (to_b, for_b) = sync_channel::<u32>(0);
+    let a = thread::Builder::new()
+        .name("deadlock-a".into())
+        .spawn(move || {
+            let got = for_a.recv();
+            to_b.send(1).ok();
+            got
+        })
+        .unwrap();
+    let b = thread::Builder::new()
+        .name("deadlock-b".into())
+        .spawn(move || {
+            let got = for_b.recv();
+            to_a.send(2).ok();
+            got
+        })
+        .unwrap();
+    println!("deadlock: deadlock-a and deadlock-b wait for each other");
+    let r = (a.join(), b.join());
+    println!("deadlock: the threads returned {r:?}?");
     1
 }

@@ -1,0 +1,128 @@
+//! The hang report: what a guest looked like when the VMM stopped it without its ending by
+//! itself (`--timeout`, a second host signal), in every mode (activations, the time slicer,
+//! `--host-sched`).
+//!
+//! Before the guest is stopped, [`Guest::begin_hang_report`] keeps each vCPU's allocator slot
+//! and the upcall state. Each vCPU thread, on its way out, then records where it was stopped
+//! (running guest code, waiting for a processor, ...), whether KVM held it halted, and its
+//! registers and pending interrupts ([`VcpuSnapshot`]; only that thread may ask KVM). Once
+//! every vCPU thread is joined, [`Guest::hang_report`] puts it together with the guest
+//! runtime's threads and run queues, read from guest memory (`runtime_view.rs`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+use crate::guest::Guest;
+use crate::runtime_view;
+
+/// [`VcpuSnapshot::place`] of a vCPU stopped while it ran guest code.
+pub const RUNNING: &str = "running guest code";
+
+/// What one vCPU thread saw of its vCPU when it stopped.
+#[derive(Clone, Debug)]
+pub struct VcpuSnapshot {
+    /// Where the thread was: running guest code, waiting for a processor, ...
+    pub place: &'static str,
+    /// Whether KVM held the vCPU halted (`None`: could not tell).
+    pub halted: Option<bool>,
+    /// Registers and interrupt state (`arch::dump`).
+    pub registers: String,
+}
+
+/// What the report keeps from before the guest was stopped.
+#[derive(Debug, Default)]
+pub struct HangState {
+    wanted: std::sync::atomic::AtomicBool,
+    before: Mutex<Option<Before>>,
+}
+
+#[derive(Debug)]
+struct Before {
+    why: String,
+    slots: Vec<String>,
+    upcalls: Option<String>,
+}
+
+impl HangState {
+    /// Whether the guest is being stopped for a report (vCPU threads then take snapshots).
+    pub fn wanted(&self) -> bool {
+        self.wanted.load(Ordering::Acquire)
+    }
+}
+
+impl Guest {
+    /// The guest is about to be stopped without ending by itself (`why`): keep what only the
+    /// running guest shows (its allocator slots, its upcall state), and have each vCPU thread
+    /// take a snapshot on its way out. Call before [`Guest::finish`]; only the first call counts.
+    pub fn begin_hang_report(&self, why: &str) {
+        if self.outcome().is_some() {
+            return;
+        }
+        let mut before = self.hang.before.lock().unwrap_or_else(|e| e.into_inner());
+        if before.is_some() {
+            return;
+        }
+        let view = self.procs.alloc.view(self.id);
+        *before = Some(Before {
+            why: why.to_string(),
+            slots: view.vcpus.iter().map(|slot| format!("{slot:?}")).collect(),
+            upcalls: self
+                .acts
+                .enabled()
+                .then(|| self.acts.describe(self.shared())),
+        });
+        self.hang.wanted.store(true, Ordering::Release);
+    }
+
+    /// The report, once every vCPU thread has stopped (`None` if none was begun).
+    pub fn hang_report(&self) -> Option<String> {
+        let before = self.hang.before.lock().unwrap_or_else(|e| e.into_inner());
+        let before = before.as_ref()?;
+        let mut out = format!(
+            "hang report ({}): {} vCPUs, {}\n",
+            before.why,
+            self.vcpus.len(),
+            if self.acts.enabled() {
+                "taking upcalls (activations)"
+            } else {
+                "oblivious (no upcalls)"
+            }
+        );
+        for (i, control) in self.vcpus.iter().enumerate() {
+            let slot = before.slots.get(i).map_or("?", String::as_str);
+            match control.snapshot() {
+                Some(s) => {
+                    out += &format!(
+                        "vCPU {i}: {}, {}; allocator slot {slot}{}\n{}\n",
+                        s.place,
+                        match s.halted {
+                            Some(true) => "halted in KVM",
+                            Some(false) => "not halted",
+                            None => "halt state unknown",
+                        },
+                        if s.place == RUNNING {
+                            ""
+                        } else {
+                            "; its registers as it last ran:"
+                        },
+                        s.registers
+                    );
+                }
+                None => out += &format!("vCPU {i}: no snapshot; allocator slot {slot}\n"),
+            }
+        }
+        if let Some(upcalls) = &before.upcalls {
+            out += &format!("upcalls: {upcalls}\n");
+        }
+        let context = runtime_view::Context {
+            table: self.shared().runtime_diag(),
+            nr_vcpus: self.vcpus.len() as u32,
+            image: self.plan.image.clone(),
+            now_tsc: crate::arch::current::timestamp(),
+            tsc_khz: self.tsc_khz,
+            max_tcbs: runtime_view::MAX_TCBS,
+        };
+        out += &runtime_view::describe(&self.ram, &context);
+        Some(out)
+    }
+}

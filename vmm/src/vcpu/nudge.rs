@@ -1,0 +1,53 @@
+//! The interrupt watch, for every guest: every [`INTERRUPT_WATCH_PERIOD`] the dispatcher asks
+//! each running vCPU to look at its interrupt controller on its way out of `KVM_RUN`
+//! (`Guest::watch_interrupts`), and a vCPU that has a requested interrupt it could take now
+//! makes KVM look at its pending events again.
+//!
+//! kvm_pvm can leave a requested vector in the local APIC's IRR of a vCPU with interrupts on,
+//! undelivered across exits and entries (`redeliver.rs`). The upcall watchdog rescues the upcall
+//! vector of guests that take upcalls; the timer and reschedule vectors of every guest need
+//! this. Seen under `--host-sched` (oblivious) with the host loaded (load average ~30 on 2
+//! CPUs): the hang report showed four vCPUs running threads at CPL3 with interrupts on, the
+//! timer vector 0x30 requested (IRR) and nothing in service, each vCPU's timer overdue by 0.4
+//! to 5 s: no thread was ever preempted again, and spinning threads waited for queued ones
+//! until `--timeout` (3 of 24 runs of `rt-tests` on 4 vCPUs).
+
+use std::sync::atomic::Ordering;
+
+use super::VcpuThread;
+use crate::arch::current as arch;
+
+/// How often the dispatcher asks running vCPUs to look (a kick each: an exit and one
+/// `KVM_GET_LAPIC`, tens of microseconds).
+pub const INTERRUPT_WATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
+
+impl VcpuThread {
+    /// Kicked by the interrupt watch: a requested interrupt the vCPU could take now, still
+    /// undelivered, makes KVM re-evaluate its pending events (`KVM_SET_MP_STATE` to runnable,
+    /// the state of a running vCPU; it also wakes a halted one that KVM failed to wake).
+    pub(super) fn nudge_undelivered_interrupt(&mut self) {
+        match arch::undelivered_interrupt(&self.fd) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                eprintln!(
+                    "activm: vCPU {}: cannot read its interrupt state: {e}",
+                    self.index
+                );
+                return;
+            }
+        }
+        match arch::make_runnable(&self.fd) {
+            Ok(()) => {
+                self.guest
+                    .stats
+                    .interrupts_nudged
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => eprintln!(
+                "activm: vCPU {}: cannot redeliver its interrupt: {e}",
+                self.index
+            ),
+        }
+    }
+}
