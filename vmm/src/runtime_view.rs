@@ -66,6 +66,43 @@ fn read_u32(ram: &GuestRam, at: u64) -> Option<u32> {
     Some(u32::from_le_bytes(b.try_into().ok()?))
 }
 
+/// What the runtime says of a vCPU's one-shot timer, for the interrupt watch (`vcpu/nudge.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimerWord {
+    /// No valid table is published (a guest without the runtime, or garbage): nothing known.
+    Unknown,
+    NotArmed,
+    /// Armed for this TSC deadline.
+    Armed(u64),
+}
+
+/// vCPU `vcpu`'s timer word, read through the table at `table` (three reads of guest memory:
+/// the magic, the word's address, the word). A hint only: a hostile guest can make its own
+/// vCPUs looked at more or less often, nothing else.
+pub fn timer_word(ram: &GuestRam, table: u64, vcpu: u32) -> TimerWord {
+    if table == 0 || vcpu as usize >= MAX_VCPUS {
+        return TimerWord::Unknown;
+    }
+    if ram
+        .read_u64(table.wrapping_add(offset_of!(RuntimeDiag, magic) as u64))
+        .ok()
+        != Some(DIAG_MAGIC)
+    {
+        return TimerWord::Unknown;
+    }
+    let field = offset_of!(RuntimeDiag, vcpus)
+        + vcpu as usize * size_of::<VcpuDiag>()
+        + offset_of!(VcpuDiag, timer);
+    let word = ram
+        .read_u64(table.wrapping_add(field as u64))
+        .and_then(|at| ram.read_u64(at));
+    match word {
+        Ok(0) => TimerWord::NotArmed,
+        Ok(at) => TimerWord::Armed(at),
+        Err(_) => TimerWord::Unknown,
+    }
+}
+
 /// One thread as read from its TCB.
 struct Thread {
     at: u64,

@@ -226,3 +226,25 @@ fn a_long_list_is_cut() {
         MAX_LISTED
     );
 }
+
+#[test]
+fn the_interrupt_watch_reads_a_timer_word_and_nothing_else_it_is_not_given() {
+    let ram = guest();
+    assert_eq!(timer_word(&ram, TABLE, 0), TimerWord::NotArmed);
+    ram.write_u64(WORDS + 24, 400_000).unwrap();
+    assert_eq!(timer_word(&ram, TABLE, 0), TimerWord::Armed(400_000));
+    // vCPU 1's entry points nowhere (address 0 holds 0: not armed); past MAX_VCPUS, unknown.
+    assert_eq!(timer_word(&ram, TABLE, 1), TimerWord::NotArmed);
+    assert_eq!(
+        timer_word(&ram, TABLE, MAX_VCPUS as u32),
+        TimerWord::Unknown
+    );
+    // No table, a table outside RAM or wrapping around, a table without its magic.
+    for table in [0, u64::MAX - 4, 3 << 20, TABLE + 8] {
+        assert_eq!(timer_word(&ram, table, 0), TimerWord::Unknown, "{table:#x}");
+    }
+    // The word's address outside RAM.
+    let field = TABLE + (offset_of!(RuntimeDiag, vcpus) + offset_of!(VcpuDiag, timer)) as u64;
+    ram.write_u64(field, u64::MAX - 2).unwrap();
+    assert_eq!(timer_word(&ram, TABLE, 0), TimerWord::Unknown);
+}

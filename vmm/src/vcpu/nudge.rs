@@ -1,7 +1,9 @@
 //! The interrupt watch, for every guest: every [`INTERRUPT_WATCH_PERIOD`] the dispatcher asks
-//! each running vCPU to look at its interrupt controller on its way out of `KVM_RUN`
-//! (`Guest::watch_interrupts`), and a vCPU that has a requested interrupt it could take now
-//! makes KVM look at its pending events again.
+//! each running vCPU whose timer the runtime's table (`protocol::diag`) shows overdue by more
+//! than 10 ms, and every running vCPU of a guest without that table, to look at its interrupt
+//! controller on its way out of `KVM_RUN` (`Guest::watch_interrupts`); a vCPU that has a
+//! requested interrupt it could take now makes KVM look at its pending events again. A healthy
+//! runtime guest (every benchmark's) is never kicked by it.
 //!
 //! kvm_pvm can leave a requested vector in the local APIC's IRR of a vCPU with interrupts on,
 //! undelivered across exits and entries (`redeliver.rs`). The upcall watchdog rescues the upcall
