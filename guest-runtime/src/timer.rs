@@ -105,7 +105,7 @@ fn ensure_armed_by(deadline: u64) {
 /// masked (about 120 times in 30 runs of `rt-tests blk-overlap`; cause not found): the vCPU
 /// then never took a timer interrupt again, and a third of those runs hung.
 ///
-/// A deadline the word still holds [`STALE_ARMED_NS`] after it passed is stale too: its
+/// A deadline the word still holds [`STALE_ARMED_MS`] after it passed is stale too: its
 /// interrupt came and went without clearing it (`on_timer` clears the word of the vCPU it runs
 /// on, which a nested interrupt after the trampoline's EOI may have moved its thread to). A
 /// stale word in the past made every later `ensure_armed_by` believe an earlier deadline was
@@ -123,11 +123,17 @@ fn armed_deadline() -> u64 {
 /// How long past its deadline `Word::Armed` may still hold it before it is taken as stale.
 /// The timer fires ~40 us late on our hosts; a vCPU whose host thread waits for a CPU takes it
 /// when it runs again, before any of its code can look at the word.
-const STALE_ARMED_NS: u64 = 2_000_000;
+const STALE_ARMED_MS: u64 = 2;
+
+/// [`STALE_ARMED_MS`] in TSC ticks: a multiplication (`ns_to_ticks`'s 128-bit division costs
+/// tens of nanoseconds, on every thread made runnable through `ensure_slice_timer`).
+fn stale_armed_ticks() -> u64 {
+    percpu::tsc_khz() * STALE_ARMED_MS
+}
 
 /// Whether `armed`, the word's deadline, is stale (see [`armed_deadline`]); counts it.
 fn stale(armed: u64) -> bool {
-    let stale = cpu::rdtsc() > armed.saturating_add(ns_to_ticks(STALE_ARMED_NS));
+    let stale = cpu::rdtsc() > armed.saturating_add(stale_armed_ticks());
     if stale {
         percpu::bump(&percpu::this().counters.stale_timer_words);
     }
@@ -162,7 +168,7 @@ pub fn on_switch_in(now: u64) {
 /// Thread context, after making a thread runnable here: the running thread's slice must end.
 pub fn ensure_slice_timer() {
     let armed = cpu::get(Word::Armed);
-    if armed != 0 && !cpu::timer_stopped() && cpu::rdtsc() <= armed + ns_to_ticks(STALE_ARMED_NS) {
+    if armed != 0 && !cpu::timer_stopped() && cpu::rdtsc() <= armed + stale_armed_ticks() {
         return;
     }
     let hold = preempt::Hold::new();
