@@ -129,21 +129,13 @@ pub const EV_EXITED: u32 = 7;
 pub const EV_GLOBAL: u32 = 8;
 pub const EV_NEXT: u32 = 9;
 
-/// The name of an event as `Tcb::last_event` stores it (`EV_*` << 8 | vCPU).
+/// The name of an event as `Tcb::last_event` stores it (`EV_*` << 8 | vCPU); the names are the
+/// ones the VMM's hang report uses (`protocol::diag::EVENT_NAMES`).
 pub fn event_name(e: u32) -> &'static str {
-    const NAMES: [&str; 10] = [
-        "?",
-        "spawned",
-        "queued",
-        "running",
-        "parked",
-        "resumed",
-        "continued",
-        "exited",
-        "global",
-        "next",
-    ];
-    NAMES.get((e >> 8) as usize).copied().unwrap_or("?")
+    activm_stub::protocol::diag::EVENT_NAMES
+        .get((e >> 8) as usize)
+        .copied()
+        .unwrap_or("?")
 }
 
 /// Events kept per thread (diagnostics).
