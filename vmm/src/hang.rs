@@ -11,6 +11,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use crate::guest::Guest;
 use crate::runtime_view;
@@ -41,7 +42,15 @@ struct Before {
     why: String,
     slots: Vec<String>,
     upcalls: Option<String>,
+    /// Host CPU time each vCPU's thread used during [`CPU_SAMPLE`], just before the stop.
+    ran: Vec<Option<Duration>>,
 }
+
+/// How long the report watches the vCPU threads' host CPU time before the guest is stopped: a
+/// vCPU that looks stuck (a timer long overdue, an interrupt requested and not taken) while
+/// its thread runs is the host's KVM not delivering; one whose thread does not run is waiting
+/// for a host CPU.
+const CPU_SAMPLE: Duration = Duration::from_millis(50);
 
 impl HangState {
     /// Whether the guest is being stopped for a report (vCPU threads then take snapshots).
@@ -58,12 +67,29 @@ impl Guest {
         if self.outcome().is_some() {
             return;
         }
+        if self.hang.before.lock().map_or(true, |b| b.is_some()) {
+            return;
+        }
+        let cpu = || {
+            self.vcpus
+                .iter()
+                .map(|c| c.thread_cpu_time())
+                .collect::<Vec<_>>()
+        };
+        let start = cpu();
+        std::thread::sleep(CPU_SAMPLE);
+        let ran = start
+            .into_iter()
+            .zip(cpu())
+            .map(|(a, b)| Some(b?.saturating_sub(a?)))
+            .collect();
         let mut before = self.hang.before.lock().unwrap_or_else(|e| e.into_inner());
         if before.is_some() {
             return;
         }
         let view = self.procs.alloc.view(self.id);
         *before = Some(Before {
+            ran,
             why: why.to_string(),
             slots: view.vcpus.iter().map(|slot| format!("{slot:?}")).collect(),
             upcalls: self
@@ -90,10 +116,18 @@ impl Guest {
         );
         for (i, control) in self.vcpus.iter().enumerate() {
             let slot = before.slots.get(i).map_or("?", String::as_str);
+            let ran = match before.ran.get(i).copied().flatten() {
+                Some(t) => format!(
+                    "; its thread ran {:.1} ms of the last {} ms before the stop",
+                    t.as_secs_f64() * 1e3,
+                    CPU_SAMPLE.as_millis()
+                ),
+                None => String::new(),
+            };
             match control.snapshot() {
                 Some(s) => {
                     out += &format!(
-                        "vCPU {i}: {}, {}; allocator slot {slot}{}\n{}\n",
+                        "vCPU {i}: {}, {}; allocator slot {slot}{ran}{}\n{}\n",
                         s.place,
                         match s.halted {
                             Some(true) => "halted in KVM",
@@ -108,7 +142,7 @@ impl Guest {
                         s.registers
                     );
                 }
-                None => out += &format!("vCPU {i}: no snapshot; allocator slot {slot}\n"),
+                None => out += &format!("vCPU {i}: no snapshot; allocator slot {slot}{ran}\n"),
             }
         }
         if let Some(upcalls) = &before.upcalls {

@@ -146,6 +146,29 @@ impl VcpuControl {
             }
         }
     }
+
+    /// Host CPU time the vCPU's thread has used so far (`None` before it registered, or if
+    /// the host cannot tell): whether the thread ran while its vCPU seemed stuck.
+    pub fn thread_cpu_time(&self) -> Option<std::time::Duration> {
+        let &thread = self.thread.get()?;
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: `thread` is a live vCPU thread (as in `kick`); `clock` is a valid out-pointer.
+        if unsafe { libc::pthread_getcpuclockid(thread, &mut clock) } != 0 {
+            return None;
+        }
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid out-pointer; `clock` names the thread's CPU clock.
+        if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
+            return None;
+        }
+        Some(std::time::Duration::new(
+            now.tv_sec as u64,
+            now.tv_nsec as u32,
+        ))
+    }
 }
 
 /// The signal used to kick vCPU threads.
