@@ -11,7 +11,6 @@ use crate::activation::{upcall_name, Event, QueueError};
 use crate::allocator::Slot;
 use crate::arch::current as arch;
 use crate::guest::Guest;
-use crate::runtime_view::{self, TimerWord};
 use crate::vm::Outcome;
 
 /// How long a guest's upcall queues may stay without room before the guest is stopped.
@@ -20,11 +19,6 @@ pub const UPCALL_STALL_LIMIT: std::time::Duration = std::time::Duration::from_se
 /// How long records may wait untaken, the consumer index unmoved, in the queue of a running
 /// vCPU before the watchdog kicks it to check for an undelivered upcall interrupt.
 pub const UPCALL_WATCH_BOUND: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// The interrupt watch looks at a runtime guest's vCPU whose timer is overdue by more than
-/// this (ms): a timer interrupt is taken within microseconds of its deadline when the vCPU's
-/// thread runs, and the watch looks every `INTERRUPT_WATCH_PERIOD` (10 ms) anyway.
-const INTERRUPT_LATE_MS: u64 = 10;
 
 impl Guest {
     /// Each vCPU's state (its allocator slot), for fault reports.
@@ -258,35 +252,6 @@ impl Guest {
                     .upcall_watch_kicks
                     .fetch_add(1, Ordering::Relaxed);
                 self.vcpus[vcpu].request_redelivery();
-            }
-        }
-    }
-
-    /// The interrupt watch (`vcpu/nudge.rs`): kick a running vCPU of the guest to look for a
-    /// requested interrupt KVM left undelivered, when the runtime's table says its timer is
-    /// overdue (or the guest publishes no table).
-    pub fn watch_interrupts(&self) {
-        if self.outcome().is_some() {
-            return;
-        }
-        let view = self.procs.alloc.view(self.id);
-        let table = self.shared().runtime_diag();
-        let now = arch::timestamp();
-        let late = self.tsc_khz.max(1) * INTERRUPT_LATE_MS;
-        for (vcpu, slot) in view.vcpus.iter().enumerate() {
-            if !matches!(slot, Slot::Running(_)) {
-                continue;
-            }
-            // A guest whose runtime says when each vCPU's timer is due is looked at only when
-            // one is overdue (so a healthy guest, as benchmarked, is never kicked); any other
-            // guest at every period.
-            let look = match runtime_view::timer_word(&self.ram, table, vcpu as u32) {
-                TimerWord::Unknown => true,
-                TimerWord::NotArmed => false,
-                TimerWord::Armed(due) => now.saturating_sub(due) > late,
-            };
-            if look {
-                self.vcpus[vcpu].request_interrupt_look();
             }
         }
     }

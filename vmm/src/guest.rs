@@ -344,8 +344,8 @@ impl Guest {
 }
 
 /// Reads `guest`'s earliest sleeper (`SharedHeader::earliest_sleeper`) in nanoseconds of its
-/// clock (the TSC) and its idle vCPUs, for the allocator (`Allocator::watch_sleepers`). Holds the guest weakly:
-/// the allocator outlives no guest it serves, and must not keep one alive.
+/// clock (the TSC) and its idle vCPUs, for the allocator (`Allocator::watch_sleepers`). Holds
+/// the guest weakly: the allocator outlives no guest it serves, and must not keep one alive.
 fn sleeper_probe(guest: &Arc<Guest>) -> SleeperProbe {
     let guest = Arc::downgrade(guest);
     SleeperProbe(Arc::new(move || {

@@ -334,8 +334,9 @@ enum Followed {
 /// Timed wake-up `i` comes due: if the guest's earliest sleeper is now later than the one it
 /// was for, every sleeper it was for was woken (by a vCPU of the guest that held a processor:
 /// only a running scheduler takes sleepers off the guest's one list), and if no other vCPU of
-/// the guest is busy now, each woken one runs or has run, and the processor would only idle. The wake-up then follows the guest's earliest sleeper: moved later by as much
-/// (keeping its lead and backstop), dropped if none sleeps. A sleeper still asleep keeps it
+/// the guest is busy now, each woken one runs or has run, and the processor would only idle.
+/// The wake-up then follows the guest's earliest sleeper: moved later by as much (keeping its
+/// lead and backstop), dropped if none sleeps. A sleeper still asleep keeps it
 /// as it is, so no wake-up a sleeper needs is ever lost.
 fn follow_sleeper(state: &mut State, i: usize) -> Followed {
     let w = state.timed_wakes[i];

@@ -1,5 +1,6 @@
 //! `--disk PATH` and its options (`disk`, `io_latency`, `io_inline_wait` in a file): how a
-//! guest's block device is set up, and the limits the configuration checks. `devices::blk` opens it.
+//! guest's block device is set up, and the limits the configuration checks. `devices::blk`
+//! opens it.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -11,10 +11,11 @@
 //! **Two-phase wait.** On a device with `--io-latency` the data of a read or write still moves
 //! inside the exit when the page cache allows, and only the emulated latency is left: its end
 //! is known then. If it ends within the disk's inline wait (`--io-inline-wait`, default
-//! [`DEFAULT_INLINE_WAIT`](crate::config::DEFAULT_INLINE_WAIT)) the exit waits for it and returns the result, as a spinning lock
-//! spins before it sleeps: cheaper than blocking (BLOCKED, a new activation, UNBLOCKED; or, for
-//! the asynchronous path, a completion posted later with a wake-up). Only a request that would
-//! wait longer (or whose data waits for the host: a cold read, a flush) blocks.
+//! [`DEFAULT_INLINE_WAIT`](crate::config::DEFAULT_INLINE_WAIT)) the exit waits for it and
+//! returns the result, as a spinning lock spins before it sleeps: cheaper than blocking
+//! (BLOCKED, a new activation, UNBLOCKED; or, for the asynchronous path, a completion posted
+//! later with a wake-up). Only a request that would wait longer (or whose data waits for the
+//! host: a cold read, a flush) blocks.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
