@@ -43,17 +43,6 @@ pub(super) struct Relook {
     again: bool,
 }
 
-/// The calling thread's CPU time.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the kernel to fill; the clock id is a constant.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 impl VcpuThread {
     /// Kicked by the watchdog: wake a vCPU KVM keeps halted with records waiting, or take a
     /// first look at a requested upcall vector (see the module comment).
@@ -76,7 +65,7 @@ impl VcpuThread {
             self.relook = Some(Relook {
                 due: now + RELOOK,
                 since: now,
-                cpu: thread_cpu_time(),
+                cpu: self.control.thread_cpu_time().unwrap_or_default(),
                 sent: self.control.upcall_interrupts.load(Ordering::Relaxed),
                 again: false,
             });
@@ -99,7 +88,11 @@ impl VcpuThread {
     /// the vCPU ran on twice, if no upcall interrupt was sent to it meanwhile.
     pub(super) fn relook_at_upcall(&mut self) {
         let Some(relook) = self.relook else { return };
-        let ran = thread_cpu_time().saturating_sub(relook.cpu);
+        let ran = self
+            .control
+            .thread_cpu_time()
+            .unwrap_or_default()
+            .saturating_sub(relook.cpu);
         if relook.since.elapsed() >= RELOOK_GIVE_UP {
             // Its thread waited that long for a host CPU, or the vCPU gave its processor back
             // meanwhile: nothing can be told.
@@ -126,7 +119,7 @@ impl VcpuThread {
             self.relook = Some(Relook {
                 due: now + RELOOK,
                 since: now,
-                cpu: thread_cpu_time(),
+                cpu: self.control.thread_cpu_time().unwrap_or_default(),
                 sent,
                 again: true,
             });
