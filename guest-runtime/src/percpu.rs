@@ -248,6 +248,9 @@ pub struct Pcpu {
     pub in_drain: AtomicU32,
     /// Top of this vCPU's alternate exception stack (to re-arm it after a retried `#UD`).
     pub exception_stack: AtomicU64,
+    /// Timer interrupts deferred in a row (`timer::on_timer`): random preemption re-arms only
+    /// the first few, so nested deferrals cannot pile up frames on the interrupted stack.
+    pub timer_deferrals: AtomicU32,
     /// Diagnostics: the last scheduler events (`trace`), printed on a fatal exception.
     pub trace: [AtomicU64; TRACE],
     pub trace_tsc: [AtomicU64; TRACE],
@@ -285,6 +288,7 @@ impl Pcpu {
             retired_stack: AtomicU64::new(0),
             in_drain: AtomicU32::new(0),
             exception_stack: AtomicU64::new(0),
+            timer_deferrals: AtomicU32::new(0),
             trace: [const { AtomicU64::new(0) }; TRACE],
             trace_tsc: [const { AtomicU64::new(0) }; TRACE],
             trace_at: AtomicU32::new(0),
