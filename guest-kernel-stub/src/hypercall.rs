@@ -1,5 +1,5 @@
 //! Hypercalls: one 8-byte load from `HYPERCALL_BASE + 8 * nr` (see `protocol::hypercall`).
-//! Each one exits to the VMM (~18 us).
+//! Each one exits to the VMM (18-60 us, by host; docs/architecture.md).
 
 use protocol::arch::current::HYPERCALL_BASE;
 use protocol::hypercall::Hypercall;
