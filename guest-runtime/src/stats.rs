@@ -90,6 +90,12 @@ pub fn snapshot() -> Stats {
 pub fn print() {
     let s = snapshot();
     println!("activm-rt stats: {s:?}");
+    if crate::upcall::activations_enabled() {
+        println!(
+            "activm-rt: a processor from the VMM takes {} us here (measured)",
+            crate::upcall::cost::acquire_ns() / 1000
+        );
+    }
 }
 
 /// Prints every vCPU's runtime words and queues (diagnostics: the default SIGNAL action).

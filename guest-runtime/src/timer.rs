@@ -186,6 +186,13 @@ pub fn ensure_slice_timer() {
     drop(hold);
 }
 
+/// Makes sure this vCPU's timer ticks by TSC `deadline` (a backlog's ask delay ends then).
+pub fn tick_by(deadline: u64) {
+    let hold = preempt::Hold::new();
+    ensure_armed_by(deadline);
+    drop(hold);
+}
+
 /// Scheduler, before halting: wake up for the earliest sleeper.
 pub fn arm_for_sleepers() {
     let earliest = EARLIEST.load(Ordering::Acquire);
@@ -306,6 +313,13 @@ pub fn tick_in_thread() {
     // the spinning vCPU's queue).
     if sleepers_due() {
         wake_due();
+    }
+    if crate::upcall::backlog_waiting() && crate::upcall::some_yielded() {
+        if sched::work_queued() {
+            crate::upcall::want_processors();
+        } else {
+            crate::upcall::backlog_cleared();
+        }
     }
     let hold = preempt::Hold::new();
     let cur = sched::current();

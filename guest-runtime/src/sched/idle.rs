@@ -90,6 +90,7 @@ pub(crate) fn work_queued() -> bool {
 /// Nothing to run: spin a while looking, then halt until an interrupt. Nothing is in flight
 /// here (`Word::SchedIdle` = 1): a context the VMM takes in this function is simply dropped.
 pub(super) fn idle() {
+    upcall::backlog_cleared();
     crate::net::ring_deferred_doorbell(true);
     let me = activm_stub::vcpu_id();
     let bit = 1u64 << me;
@@ -100,7 +101,7 @@ pub(super) fn idle() {
     // vCPU can hand it work, and a timer or an interrupt finds it as well after a yield, so
     // it gives the processor back now, not after a spin (a server beside a batch guest spent
     // a tenth of a processor here: `cargo xtask bench latency`).
-    let spin = if yield_until_sleeper().is_some() && upcall::granted_vcpus() <= 1 {
+    let spin = if yield_until_sleeper().is_some() && upcall::is_warm(me) {
         0
     } else {
         config::idle_spin_ticks()
@@ -221,12 +222,6 @@ pub(super) fn idle() {
     cpu::set(Word::SchedIdle, 0);
 }
 
-/// A processor given back while threads sleep comes back this long before the earliest one is
-/// due (the VMM's grant: a wake-up, maybe a preemption of another guest, a new activation).
-const YIELD_WAKE_LEAD_NS: u64 = 60_000;
-/// Yield for a sleeper only if it is due at least this far away (else halt: cheaper).
-const YIELD_WAKE_MIN_NS: u64 = 100_000;
-
 /// With sleepers only (no I/O in flight), the earliest far enough away and a VMM that wakes
 /// yielded vCPUs (`SHARED_FEATURE_YIELD_WAKE`): how long to give the processor back for.
 fn yield_until_sleeper() -> Option<u64> {
@@ -234,11 +229,17 @@ fn yield_until_sleeper() -> Option<u64> {
         || !config::use_halt()
         || !upcall::yield_wake_supported()
         || crate::blk::requests_in_flight()
+        || upcall::yield_declined_lately()
     {
         return None;
     }
     let gap = timer::ns_until_earliest()?;
-    (gap >= YIELD_WAKE_MIN_NS).then(|| gap - YIELD_WAKE_LEAD_NS)
+    // The warm vCPU wakes the sleepers: the others give their processors back, untimed.
+    if !upcall::is_warm(activm_stub::vcpu_id()) {
+        return Some(0);
+    }
+    (gap >= upcall::cost::yield_min_gap_ns())
+        .then(|| gap.saturating_sub(upcall::cost::yield_lead_ns()).max(1))
 }
 
 /// With block requests in flight and nothing else to wait for but sleepers, on a VMM that
@@ -253,9 +254,14 @@ fn yield_for_io() -> Option<u64> {
     {
         return None;
     }
+    // The warm vCPU takes the completions and wakes the sleepers: the others give their
+    // processors back, untimed.
+    if !upcall::is_warm(activm_stub::vcpu_id()) {
+        return Some(0);
+    }
     match timer::ns_until_earliest() {
-        Some(gap) if gap < YIELD_WAKE_MIN_NS => None,
-        Some(gap) => Some(gap - YIELD_WAKE_LEAD_NS),
+        Some(gap) if gap < upcall::cost::yield_min_gap_ns() => None,
+        Some(gap) => Some(gap.saturating_sub(upcall::cost::yield_lead_ns()).max(1)),
         None => Some(0),
     }
 }

@@ -262,8 +262,12 @@ pub fn sched_loop() -> ! {
             // More work waits behind this thread while vCPUs have given their processors back:
             // ask for them again. The wakes that published it may have asked nobody (a vCPU was
             // spinning for work then, or the ask was rate-limited).
-            if upcall::some_yielded() && idle::work_queued() {
-                upcall::want_processors();
+            if upcall::some_yielded() {
+                if idle::work_queued() {
+                    upcall::want_processors();
+                } else {
+                    upcall::backlog_cleared();
+                }
             }
             // SAFETY: a runnable TCB taken off a queue: ours now.
             run_now(unsafe { tcb::from_raw(t) }, inherit);

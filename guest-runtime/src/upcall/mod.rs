@@ -50,6 +50,7 @@ use crate::arch::cpu::{self, Word};
 use crate::percpu;
 
 mod bag;
+pub mod cost;
 mod drain;
 mod entry;
 mod recover;
@@ -67,9 +68,10 @@ pub use drain::{
 pub use entry::in_unsafe_window;
 pub(crate) use sa::publish_runtime_diag;
 pub use sa::{
-    activations_enabled, enable, granted_vcpus, init, init_vcpu, io_yield_supported, preempt_vcpu,
-    queue_nonempty, set_concurrency, set_idle, some_yielded, want_processors, yield_idle_vcpu,
-    yield_idle_vcpu_for_io, yield_wake_supported,
+    activations_enabled, backlog_cleared, backlog_waiting, enable, granted_vcpus, init, init_vcpu,
+    io_yield_supported, is_warm, preempt_vcpu, queue_nonempty, set_concurrency, set_idle,
+    some_yielded, want_processors, yield_declined_lately, yield_idle_vcpu, yield_idle_vcpu_for_io,
+    yield_wake_supported,
 };
 pub use signal::{set_signal_handler, set_user_hook, LAST_SIGNAL};
 pub use stacks::{

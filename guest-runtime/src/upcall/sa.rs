@@ -1,7 +1,7 @@
 //! The shared area (`protocol::shared`) and the `sa_*` calls: turning activations on, asking
 //! for processors and giving them back.
 
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED, SA_YIELD_DECLINED};
 use activm_stub::protocol::shared::{
@@ -136,6 +136,29 @@ pub fn set_concurrency(n: u32) -> Option<u32> {
     Some(hypercall(Hypercall::SaSetConcurrency, u64::from(n)) as u32)
 }
 
+/// The guest's warm vCPU, as its id + 1 (0: none): the one running vCPU that keeps its
+/// processor, idle, for a sleeper due sooner than a transfer out and back would take
+/// (`cost::yield_min_gap_ns`); every other idle vCPU gives its processor back at once. Two
+/// idle vCPUs that each counted the other as running gave both processors back.
+static WARM: AtomicU32 = AtomicU32::new(0);
+
+/// Whether idle vCPU `me` is the guest's warm vCPU: it is, or takes the role from nobody or
+/// from a vCPU that no longer runs.
+pub fn is_warm(me: u32) -> bool {
+    let warm = WARM.load(Ordering::Acquire);
+    if warm == me + 1 {
+        return true;
+    }
+    if warm != 0
+        && warm - 1 < percpu::nr_vcpus()
+        && area(warm - 1).state.load(Ordering::Acquire) == VcpuRunState::Running as u32
+    {
+        return false;
+    }
+    WARM.compare_exchange(warm, me + 1, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+}
+
 /// vCPUs that gave their processor back idle and have not started a new activation since.
 static YIELDED: AtomicU64 = AtomicU64::new(0);
 /// TSC of the last time this guest asked for its processors back.
@@ -159,7 +182,9 @@ pub fn yield_idle_vcpu(me: u32, wake_ns: u64) {
     if wake_ns == 0 && granted_vcpus() < 2 {
         return;
     }
-    give_back(me, wake_ns);
+    if give_back(me, wake_ns) == SA_YIELD_DECLINED {
+        DECLINED_AT.store(cpu::rdtsc().max(1), Ordering::Relaxed);
+    }
 }
 
 /// Whether the VMM takes a processor back while block requests are in flight and wakes the
@@ -168,19 +193,28 @@ pub fn io_yield_supported() -> bool {
     activations_enabled() && header().features & SHARED_FEATURE_YIELD_IO != 0
 }
 
-/// When the VMM last declined an I/O yield (nobody else wanted the processor), in TSC ticks.
+/// When the VMM last declined a yield (it keeps the processor: nobody else wanted it while
+/// I/O is in flight, or it is a latency-critical guest's last one), in TSC ticks.
 static DECLINED_AT: AtomicU64 = AtomicU64::new(0);
-/// After a declined I/O yield, idle vCPUs halt for this long before they offer again.
+/// After a declined yield, the guest's only running vCPU halts for this long before it offers
+/// its processor again.
 const DECLINED_FOR_NS: u64 = 2_000_000;
+
+/// Whether an idle vCPU should halt without offering its processor: the VMM declined a yield
+/// lately and this is the guest's only running vCPU (a decline says nothing about a second
+/// one: the VMM keeps a latency-critical guest's last processor only).
+pub fn yield_declined_lately() -> bool {
+    let declined = DECLINED_AT.load(Ordering::Relaxed);
+    declined != 0
+        && granted_vcpus() <= 1
+        && cpu::rdtsc().saturating_sub(declined) < crate::timer::ns_to_ticks(DECLINED_FOR_NS)
+}
 
 /// Scheduler of a vCPU idle while block requests are in flight (`SHARED_FEATURE_YIELD_IO`):
 /// offers its processor to the VMM, to be back when a completion is due or after `wake_ns`
 /// (0: no sleeper). Returns if it did not yield; the caller halts then.
 pub fn yield_idle_vcpu_for_io(me: u32, wake_ns: u64) {
-    let declined = DECLINED_AT.load(Ordering::Relaxed);
-    if declined != 0
-        && cpu::rdtsc().saturating_sub(declined) < crate::timer::ns_to_ticks(DECLINED_FOR_NS)
-    {
+    if yield_declined_lately() {
         return;
     }
     if give_back(me, wake_ns) == SA_YIELD_DECLINED {
@@ -204,10 +238,25 @@ fn give_back(me: u32, wake_ns: u64) -> u64 {
         return 0;
     }
     percpu::bump(&percpu::this().counters.idle_yields);
+    super::cost::note_timed_yield(me, wake_ns);
+    let _ = WARM.compare_exchange(me + 1, 0, Ordering::AcqRel, Ordering::Relaxed);
     let result = hypercall(Hypercall::SaYield, wake_ns);
     // Still here: the VMM kept the processor (declined, or upcalls are off after all).
+    super::cost::note_timed_yield(me, 0);
     YIELDED.fetch_and(!bit, Ordering::AcqRel);
     result
+}
+
+/// Nothing waits for a processor (any more): the ask delay starts again with the next backlog.
+pub fn backlog_cleared() {
+    if BACKLOG_SINCE.load(Ordering::Relaxed) != 0 {
+        BACKLOG_SINCE.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Whether work has been waiting for a processor (the ask delay runs).
+pub fn backlog_waiting() -> bool {
+    BACKLOG_SINCE.load(Ordering::Relaxed) != 0
 }
 
 /// Whether some vCPU gave its processor back idle (one load: cheap to ask on every loop).
@@ -215,13 +264,33 @@ pub fn some_yielded() -> bool {
     YIELDED.load(Ordering::Relaxed) != 0
 }
 
+/// Since when work waits here with no idle vCPU to take it (TSC; 0: nothing waits).
+static BACKLOG_SINCE: AtomicU64 = AtomicU64::new(0);
+
 /// Work is waiting and no vCPU idles here to take it: if some gave their processors back,
-/// ask the VMM for them again (`sa_setconcurrency`), at most once a millisecond.
+/// ask the VMM for them again (`sa_setconcurrency`), once the work has waited the ask delay,
+/// and at most once a millisecond.
 pub fn want_processors() {
     if YIELDED.load(Ordering::SeqCst) == 0 {
         return;
     }
     let now = cpu::rdtsc();
+    let delay = super::cost::ask_delay_ticks();
+    if delay != 0 {
+        let since = BACKLOG_SINCE.load(Ordering::Relaxed);
+        if since == 0 {
+            if BACKLOG_SINCE
+                .compare_exchange(0, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                crate::timer::tick_by(now + delay);
+            }
+            return;
+        }
+        if now.saturating_sub(since) < delay {
+            return;
+        }
+    }
     let last = LAST_ASK.load(Ordering::Relaxed);
     if now.saturating_sub(last) < crate::timer::ns_to_ticks(ASK_INTERVAL_NS)
         || LAST_ASK
@@ -232,6 +301,7 @@ pub fn want_processors() {
     }
     let n = header().requested_concurrency.load(Ordering::Acquire);
     let n = if n == 0 { percpu::nr_vcpus() } else { n };
+    super::cost::note_ask();
     hypercall(Hypercall::SaSetConcurrency, u64::from(n));
 }
 
@@ -249,6 +319,7 @@ pub fn granted_vcpus() -> u32 {
 
 /// A new activation started on vCPU `vcpu`: it no longer counts as given back.
 pub(super) fn note_new_activation(vcpu: u32) {
+    super::cost::note_new_activation(vcpu);
     YIELDED.fetch_and(!(1u64 << vcpu.min(63)), Ordering::AcqRel);
 }
 

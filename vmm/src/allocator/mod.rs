@@ -154,6 +154,14 @@ impl GuestState {
         self.vcpus.iter().filter(|s| s.holds_processor()).count()
     }
 
+    /// Whether a vCPU other than `vcpu` holds a processor.
+    fn others_hold(&self, vcpu: usize) -> bool {
+        self.vcpus
+            .iter()
+            .enumerate()
+            .any(|(v, s)| v != vcpu && s.holds_processor())
+    }
+
     /// (vCPU, instant) of every vCPU whose slot `pick` maps to an instant.
     fn since(&self, pick: impl Fn(&Slot) -> Option<Instant>) -> Vec<(usize, Instant)> {
         self.vcpus
@@ -427,19 +435,28 @@ impl Allocator {
         }
     }
 
-    /// Whether `guest` should keep an idle processor while its I/O is in flight rather than
-    /// give it back (`SHARED_FEATURE_YIELD_IO`): when no other guest wants more processors
-    /// than it holds (nobody would use it), and always for a latency-critical guest (a new
-    /// activation per completion, ~2 per request, cost such a server 4x its median latency
-    /// beside a batch guest: `cargo xtask bench latency`).
-    pub fn keeps_processor_for_io(&self, guest: GuestId) -> bool {
+    /// Whether idle `vcpu` of `guest`, offering its processor back while the guest's block
+    /// requests are in flight (`SHARED_FEATURE_YIELD_IO`), keeps it instead (the guest halts
+    /// it until the completion): when no other guest wants more processors than it holds
+    /// (nobody would use it), and for a latency-critical guest when no other vCPU of it holds
+    /// one. A new activation per completion, ~2 per request, cost such a server 4x its median
+    /// latency beside a batch guest; keeping every idle processor of it starved the batch
+    /// guest (`cargo xtask bench latency`): one warm processor takes the completions.
+    pub fn keeps_processor_for_io(&self, guest: GuestId, vcpu: usize) -> bool {
         let state = self.lock();
-        state.guests[guest].latency_critical
+        let g = &state.guests[guest];
+        (g.latency_critical && !g.others_hold(vcpu))
             || !state
                 .guests
                 .iter()
                 .enumerate()
                 .any(|(id, g)| id != guest && g.demand() > g.holding())
+    }
+
+    /// Whether a vCPU of `guest` other than `vcpu` holds a processor (it takes the guest's
+    /// completions and timers while `vcpu` is given back).
+    pub fn others_hold(&self, guest: GuestId, vcpu: usize) -> bool {
+        self.lock().guests[guest].others_hold(vcpu)
     }
 
     /// Whether the allocator wants this vCPU's processor back.
@@ -576,5 +593,7 @@ impl Allocator {
     }
 }
 
+#[cfg(test)]
+mod idle_tests;
 #[cfg(test)]
 mod tests;

@@ -112,8 +112,13 @@ impl Allocator {
     ) -> (Vec<(GuestId, usize)>, Option<Carriers>) {
         let mut state = self.lock();
         let kicks = self.release_locked(&mut state, guest, vcpu, Release::Yielded);
-        if at.is_none() && state.guests[guest].latency_critical {
-            // No sleeper and no request in flight when it looked: the others' are all done.
+        if at.is_none()
+            && state.guests[guest].latency_critical
+            && !state.guests[guest].others_hold(vcpu)
+        {
+            // The guest's last processor, given back with no sleeper and no request in flight
+            // when it looked: the others' wake-ups are all done. (A vCPU given back while
+            // another runs asks for no wake-up: that one covers the guest's timers.)
             supersede(&mut state, guest, vcpu, None);
             self.wakes_pending
                 .store(!state.timed_wakes.is_empty(), Ordering::Release);

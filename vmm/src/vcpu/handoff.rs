@@ -327,13 +327,21 @@ impl VcpuThread {
         self.wake_at = (wake_ns != 0)
             .then(|| std::time::Instant::now() + std::time::Duration::from_nanos(wake_ns));
         // Given back with block requests in flight (`SHARED_FEATURE_YIELD_IO`): back when the
-        // earliest completion is due, if sooner.
+        // earliest completion is due, if sooner, unless another vCPU of the guest holds a
+        // processor (the completion interrupts it, or it finds it when it schedules).
         let mut for_sleeper = self.wake_at.is_some();
         if let Some(due) = self
             .guest
             .disk
             .as_ref()
             .and_then(|d| d.queue.earliest_due())
+            .filter(|_| {
+                !self
+                    .guest
+                    .procs
+                    .alloc
+                    .others_hold(self.guest.id, self.index as usize)
+            })
         {
             for_sleeper = false;
             self.wake_at = Some(self.wake_at.map_or(due, |at| at.min(due)));

@@ -248,14 +248,20 @@ impl VcpuThread {
             return Ok(HC_UNSUPPORTED);
         }
         // With block requests in flight, a processor nobody else wants (or a latency-critical
-        // guest's) is better kept: the vCPU halts until the completion instead of a new
-        // activation for it.
+        // guest's last one) is better kept: the vCPU halts until the completion instead of a
+        // new activation for it.
         let io_in_flight = self
             .guest
             .disk
             .as_ref()
             .is_some_and(|disk| disk.queue.in_flight() > 0);
-        if io_in_flight && self.guest.procs.alloc.keeps_processor_for_io(self.guest.id) {
+        if io_in_flight
+            && self
+                .guest
+                .procs
+                .alloc
+                .keeps_processor_for_io(self.guest.id, self.index as usize)
+        {
             return Ok(protocol::hypercall::SA_YIELD_DECLINED);
         }
         // A wake-up asked for more than a second ahead is clamped (the guest asks again).
