@@ -136,9 +136,9 @@ fn blk_overlap_inner() -> TestResult {
     let readers: Vec<_> = (0..READERS)
         .map(|r| {
             let (computed, overlapped) = (computed.clone(), overlapped.clone());
-            thread::spawn(move || -> Result<u64, String> {
+            thread::spawn(move || -> Result<(u64, u64), String> {
                 let mut buf = alloc::vec![0u8; SECTOR_SIZE as usize];
-                let mut waited = 0;
+                let (mut waited, mut fastest) = (0, u64::MAX);
                 for i in 0..READS {
                     let sector = base + r * READS + i;
                     let t = rt::rdtsc();
@@ -147,20 +147,24 @@ fn blk_overlap_inner() -> TestResult {
                     if computed.load(Ordering::Acquire) > before {
                         overlapped.fetch_add(1, Ordering::Relaxed);
                     }
-                    waited += rt::rdtsc() - t;
+                    let took = rt::rdtsc() - t;
+                    waited += took;
+                    fastest = fastest.min(took);
                     for (o, b) in buf.iter().enumerate() {
                         if *b != blk_pattern(sector, o) {
                             return Err(format!("sector {sector} byte {o} wrong after the read"));
                         }
                     }
                 }
-                Ok(waited)
+                Ok((waited, fastest))
             })
         })
         .collect();
-    let mut waited = 0;
+    let (mut waited, mut fastest) = (0, u64::MAX);
     for r in readers {
-        waited += r.join().unwrap()?;
+        let (w, f) = r.join().unwrap()?;
+        waited += w;
+        fastest = fastest.min(f);
     }
     let elapsed = rt::rdtsc() - start;
     let during = computed.load(Ordering::Relaxed);
@@ -169,13 +173,17 @@ fn blk_overlap_inner() -> TestResult {
         c.join().unwrap();
     }
     let per_read_us = rt::ticks_to_ns(waited) / 1000 / (READERS * READS);
+    // The device is slow if even its fastest read took long: a loaded host stretches the mean
+    // of a fast device's reads past any bound (a 20 us device averaged over 500 us at a load
+    // average of 4), never every one of them.
+    let slow = rt::ticks_to_ns(fastest) / 1000 >= 500;
     let blocked = kind_count(UpcallKind::Blocked) - blocked_before;
     let unblocked = kind_count(UpcallKind::Unblocked) - unblocked_before;
     ensure(during > 0, || {
         "no computation ran while the readers waited".into()
     })?;
     let overlapped = overlapped.load(Ordering::Relaxed);
-    if per_read_us >= 500 {
+    if slow {
         // A slow device: computation went on while reads were in flight. With activations
         // every blocked read frees its processor for a computer (how many reads see it depends
         // on the processors the guest holds beside other guests: 11 of 40 with 3 vCPUs beside
@@ -199,7 +207,7 @@ fn blk_overlap_inner() -> TestResult {
         ensure(blocked == 0 && unblocked == 0, || {
             format!("asynchronous reads but {blocked} BLOCKED and {unblocked} UNBLOCKED records")
         })?;
-    } else if sa && per_read_us >= 500 {
+    } else if sa && slow {
         // A slow device: every read blocked its vCPU in the VMM.
         ensure(
             blocked >= READERS * READS && unblocked >= READERS * READS,
@@ -212,9 +220,10 @@ fn blk_overlap_inner() -> TestResult {
         )?;
     }
     Ok(format!(
-        "{} {} reads of {per_read_us} us each in {} ms; {during} units computed meanwhile, during {overlapped} reads; {blocked} BLOCKED, {unblocked} UNBLOCKED",
+        "{} {} reads of {per_read_us} us each (fastest {} us) in {} ms; {during} units computed meanwhile, during {overlapped} reads; {blocked} BLOCKED, {unblocked} UNBLOCKED",
         READERS * READS,
         if blk::asynchronous() { "asynchronous" } else { "blocking" },
+        rt::ticks_to_ns(fastest) / 1000,
         ms(elapsed)
     ))
 }
