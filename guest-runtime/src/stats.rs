@@ -7,7 +7,7 @@ use activm_stub::println;
 use crate::percpu;
 use crate::percpu::Counters;
 
-pub use crate::watchdog::set_watchdog;
+pub use crate::watchdog::{set_report as set_watchdog_report, set_watchdog};
 
 /// Prints the counters when `main` returns.
 pub fn set_print_at_exit(on: bool) {

@@ -12,6 +12,13 @@ use crate::percpu;
 
 /// TSC after which the watchdog fires (0: off).
 static DUE: AtomicU64 = AtomicU64::new(0);
+/// TSC at which the watchdog fired (0: it has not).
+static FIRED: AtomicU64 = AtomicU64::new(0);
+/// How long the report may take before any vCPU ends the guest without it (ns). The context
+/// that prints the report can be dropped by the VMM's taking the vCPU: a timer interrupt on
+/// top of a new activation's first instruction, or an idle scheduler's loop, is discarded
+/// whole (`upcall/recover.rs`), and its `exit` with it.
+const REPORT_GRACE_NS: u64 = 5_000_000_000;
 /// What prints the runtime's state when it fires (`stats::dump`, installed at start-up).
 static REPORT: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 
@@ -23,8 +30,9 @@ pub fn set_watchdog(after: Option<core::time::Duration>) {
     DUE.store(at, Ordering::Release);
 }
 
-/// Installs what prints the runtime's state when the watchdog fires.
-pub(crate) fn set_report(report: fn()) {
+/// Installs what prints the runtime's state when the watchdog fires (`stats::dump` at
+/// start-up; tests may put another one there).
+pub fn set_report(report: fn()) {
     REPORT.store(report as *mut (), Ordering::Release);
 }
 
@@ -35,10 +43,19 @@ pub(crate) fn tick() {
 
 /// Timer interrupt at `pc` (or [`tick`]): fires the watchdog if it is due.
 pub(crate) fn check(pc: u64) {
+    let fired = FIRED.load(Ordering::Relaxed);
+    if fired != 0 {
+        if cpu::rdtsc().saturating_sub(fired) > percpu::ns_to_ticks(REPORT_GRACE_NS) {
+            println!("activm-rt: watchdog: its report did not end the guest within 5 s; ending it");
+            activm_stub::exit(99);
+        }
+        return;
+    }
     let at = DUE.load(Ordering::Relaxed);
     if at == 0 || cpu::rdtsc() < at || DUE.swap(0, Ordering::AcqRel) == 0 {
         return;
     }
+    FIRED.store(cpu::rdtsc().max(1), Ordering::Relaxed);
     println!(
         "activm-rt: watchdog: vCPU {} interrupted at pc {pc:#x}",
         activm_stub::vcpu_id()

@@ -144,6 +144,7 @@ fn main(args: &[&str]) -> i32 {
         Some("overflow") => tests::overflow_mode(),
         Some("panic") => tests::panic_mode(),
         Some("deadlock") => tests::deadlock_mode(),
+        Some("watchdog-lost-report") => tests::watchdog_lost_report_mode(),
         Some("fault") => tests::fault_mode(args.get(1).copied().unwrap_or("")),
         Some("fault-handover") => handover::fault_handover(),
         Some("bench") => bench::run(&args[1..]),

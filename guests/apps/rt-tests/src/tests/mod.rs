@@ -8,7 +8,7 @@ mod sync;
 mod threads;
 mod upcalls;
 
-pub use modes::{deadlock_mode, fault_mode, overflow_mode, panic_mode};
+pub use modes::{deadlock_mode, fault_mode, overflow_mode, panic_mode, watchdog_lost_report_mode};
 pub use soak::chaos_soak;
 
 use alloc::string::String;

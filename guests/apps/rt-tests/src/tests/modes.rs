@@ -1,4 +1,5 @@
-//! Modes that end the guest: a stack overflow, a panic, a fault; and one that never ends.
+//! Modes that end the guest: a stack overflow, a panic, a fault, a watchdog whose report never
+//! returns; and one that never ends.
 
 use alloc::string::String;
 use core::hint::black_box;
@@ -95,5 +96,35 @@ pub fn deadlock_mode() -> i32 {
     println!("deadlock: deadlock-a and deadlock-b wait for each other");
     let r = (a.join(), b.join());
     println!("deadlock: the threads returned {r:?}?");
+    1
+}
+
+/// The watchdog fires and its report never returns (as when the VMM's taking the vCPU drops
+/// the context that prints it: a timer interrupt on top of a new activation's first
+/// instruction is discarded whole): another vCPU must still end the guest with status 99.
+pub fn watchdog_lost_report_mode() -> i32 {
+    use core::sync::atomic::{AtomicBool, Ordering};
+    use core::time::Duration;
+    static STOP: AtomicBool = AtomicBool::new(false);
+    activm_rt::stats::set_watchdog_report(|| loop {
+        core::hint::spin_loop();
+    });
+    let spinners: alloc::vec::Vec<_> = (0..2 * activm_rt::rt::nr_vcpus())
+        .map(|_| {
+            thread::spawn(|| {
+                while !STOP.load(Ordering::Relaxed) {
+                    black_box((0..1000u64).sum::<u64>());
+                }
+            })
+        })
+        .collect();
+    println!("watchdog-lost-report: arming the watchdog; its report never returns");
+    activm_rt::stats::set_watchdog(Some(Duration::from_millis(10)));
+    thread::sleep(Duration::from_secs(20));
+    STOP.store(true, Ordering::Relaxed);
+    for s in spinners {
+        let _ = s.join();
+    }
+    println!("watchdog-lost-report: the guest still runs 20 s after the watchdog was due");
     1
 }
