@@ -162,7 +162,14 @@ impl VcpuThread {
             )));
         };
         timeline
-            .setup(&self.guest, trace, rings, count)
+            .setup(
+                &self.guest.ram,
+                self.guest.plan.image.start,
+                trace,
+                self.guest.id,
+                rings,
+                count,
+            )
             .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())))
     }
 
