@@ -98,8 +98,8 @@ pub struct Guest {
     pub tsc_khz: u64,
     pub phases: Vec<(&'static str, u64)>,
     outcome: Mutex<Option<Outcome>>,
-    /// The hang report, when the VMM stops the guest (`hang.rs`).
-    pub hang: crate::hang::HangState,
+    /// The hang report, when the VMM stops the guest (`hang/`).
+    pub hang: crate::hang::state::HangState,
     running: AtomicUsize,
     console: Mutex<Box<dyn Write + Send>>,
 }

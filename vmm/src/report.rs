@@ -60,7 +60,7 @@ pub struct RunReport {
     pub exits: Vec<(usize, usize, usize)>,
     /// `--stats`: upcalls by kind name, preemptions and the other counters, printable.
     pub stats: String,
-    /// What the guest looked like when the VMM stopped it (`hang.rs`), if it did.
+    /// What the guest looked like when the VMM stopped it (`hang/`), if it did.
     pub hang: Option<String>,
 }
 
