@@ -13,7 +13,7 @@ use crate::activation::Event;
 use crate::allocator::Slot;
 use crate::arch::current as arch;
 use crate::devices::blk::Request;
-use crate::devices::blk_async::AsyncQueue;
+use crate::devices::blk_async::queue::AsyncQueue;
 use crate::devices::fs::GuestMem;
 use crate::hypercall::{Call, Malformed};
 use crate::memory::{GuestRam, Plan};
