@@ -14,7 +14,8 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use activm_stub::protocol::boot::BootInfo;
 
 use crate::arch::cpu::{self, Word};
-use crate::tcb::Tcb;
+// The block, not the pool (`tcb.rs`), which takes from the caches here.
+use crate::tcb::block::Tcb;
 
 /// Entries of a vCPU's run queue ring (Go uses 256 too).
 pub const RQ_CAP: usize = 256;

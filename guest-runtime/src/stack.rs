@@ -1,9 +1,7 @@
-//! Thread stacks (NPTL-style cache, Drepper & Molnar 2003).
+//! Thread stacks (NPTL-style cache, Drepper & Molnar 2003): the slots of the VMM's region
+//! (`stack/region.rs`, re-exported here) and their pool.
 //!
-//! The VMM maps `BootInfo::nr_stack_slots` slots of `stack_slot_size` bytes from
-//! `stack_region`, the lowest 4 KiB page of each left unmapped: a guard page, so running off
-//! the stack faults (`crate::fault` turns that into "thread 'x' overflowed its stack"). A thread
-//! whose requested stack fits a slot gets one; free slots are cached per vCPU
+//! A thread whose requested stack fits a slot gets one; free slots are cached per vCPU
 //! ([`crate::percpu::STACK_CACHE`]), then in a global list; never-used slots are handed out in
 //! order. A thread that asks for more than a slot, or finds no slot left, gets a stack from the
 //! heap **without a guard page**: an overflow there corrupts memory instead of faulting.
@@ -16,37 +14,17 @@
 //! cache from another vCPU (a preemption hold does not stop the VMM).
 
 use core::alloc::Layout;
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 use activm_stub::sync::SpinLock;
 
 use crate::percpu::{self, Line, Pcpu, NO_SLOT};
 
-/// Size of the guard page under every slot.
-pub const GUARD: usize = 4096;
+pub mod region;
 
-/// A thread stack: usable `[lo, hi)`; `slot` is the slot index, or `u32::MAX` for a heap stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stack {
-    pub lo: usize,
-    pub hi: usize,
-    pub slot: u32,
-}
+pub use region::{guard_owner, init, slot_usable, Stack, GUARD};
+use region::{nr_slots, slot_stack};
 
-impl Stack {
-    pub fn is_heap(&self) -> bool {
-        self.slot == u32::MAX
-    }
-
-    /// The guard page under this stack, if it has one.
-    pub fn guard(&self) -> Option<(usize, usize)> {
-        (!self.is_heap()).then(|| (self.lo - GUARD, self.lo))
-    }
-}
-
-static REGION_BASE: AtomicU64 = AtomicU64::new(0);
-static SLOT_SIZE: AtomicU64 = AtomicU64::new(0);
-static NR_SLOTS: AtomicU32 = AtomicU32::new(0);
 /// Slots never handed out yet start here.
 static NEXT_FRESH: AtomicU32 = AtomicU32::new(0);
 /// Free slots beyond the per-vCPU caches: an intrusive list, each free slot's next index
@@ -76,48 +54,8 @@ pub fn slots_in_use() -> u64 {
                 .count() as u64
         })
         .sum();
-    let handed_out = u64::from(
-        NEXT_FRESH
-            .load(Ordering::Relaxed)
-            .min(NR_SLOTS.load(Ordering::Relaxed)),
-    );
+    let handed_out = u64::from(NEXT_FRESH.load(Ordering::Relaxed).min(nr_slots()));
     handed_out.saturating_sub(u64::from(FREE_LEN.load(Ordering::Relaxed)) + cached)
-}
-
-/// Takes the VMM's thread-stack region from the boot information.
-pub fn init() {
-    let info = activm_stub::boot_info();
-    REGION_BASE.store(info.stack_region, Ordering::Relaxed);
-    SLOT_SIZE.store(info.stack_slot_size, Ordering::Relaxed);
-    NR_SLOTS.store(info.nr_stack_slots, Ordering::Relaxed);
-}
-
-/// Usable bytes of a slot (0 if the VMM gave no region).
-pub fn slot_usable() -> usize {
-    (SLOT_SIZE.load(Ordering::Relaxed) as usize).saturating_sub(GUARD)
-}
-
-fn slot_stack(slot: u32) -> Stack {
-    let base = REGION_BASE.load(Ordering::Relaxed) as usize;
-    let size = SLOT_SIZE.load(Ordering::Relaxed) as usize;
-    let lo = base + slot as usize * size + GUARD;
-    Stack {
-        lo,
-        hi: base + (slot as usize + 1) * size,
-        slot,
-    }
-}
-
-/// The slot stack whose guard page contains `addr`, if any.
-pub fn guard_owner(addr: u64) -> Option<Stack> {
-    let base = REGION_BASE.load(Ordering::Relaxed);
-    let size = SLOT_SIZE.load(Ordering::Relaxed);
-    let slots = u64::from(NR_SLOTS.load(Ordering::Relaxed));
-    if size == 0 || addr < base || addr >= base + size * slots {
-        return None;
-    }
-    let slot = (addr - base) / size;
-    ((addr - base) % size < GUARD as u64).then(|| slot_stack(slot as u32))
 }
 
 /// A stack of at least `size` bytes (0: a slot). Scheduler context.
@@ -168,7 +106,7 @@ fn take_slot() -> Option<u32> {
             return Some(slot);
         }
     }
-    let slots = NR_SLOTS.load(Ordering::Relaxed);
+    let slots = nr_slots();
     let mut next = NEXT_FRESH.load(Ordering::Relaxed);
     while next < slots {
         match NEXT_FRESH.compare_exchange_weak(next, next + 1, Ordering::AcqRel, Ordering::Relaxed)

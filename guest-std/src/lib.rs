@@ -25,6 +25,7 @@ pub mod futex;
 pub mod iovec;
 pub mod net;
 pub mod socket;
+mod socket_call;
 pub mod socket_rx;
 pub mod socket_tx;
 pub mod sys;

@@ -5,13 +5,10 @@
 //! non-blocking (`set_nonblocking`: `-EAGAIN`). Errors are the VMM's Linux errno values; what
 //! the guest may reach is the VMM's decision (`--publish`, `--allow-connect`; else `EACCES`).
 
-use core::sync::atomic::{AtomicU64, Ordering};
-
-use activm_stub::hypercall;
-use activm_stub::protocol::hypercall::Hypercall;
 use activm_stub::protocol::net::*;
 
 use crate::errno::{fail, EBADF, EINVAL};
+use crate::socket_call::{net, nonblocking, set_nonblocking, waiting};
 
 /// The first socket descriptor (below: the standard streams and files).
 pub const SOCKET_FD_BASE: i32 = 1 << 20;
@@ -44,10 +41,6 @@ struct SockaddrIn {
     zero: [u8; 8],
 }
 
-/// Non-blocking sockets, one bit per socket number.
-static NONBLOCKING: [AtomicU64; NET_MAX_SOCKETS / 64] =
-    [const { AtomicU64::new(0) }; NET_MAX_SOCKETS / 64];
-
 /// Whether `fd` names a socket.
 pub fn is_socket(fd: i32) -> bool {
     (SOCKET_FD_BASE..SOCKET_FD_BASE + NET_MAX_SOCKETS as i32).contains(&fd)
@@ -55,34 +48,6 @@ pub fn is_socket(fd: i32) -> bool {
 
 fn number(fd: i32) -> Option<u64> {
     is_socket(fd).then(|| (fd - SOCKET_FD_BASE) as u64)
-}
-
-fn nonblocking(s: u64) -> bool {
-    NONBLOCKING[s as usize / 64].load(Ordering::Relaxed) & (1 << (s % 64)) != 0
-}
-
-fn set_nonblocking(s: u64, on: bool) {
-    let bit = 1u64 << (s % 64);
-    let word = &NONBLOCKING[s as usize / 64];
-    if on {
-        word.fetch_or(bit, Ordering::Relaxed);
-    } else {
-        word.fetch_and(!bit, Ordering::Relaxed);
-    }
-}
-
-fn net(op: u64, s: u64, a1: u64, a2: u64, a3: u64) -> i64 {
-    // SAFETY: callers pass buffers that stay live and unshared for the call.
-    unsafe { hypercall::raw(Hypercall::Net as u64, net_arg(op, s), a1, a2, a3) as i64 }
-}
-
-/// An operation that may wait: `op(tag)`, parked in the runtime while it would block.
-fn waiting(s: u64, mut op: impl FnMut(u64) -> i64) -> i64 {
-    if nonblocking(s) {
-        return op(NET_NO_WAIT);
-    }
-    // SAFETY: `op` makes the `net` call with buffers its caller keeps live until we return.
-    unsafe { activm_rt::net::call(|tag| op(tag) as u64) as i64 }
 }
 
 /// `-errno` results become the thread's `errno` too.
@@ -220,39 +185,10 @@ pub unsafe extern "C" fn sys_connect(fd: i32, name: *const u8, namelen: u32) -> 
         Err(e) => return fail(e),
     };
     if r == 0 {
-        // Receive ahead from now on (else, without memory, by one exit per `recv`).
-        let area = crate::socket_rx::new_area();
-        if !area.is_null() {
-            if net(NET_OP_RX_SETUP, s, area as u64, 0, 0) == 0 {
-                crate::socket_rx::attach(s, area);
-            } else {
-                // SAFETY: the VMM refused the buffer.
-                unsafe { crate::socket_rx::free_area(area) };
-            }
-        }
+        crate::socket_rx::set_up(s);
         crate::socket_tx::set_up(s);
     }
     r
-}
-
-/// Registers `area` as the transmit ring of `s`; whether the VMM took it.
-pub(crate) fn tx_setup(s: u64, area: *mut NetTx) -> bool {
-    net(NET_OP_TX_SETUP, s, area as u64, 0, 0) == 0
-}
-
-/// The doorbell of the transmit ring of `s` (`socket_tx`): the VMM sends what is queued.
-pub(crate) fn tx_flush(s: u64, tag: u64) -> i64 {
-    net(NET_OP_TX_FLUSH, s, tag, 0, 0)
-}
-
-/// The doorbell, waiting (parked) while the host socket is full: 0 once the ring is empty.
-pub(crate) fn tx_flush_waiting(s: u64) -> i64 {
-    waiting(s, |tag| tx_flush(s, tag))
-}
-
-/// The receive buffer of `s` has room again (`socket_rx`).
-pub(crate) fn rx_resume(s: u64) {
-    net(NET_OP_RX_RESUME, s, 0, 0, 0);
 }
 
 /// `isize sys_recv(int s, u8 *buf, usize len, int flags)`: `MSG_PEEK` only.

@@ -10,6 +10,8 @@ use core::sync::atomic::{fence, AtomicBool, AtomicPtr, Ordering};
 
 use activm_stub::protocol::net::*;
 
+use crate::socket_call::net;
+
 const EAGAIN: i64 = 11;
 
 static AREAS: [AtomicPtr<NetRx>; NET_MAX_SOCKETS] =
@@ -31,6 +33,21 @@ pub unsafe fn free_area(area: *mut NetRx) {
     if !area.is_null() {
         // SAFETY: the caller's contract; same layout as allocated.
         unsafe { dealloc(area.cast(), Layout::new::<NetRx>()) }
+    }
+}
+
+/// Gives connected socket `s` a buffer if the VMM takes one: it receives ahead from now on
+/// (else, without memory, by one exit per `recv`).
+pub fn set_up(s: u64) {
+    let area = new_area();
+    if area.is_null() {
+        return;
+    }
+    if net(NET_OP_RX_SETUP, s, area as u64, 0, 0) == 0 {
+        attach(s, area);
+    } else {
+        // SAFETY: the VMM refused the buffer.
+        unsafe { free_area(area) };
     }
 }
 
@@ -98,7 +115,8 @@ pub unsafe fn recv(s: u64, buf: *mut u8, len: usize, peek: bool, nonblocking: bo
                 rx.tail.store(tail.wrapping_add(n as u32), Ordering::SeqCst);
                 fence(Ordering::SeqCst);
                 if rx.state.load(Ordering::SeqCst) & NET_RX_STALLED != 0 {
-                    crate::socket::rx_resume(s);
+                    // The buffer has room again.
+                    net(NET_OP_RX_RESUME, s, 0, 0, 0);
                 }
             }
             return Some(n as i64);

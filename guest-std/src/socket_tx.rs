@@ -10,6 +10,8 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use activm_stub::protocol::net::*;
 
+use crate::socket_call::{net, waiting};
+
 const EAGAIN: i64 = 11;
 
 static AREAS: [AtomicPtr<NetTx>; NET_MAX_SOCKETS] =
@@ -40,7 +42,7 @@ pub fn set_up(s: u64) {
     if area.is_null() {
         return;
     }
-    if crate::socket::tx_setup(s, area) {
+    if net(NET_OP_TX_SETUP, s, area as u64, 0, 0) == 0 {
         AREAS[s as usize].store(area, Ordering::Release);
     } else {
         // SAFETY: the VMM refused the ring.
@@ -84,11 +86,16 @@ fn failed(tx: &NetTx) -> Option<i64> {
     (state & NET_TX_ERROR != 0).then(|| -i64::from(state >> 16))
 }
 
+/// The doorbell of `s`'s ring: the VMM sends what is queued.
+fn flush(s: u64, tag: u64) -> i64 {
+    net(NET_OP_TX_FLUSH, s, tag, 0, 0)
+}
+
 /// The doorbell, unless the VMM's sender is awake (it looks at the ring by itself). The
 /// caller stored `head` first (sequentially consistent): one of the two sides sees the other.
 fn ring_doorbell(s: u64) {
     if !activm_rt::net::sender_polling() {
-        crate::socket::tx_flush(s, NET_NO_WAIT);
+        flush(s, NET_NO_WAIT);
     }
 }
 
@@ -155,7 +162,8 @@ pub fn drain(s: u64) {
     let _writing = Writing::lock(s as usize);
     while failed(tx).is_none() && tx.tail.load(Ordering::SeqCst) != tx.head.load(Ordering::Relaxed)
     {
-        match crate::socket::tx_flush_waiting(s) {
+        // The doorbell, parked while the host socket is full: 0 once the ring is empty.
+        match waiting(s, |tag| flush(s, tag)) {
             r if r == -EAGAIN => activm_rt::thread::yield_now(),
             r if r < 0 => return,
             _ => {}

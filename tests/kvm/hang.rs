@@ -1,4 +1,4 @@
-//! The hang report (`vmm/src/hang.rs`): a guest that deadlocks is stopped by `--timeout` with
+//! The hang report (`vmm/src/hang/`): a guest that deadlocks is stopped by `--timeout` with
 //! status 124, and the report names every vCPU's state and registers and the stuck threads,
 //! in every mode (activations, oblivious on its own processors, the time slicer, host-scheduled).
 

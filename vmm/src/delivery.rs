@@ -271,7 +271,7 @@ impl Guest {
         }
         if let Some(stalled) = self.acts.stalled_for() {
             if stalled > UPCALL_STALL_LIMIT {
-                // Where was each vCPU? The hang report says (`hang.rs`).
+                // Where was each vCPU? The hang report says (`hang/`).
                 self.begin_hang_report("upcall queues without room");
                 self.finish(Outcome::fault(
                     self.running_vcpu(None).unwrap_or(0),

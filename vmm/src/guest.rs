@@ -1,7 +1,7 @@
 //! One guest: its VM, memory, vCPU controls, activation state, outcome and counters.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use kvm_bindings::kvm_userspace_memory_region;
@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::kick::VcpuControl;
 use crate::loader;
 use crate::memory::{GuestRam, Plan, StackSlots};
+use crate::stats::GuestStats;
 use crate::timeline::Timeline;
 use crate::trace::Trace;
 use crate::vm::Outcome;
@@ -73,46 +74,6 @@ impl Processors {
     }
 }
 
-/// Per-guest counters for `--stats`.
-#[derive(Debug, Default)]
-pub struct GuestStats {
-    /// Upcall records written, by `UpcallKind as usize`.
-    pub upcalls: [AtomicU64; 7],
-    /// Processors taken away with the context handed to the guest.
-    pub preemptions: AtomicU64,
-    /// Processors taken away behind the guest's back (oblivious time slicing).
-    pub deschedules: AtomicU64,
-    /// vCPUs that had to run forward from CPL0 before their context could be taken.
-    pub run_forwards: AtomicU64,
-    pub yields: AtomicU64,
-    /// Yielded vCPUs whose wake-up time (`sa_yield(wake_ns)`) came before any other grant.
-    pub yield_wakes: AtomicU64,
-    /// Preemptions deferred because the guest set `defer_preemption`.
-    pub deferrals: AtomicU64,
-    /// Times a new activation waited for the guest to refill its stack pool.
-    pub stack_waits: AtomicU64,
-    /// New activations canceled because they lost their processor before running.
-    pub canceled: AtomicU64,
-    /// Requests that blocked with only the device's latency left, whose vCPU went on at once
-    /// as a new activation (`reenter_while_blocked`).
-    pub blocked_reentered: AtomicU64,
-    /// UNBLOCKED records left pending, without the upcall interrupt (every running vCPU busy).
-    pub quiet_unblocked: AtomicU64,
-    /// Kicks of running vCPUs whose queue kept records untaken for `UPCALL_WATCH_BOUND`.
-    pub upcall_watch_kicks: AtomicU64,
-    /// Of those, the vCPUs found with the upcall interrupt requested and deliverable but not
-    /// delivered, which KVM was made to look at again (`arch::redeliver_interrupts`).
-    pub interrupts_redelivered: AtomicU64,
-    /// Of those, the vCPUs KVM held halted with the records still untaken at the next look,
-    /// which were woken (`vcpu/redeliver.rs`).
-    pub halted_woken: AtomicU64,
-    /// Requested interrupts found undelivered by the interrupt watch and made KVM look at
-    /// again (`vcpu/nudge.rs`).
-    pub interrupts_nudged: AtomicU64,
-    /// Kick-to-context-captured delays of preemptions, in TSC ticks (a bounded sample).
-    pub preempt_delays: Mutex<crate::stats::Reservoir>,
-}
-
 /// One guest.
 pub struct Guest {
     pub id: GuestId,
@@ -137,8 +98,8 @@ pub struct Guest {
     pub tsc_khz: u64,
     pub phases: Vec<(&'static str, u64)>,
     outcome: Mutex<Option<Outcome>>,
-    /// The hang report, when the VMM stops the guest (`hang.rs`).
-    pub hang: crate::hang::HangState,
+    /// The hang report, when the VMM stops the guest (`hang/`).
+    pub hang: crate::hang::state::HangState,
     running: AtomicUsize,
     console: Mutex<Box<dyn Write + Send>>,
 }

@@ -41,7 +41,7 @@ pub struct VcpuControl {
     /// ([`Allocator::yield_until`](crate::allocator::Allocator::yield_until)).
     wake_timer: OnceLock<KickTimer>,
     /// What the thread saw of its vCPU when the guest was stopped for a hang report.
-    snapshot: Mutex<Option<crate::hang::VcpuSnapshot>>,
+    snapshot: Mutex<Option<crate::hang::state::VcpuSnapshot>>,
 }
 
 /// Indices into `VcpuControl::exits`.
@@ -77,12 +77,12 @@ impl VcpuControl {
         }
     }
 
-    /// Keep what the vCPU thread saw of its vCPU when the guest was stopped (`hang.rs`).
-    pub(crate) fn set_snapshot(&self, snapshot: crate::hang::VcpuSnapshot) {
+    /// Keep what the vCPU thread saw of its vCPU when the guest was stopped (`hang/`).
+    pub(crate) fn set_snapshot(&self, snapshot: crate::hang::state::VcpuSnapshot) {
         *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
     }
 
-    pub fn snapshot(&self) -> Option<crate::hang::VcpuSnapshot> {
+    pub fn snapshot(&self) -> Option<crate::hang::state::VcpuSnapshot> {
         self.snapshot
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -135,7 +135,7 @@ pub fn run_guests(
                 .map_err(|e| Error::Host(format!("cannot start a vCPU thread: {e}")))?;
             threads.push(thread);
         }
-        crate::devices::net::spawn_thread(&created.guest)
+        crate::devices::net::thread::spawn_thread(&created.guest)
             .map_err(|e| Error::Host(format!("cannot start the net thread: {e}")))?;
         guests.push(created.guest);
     }

@@ -1,9 +1,12 @@
 //! The report of a run: how each guest ended, its boot timing, exits and counters.
 
+use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use protocol::boot::VcpuBoot;
+use protocol::shared::UpcallKind;
 
+use crate::activation::upcall_name;
 use crate::arch::current as arch;
 use crate::guest::Guest;
 use crate::vm::Outcome;
@@ -57,7 +60,7 @@ pub struct RunReport {
     pub exits: Vec<(usize, usize, usize)>,
     /// `--stats`: upcalls by kind name, preemptions and the other counters, printable.
     pub stats: String,
-    /// What the guest looked like when the VMM stopped it (`hang.rs`), if it did.
+    /// What the guest looked like when the VMM stopped it (`hang/`), if it did.
     pub hang: Option<String>,
 }
 
@@ -80,10 +83,123 @@ impl RunReport {
             outcome,
             timing,
             exits,
-            stats: crate::stats::render(guest),
+            stats: render_stats(guest),
             hang: guest.hang_report(),
         }
     }
+}
+
+/// `--stats`: the guest's counters (`stats.rs`), exits and disk counters, printable.
+fn render_stats(guest: &Guest) -> String {
+    let s = &guest.stats;
+    let mut out = String::new();
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let _ = write!(out, "upcalls:");
+    for kind in [
+        UpcallKind::NewProc,
+        UpcallKind::Preempted,
+        UpcallKind::Blocked,
+        UpcallKind::Unblocked,
+        UpcallKind::Signal,
+        UpcallKind::User,
+    ] {
+        let _ = write!(
+            out,
+            " {}={}",
+            upcall_name(kind).trim_start_matches("upcall "),
+            n(&s.upcalls[kind as usize])
+        );
+    }
+    let view = guest.procs.alloc.view(guest.id);
+    let _ = write!(
+        out,
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}; found redundant, their sleepers awake: moved to a later sleeper={}, dropped={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={} (placement widened for a late start={}) upcall watchdog kicks={} (undelivered upcall interrupts redelivered={}, halted vCPUs woken={})",
+        n(&s.preemptions),
+        n(&s.deschedules),
+        n(&s.run_forwards),
+        n(&s.yields),
+        n(&s.yield_wakes),
+        view.wakes_fired,
+        view.wakes_moved,
+        view.wakes_dropped,
+        n(&s.deferrals),
+        n(&s.stack_waits),
+        n(&s.canceled),
+        guest.procs.alloc.rebinds(),
+        guest.procs.alloc.placement_widenings(),
+        n(&s.upcall_watch_kicks),
+        n(&s.interrupts_redelivered),
+        n(&s.halted_woken)
+    );
+    let _ = write!(
+        out,
+        "\nblocked with a new activation on the same vCPU={} UNBLOCKED left pending without an interrupt (every running vCPU busy)={}",
+        n(&s.blocked_reentered),
+        n(&s.quiet_unblocked)
+    );
+    let _ = write!(
+        out,
+        "\ninterrupt watch: undelivered interrupts redelivered={}",
+        n(&s.interrupts_nudged)
+    );
+    let (mut delays, seen) = {
+        let reservoir = s.preempt_delays.lock().unwrap_or_else(|e| e.into_inner());
+        (reservoir.samples().to_vec(), reservoir.seen())
+    };
+    if let Some((median, p99)) = crate::stats::median_p99(&mut delays) {
+        let us = |t: u64| t as f64 * 1000.0 / guest.tsc_khz.max(1) as f64;
+        let _ = write!(
+            out,
+            "\npreemption latency (kick to context in hand): median {:.1} us, p99 {:.1} us, n={seen}{}",
+            us(median),
+            us(p99),
+            if seen > delays.len() as u64 {
+                format!(" (from a uniform sample of {})", delays.len())
+            } else {
+                String::new()
+            }
+        );
+    }
+    let (mut hypercalls, mut kicks, mut other) = (0, 0, 0);
+    for v in &guest.vcpus {
+        hypercalls += v.exits[crate::kick::EXIT_HYPERCALL].load(Ordering::Relaxed);
+        kicks += v.exits[crate::kick::EXIT_KICK].load(Ordering::Relaxed);
+        other += v.exits[crate::kick::EXIT_OTHER].load(Ordering::Relaxed);
+    }
+    let _ = write!(
+        out,
+        "\nexits: hypercall={hypercalls} kick={kicks} other={other}"
+    );
+    if let Some((dropped, skipped)) = guest.timeline.as_ref().and_then(|t| t.losses()) {
+        let _ = write!(
+            out,
+            "\ntrace timeline: events dropped (guest ring full)={dropped} skipped (malformed)={skipped}"
+        );
+    }
+    if let Some(line) = crate::arch::current::register_transfer_stats() {
+        let _ = write!(out, "\n{line}");
+    }
+    if let Some(disk) = &guest.disk {
+        let d = &disk.stats;
+        let blocking = n(&d.blocking);
+        let _ = write!(
+            out,
+            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} (waited for the device there={}) asynchronous={} blocked the vCPU={} (mean {:.0} us) from the submission ring={} consumer wake-ups={}",
+            disk.path().display(),
+            n(&d.reads),
+            n(&d.writes),
+            n(&d.flushes),
+            n(&d.bytes),
+            n(&d.immediate),
+            n(&d.waited_inline),
+            n(&d.asynchronous),
+            blocking,
+            n(&d.blocked_us) as f64 / blocking.max(1) as f64,
+            n(&d.ring_submitted),
+            n(&d.consumer_wakeups)
+        );
+    }
+    out
 }
 
 /// The boot milestones of `guest`: the VMM's phases, then when each vCPU reached its first

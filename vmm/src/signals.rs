@@ -69,7 +69,7 @@ pub fn forward_signal(guests: &[Arc<Guest>], signal: i32, forced: bool) {
     for guest in guests {
         if forced || !guest.acts.enabled() {
             // A guest that did not act on the first signal is usually stuck somewhere worth
-            // knowing (`hang.rs`).
+            // knowing (`hang/`).
             guest.begin_hang_report(&format!("stopped by signal {signal}"));
             guest.finish(Outcome::Signaled(signal));
         } else {

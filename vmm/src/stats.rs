@@ -1,13 +1,50 @@
-//! `--stats`: per-guest counts of upcalls by type, preemptions, exits by reason, and the
-//! distribution of the VMM's preemption latency (kick until the context is in hand).
+//! The counters behind `--stats` ([`GuestStats`]): per-guest counts of upcalls by type,
+//! preemptions and the VMM's other interventions, and a bounded sample of its preemption
+//! latency (kick until the context is in hand). `report.rs` renders them with the exits and
+//! the disk's counters.
 
-use std::fmt::Write;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 
-use protocol::shared::UpcallKind;
-
-use crate::activation::upcall_name;
-use crate::guest::Guest;
+/// Per-guest counters for `--stats`.
+#[derive(Debug, Default)]
+pub struct GuestStats {
+    /// Upcall records written, by `UpcallKind as usize`.
+    pub upcalls: [AtomicU64; 7],
+    /// Processors taken away with the context handed to the guest.
+    pub preemptions: AtomicU64,
+    /// Processors taken away behind the guest's back (oblivious time slicing).
+    pub deschedules: AtomicU64,
+    /// vCPUs that had to run forward from CPL0 before their context could be taken.
+    pub run_forwards: AtomicU64,
+    pub yields: AtomicU64,
+    /// Yielded vCPUs whose wake-up time (`sa_yield(wake_ns)`) came before any other grant.
+    pub yield_wakes: AtomicU64,
+    /// Preemptions deferred because the guest set `defer_preemption`.
+    pub deferrals: AtomicU64,
+    /// Times a new activation waited for the guest to refill its stack pool.
+    pub stack_waits: AtomicU64,
+    /// New activations canceled because they lost their processor before running.
+    pub canceled: AtomicU64,
+    /// Requests that blocked with only the device's latency left, whose vCPU went on at once
+    /// as a new activation (`reenter_while_blocked`).
+    pub blocked_reentered: AtomicU64,
+    /// UNBLOCKED records left pending, without the upcall interrupt (every running vCPU busy).
+    pub quiet_unblocked: AtomicU64,
+    /// Kicks of running vCPUs whose queue kept records untaken for `UPCALL_WATCH_BOUND`.
+    pub upcall_watch_kicks: AtomicU64,
+    /// Of those, the vCPUs found with the upcall interrupt requested and deliverable but not
+    /// delivered, which KVM was made to look at again (`arch::redeliver_interrupts`).
+    pub interrupts_redelivered: AtomicU64,
+    /// Of those, the vCPUs KVM held halted with the records still untaken at the next look,
+    /// which were woken (`vcpu/redeliver.rs`).
+    pub halted_woken: AtomicU64,
+    /// Requested interrupts found undelivered by the interrupt watch and made KVM look at
+    /// again (`vcpu/nudge.rs`).
+    pub interrupts_nudged: AtomicU64,
+    /// Kick-to-context-captured delays of preemptions, in TSC ticks (a bounded sample).
+    pub preempt_delays: Mutex<Reservoir>,
+}
 
 /// A uniform sample of at most [`Reservoir::CAPACITY`] values out of all pushed (Vitter's
 /// algorithm R), so a long run's latency statistics take bounded memory.
@@ -57,118 +94,6 @@ pub fn median_p99(samples: &mut [u64]) -> Option<(u64, u64)> {
     samples.sort_unstable();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     Some((at(0.5), at(0.99)))
-}
-
-pub fn render(guest: &Guest) -> String {
-    let s = &guest.stats;
-    let mut out = String::new();
-    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-    let _ = write!(out, "upcalls:");
-    for kind in [
-        UpcallKind::NewProc,
-        UpcallKind::Preempted,
-        UpcallKind::Blocked,
-        UpcallKind::Unblocked,
-        UpcallKind::Signal,
-        UpcallKind::User,
-    ] {
-        let _ = write!(
-            out,
-            " {}={}",
-            upcall_name(kind).trim_start_matches("upcall "),
-            n(&s.upcalls[kind as usize])
-        );
-    }
-    let view = guest.procs.alloc.view(guest.id);
-    let _ = write!(
-        out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}; found redundant, their sleepers awake: moved to a later sleeper={}, dropped={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={} (placement widened for a late start={}) upcall watchdog kicks={} (undelivered upcall interrupts redelivered={}, halted vCPUs woken={})",
-        n(&s.preemptions),
-        n(&s.deschedules),
-        n(&s.run_forwards),
-        n(&s.yields),
-        n(&s.yield_wakes),
-        view.wakes_fired,
-        view.wakes_moved,
-        view.wakes_dropped,
-        n(&s.deferrals),
-        n(&s.stack_waits),
-        n(&s.canceled),
-        guest.procs.alloc.rebinds(),
-        guest.procs.alloc.placement_widenings(),
-        n(&s.upcall_watch_kicks),
-        n(&s.interrupts_redelivered),
-        n(&s.halted_woken)
-    );
-    let _ = write!(
-        out,
-        "\nblocked with a new activation on the same vCPU={} UNBLOCKED left pending without an interrupt (every running vCPU busy)={}",
-        n(&s.blocked_reentered),
-        n(&s.quiet_unblocked)
-    );
-    let _ = write!(
-        out,
-        "\ninterrupt watch: undelivered interrupts redelivered={}",
-        n(&s.interrupts_nudged)
-    );
-    let (mut delays, seen) = {
-        let reservoir = s.preempt_delays.lock().unwrap_or_else(|e| e.into_inner());
-        (reservoir.samples().to_vec(), reservoir.seen())
-    };
-    if let Some((median, p99)) = median_p99(&mut delays) {
-        let us = |t: u64| t as f64 * 1000.0 / guest.tsc_khz.max(1) as f64;
-        let _ = write!(
-            out,
-            "\npreemption latency (kick to context in hand): median {:.1} us, p99 {:.1} us, n={seen}{}",
-            us(median),
-            us(p99),
-            if seen > delays.len() as u64 {
-                format!(" (from a uniform sample of {})", delays.len())
-            } else {
-                String::new()
-            }
-        );
-    }
-    let (mut hypercalls, mut kicks, mut other) = (0, 0, 0);
-    for v in &guest.vcpus {
-        hypercalls += v.exits[crate::kick::EXIT_HYPERCALL].load(Ordering::Relaxed);
-        kicks += v.exits[crate::kick::EXIT_KICK].load(Ordering::Relaxed);
-        other += v.exits[crate::kick::EXIT_OTHER].load(Ordering::Relaxed);
-    }
-    let _ = write!(
-        out,
-        "\nexits: hypercall={hypercalls} kick={kicks} other={other}"
-    );
-    if let Some((dropped, skipped)) = guest.timeline.as_ref().and_then(|t| t.losses()) {
-        let _ = write!(
-            out,
-            "\ntrace timeline: events dropped (guest ring full)={dropped} skipped (malformed)={skipped}"
-        );
-    }
-    if let Some(line) = crate::arch::current::register_transfer_stats() {
-        let _ = write!(out, "\n{line}");
-    }
-    if let Some(disk) = &guest.disk {
-        let d = &disk.stats;
-        let blocking = n(&d.blocking);
-        let _ = write!(
-            out,
-            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} (waited for the device there={}) asynchronous={} blocked the vCPU={} (mean {:.0} us) from the submission ring={} consumer wake-ups={}",
-            disk.path().display(),
-            n(&d.reads),
-            n(&d.writes),
-            n(&d.flushes),
-            n(&d.bytes),
-            n(&d.immediate),
-            n(&d.waited_inline),
-            n(&d.asynchronous),
-            blocking,
-            n(&d.blocked_us) as f64 / blocking.max(1) as f64,
-            n(&d.ring_submitted),
-            n(&d.consumer_wakeups)
-        );
-    }
-    out
 }
 
 #[cfg(test)]

@@ -19,7 +19,6 @@ use protocol::timeline::{
     TIMELINE_RING_CAPACITY,
 };
 
-use crate::guest::Guest;
 use crate::memory::GuestRam;
 use crate::trace::Trace;
 
@@ -85,15 +84,17 @@ impl Timeline {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `timeline_setup(gpa, nr_rings)` from guest `guest`: `Err` is a protocol violation.
+    /// `timeline_setup(gpa, nr_rings)` from guest `guest`, whose image starts at
+    /// `image_start`: `Err` is a protocol violation.
     pub fn setup(
         &self,
-        guest: &Guest,
+        ram: &GuestRam,
+        image_start: u64,
         trace: &Trace,
+        guest: usize,
         gpa: u64,
         nr_rings: u64,
     ) -> Result<u64, String> {
-        let (ram, image_start) = (&guest.ram, guest.plan.image.start);
         let size = std::mem::size_of::<TimelineRing>() as u64 * u64::from(self.nr_vcpus);
         if nr_rings != u64::from(self.nr_vcpus) {
             return Err(format!(
@@ -125,7 +126,7 @@ impl Timeline {
                 .map_err(|e| e.to_string())?;
         }
         state.rings = Some(gpa);
-        self.name_tracks(trace, guest.id);
+        self.name_tracks(trace, guest);
         Ok(0)
     }
 

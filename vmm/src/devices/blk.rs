@@ -29,34 +29,13 @@ use protocol::blk::{
 };
 
 use crate::config::{DiskConfig, MAX_INLINE_WAIT, MAX_LATENCY};
+use crate::devices::blk_async::queue::AsyncQueue;
 use crate::error::Error;
 use crate::memory::{GuestRam, Plan};
 
-/// A checked request that could not complete inside its exit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pending {
-    /// Its data waits for the host (a cold read, a flush): it must be performed.
-    Data(Request),
-    /// Its data moved; the device's emulated latency ends at `due`, then `result` is final.
-    Latency { result: u64, due: Instant },
-}
+pub mod request;
 
-/// What a request does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Read,
-    Write,
-    Flush,
-}
-
-/// One checked request: `count` sectors from `sector`, to or from guest-physical `gpa`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Request {
-    pub op: Op,
-    pub sector: u64,
-    pub gpa: u64,
-    pub count: u64,
-}
+pub use request::{Op, Pending, Request};
 
 /// Counters for `--stats`.
 #[derive(Debug, Default)]
@@ -90,8 +69,8 @@ pub struct Disk {
     latency: Duration,
     inline_wait: Duration,
     pub stats: DiskStats,
-    /// Asynchronous requests (`blk_submit`, `blk_async.rs`).
-    pub queue: crate::devices::blk_async::AsyncQueue,
+    /// Asynchronous requests (`blk_submit`, `blk_async/`).
+    pub queue: AsyncQueue,
 }
 
 impl Disk {

@@ -23,17 +23,17 @@ use std::sync::{Mutex, MutexGuard};
 
 use protocol::net::*;
 
-use crate::guest::Guest;
+use crate::memory::{GuestRam, Plan};
 
 mod byte_ring;
 mod linger;
 mod opts;
 mod poll;
 mod rx;
+pub mod thread;
 mod tx;
 use crate::config::NetConfig;
 use opts::{so_error, sockopt};
-pub use poll::{after_call, spawn_thread};
 use poll::{epoll_update, post};
 use rx::RxArea;
 #[cfg(feature = "fuzzing")]
@@ -146,32 +146,31 @@ impl Net {
     }
 
     /// `net_ring_setup(gpa)`: `Err` is a protocol violation.
-    pub fn setup(&self, guest: &Guest, gpa: u64) -> Result<u64, String> {
+    pub fn setup(&self, ram: &GuestRam, plan: &Plan, gpa: u64) -> Result<u64, String> {
         let size = std::mem::size_of::<NetRing>() as u64;
-        let inside = gpa >= guest.plan.image.start
+        let inside = gpa >= plan.image.start
             && gpa
                 .checked_add(size)
-                .is_some_and(|end| end <= guest.plan.mem_size);
+                .is_some_and(|end| end <= plan.mem_size);
         if !inside || !gpa.is_multiple_of(64) {
             return Err(format!(
                 "net ring {gpa:#x}+{size} is not 64-byte aligned in guest RAM at or above {:#x}",
-                guest.plan.image.start
+                plan.image.start
             ));
         }
         let mut table = self.lock();
         if table.ring.is_some() {
             return Err("the net ring is set up already".into());
         }
-        guest
-            .ram
-            .write_u32(gpa + offset_of!(NetRing, head) as u64, 0)
+        ram.write_u32(gpa + offset_of!(NetRing, head) as u64, 0)
             .map_err(|e| e.to_string())?;
         table.ring = Some(gpa);
         Ok(0)
     }
 
     /// `net(op << 32 | socket, a1, a2, a3)`: the result, or `Err` for a protocol violation.
-    pub fn call(&self, guest: &Guest, args: [u64; 4]) -> Result<u64, String> {
+    pub fn call(&self, ram: &GuestRam, plan: &Plan, args: [u64; 4]) -> Result<u64, String> {
+        let image_start = plan.image.start;
         let op = args[0] >> 32;
         let s = (args[0] & 0xffff_ffff) as usize;
         let mut table = self.lock();
@@ -179,7 +178,7 @@ impl Net {
             return Ok(self.socket(&mut table, args[1]));
         }
         if op == NET_OP_TX_FLUSH_ALL {
-            self.send_all_queued(guest, &mut table)?;
+            self.send_all_queued(ram, &mut table)?;
             return Ok(0);
         }
         if !matches!(table.socks.get(s), Some(Some(_))) {
@@ -188,13 +187,15 @@ impl Net {
         let result = match op {
             NET_OP_BIND => self.bind(&mut table, s, args[1]),
             NET_OP_LISTEN => listen(&mut table, s),
-            NET_OP_ACCEPT => self.accept(guest, &mut table, s, args)?,
-            NET_OP_RX_SETUP => self.rx_setup(guest, &mut table, s, args[1])?,
-            NET_OP_RX_RESUME => self.rx_resume(guest, &mut table, s)?,
-            NET_OP_TX_SETUP => self.tx_setup(guest, &mut table, s, args[1])?,
-            NET_OP_TX_FLUSH => self.tx_flush(guest, &mut table, s, args[1])?,
+            NET_OP_ACCEPT => self.accept(ram, image_start, &mut table, s, args)?,
+            NET_OP_RX_SETUP => self.rx_setup(ram, image_start, &mut table, s, args[1])?,
+            NET_OP_RX_RESUME => self.rx_resume(ram, &mut table, s)?,
+            NET_OP_TX_SETUP => self.tx_setup(ram, image_start, &mut table, s, args[1])?,
+            NET_OP_TX_FLUSH => self.tx_flush(ram, &mut table, s, args[1])?,
             NET_OP_CONNECT => self.connect(&mut table, s, args[1], args[2])?,
-            NET_OP_RECV | NET_OP_SEND => self.transfer(guest, &mut table, s, op, args)?,
+            NET_OP_RECV | NET_OP_SEND => {
+                self.transfer(ram, image_start, &mut table, s, op, args)?
+            }
             NET_OP_SHUTDOWN => with_fd(&table, s, |fd| {
                 let how = match args[1] {
                     0 => libc::SHUT_RD,
@@ -205,7 +206,7 @@ impl Net {
                 // SAFETY: `fd` is a socket this table owns.
                 syscall_result(unsafe { libc::shutdown(fd, how) } as i64)
             }),
-            NET_OP_CLOSE => self.close(guest, &mut table, s)?,
+            NET_OP_CLOSE => self.close(ram, &mut table, s)?,
             NET_OP_SOCKNAME => table.socks[s].as_ref().map_or(0, |k| k.local),
             NET_OP_PEERNAME => match table.socks[s].as_ref().map_or(0, |k| k.peer) {
                 0 => neg(libc::ENOTCONN),
@@ -278,7 +279,8 @@ impl Net {
 
     fn accept(
         &self,
-        guest: &Guest,
+        ram: &GuestRam,
+        image_start: u64,
         table: &mut Table,
         s: usize,
         args: [u64; 4],
@@ -286,7 +288,7 @@ impl Net {
         let [_, tag, peer_gpa, rx_gpa] = args;
         let rx = match rx_gpa {
             0 => None,
-            gpa => Some(RxArea::new(guest, gpa)?),
+            gpa => Some(RxArea::new(ram, image_start, gpa)?),
         };
         let sock = table.socks[s].as_ref().expect("checked");
         let (
@@ -337,14 +339,12 @@ impl Net {
             sock.rx = Some(rx);
             let data = (u64::from(sock.generation) << 32) | index;
             if let Err(e) = epoll_update(&self.epoll, sock, data) {
-                self.close(guest, table, index as usize)?;
+                self.close(ram, table, index as usize)?;
                 return Ok(neg(e));
             }
         }
         if peer_gpa != 0 {
-            guest
-                .ram
-                .write_u64(peer_gpa, peer)
+            ram.write_u64(peer_gpa, peer)
                 .map_err(|e| format!("accept's peer address: {e}"))?;
         }
         Ok(index)
@@ -410,7 +410,8 @@ impl Net {
 
     fn transfer(
         &self,
-        guest: &Guest,
+        ram: &GuestRam,
+        image_start: u64,
         table: &mut Table,
         s: usize,
         op: u64,
@@ -418,8 +419,8 @@ impl Net {
     ) -> Result<u64, String> {
         let [_, gpa, len, tag_flags] = args;
         let len = len.min(MAX_IO);
-        let end = gpa.checked_add(len).filter(|&e| e <= guest.ram.size());
-        if end.is_none() || gpa < guest.plan.image.start {
+        let end = gpa.checked_add(len).filter(|&e| e <= ram.size());
+        if end.is_none() || gpa < image_start {
             return Err(format!("buffer {gpa:#x}+{len} is not in guest RAM"));
         }
         let sock = table.socks[s].as_ref().expect("checked");
@@ -430,7 +431,7 @@ impl Net {
             // The bytes go through the receive buffer or transmit ring, in order.
             return Ok(neg(libc::EINVAL));
         }
-        let host = (guest.ram.host_base() + gpa) as *mut libc::c_void;
+        let host = (ram.host_base() + gpa) as *mut libc::c_void;
         let r = if op == NET_OP_RECV {
             let flags = if (tag_flags >> 32) & NET_MSG_PEEK != 0 {
                 libc::MSG_PEEK
@@ -494,10 +495,10 @@ impl Net {
         Ok(NET_WAITING)
     }
 
-    fn close(&self, guest: &Guest, table: &mut Table, s: usize) -> Result<u64, String> {
+    fn close(&self, ram: &GuestRam, table: &mut Table, s: usize) -> Result<u64, String> {
         if matches!(table.socks.get(s), Some(Some(sock)) if sock.tx.is_some()) {
             // What the guest queued last goes out if the host socket takes it.
-            self.send_queued(guest, table, s)?;
+            self.send_queued(ram, table, s)?;
             table.tx_socks.retain(|&t| t != s);
         }
         let Some(mut sock) = table.socks[s].take() else {
@@ -505,15 +506,15 @@ impl Net {
         };
         // What the host socket had no room for yet is sent after the close.
         let unsent = match &mut sock.tx {
-            Some(tx) if tx.blocked => tx.take_queued(&guest.ram)?,
+            Some(tx) if tx.blocked => tx.take_queued(ram)?,
             _ => Vec::new(),
         };
         let rx_waiter = match &sock.rx {
-            Some(rx) => rx.take_waiter(guest)?,
+            Some(rx) => rx.take_waiter(ram)?,
             None => None,
         };
         let tx_waiter = match &sock.tx {
-            Some(tx) => tx.take_waiter(&guest.ram)?,
+            Some(tx) => tx.take_waiter(ram)?,
             None => None,
         };
         for tag in [sock.read_tag, sock.write_tag, rx_waiter, tx_waiter]

@@ -13,7 +13,7 @@ use crate::activation::Event;
 use crate::allocator::Slot;
 use crate::arch::current as arch;
 use crate::devices::blk::Request;
-use crate::devices::blk_async::AsyncQueue;
+use crate::devices::blk_async::queue::AsyncQueue;
 use crate::devices::fs::GuestMem;
 use crate::hypercall::{Call, Malformed};
 use crate::memory::{GuestRam, Plan};
@@ -70,7 +70,7 @@ impl VcpuThread {
             Call::Exit { code } => {
                 if let Some(net) = &self.guest.net {
                     // Bytes queued in transmit rings go out, as a process's would at exit.
-                    net.flush_at_exit(&self.guest);
+                    net.flush_at_exit(&self.guest.ram);
                 }
                 Err(ExitAction::Finish(Outcome::Exited(code)))
             }
@@ -106,8 +106,12 @@ impl VcpuThread {
                 Ok(0)
             }),
             Call::Fs { args } => self.fs(kind, args),
-            Call::Net { args } => self.net(kind, |net| net.call(&self.guest, args)),
-            Call::NetRingSetup { ring } => self.net(kind, |net| net.setup(&self.guest, ring)),
+            Call::Net { args } => self.net(kind, |net| {
+                net.call(&self.guest.ram, &self.guest.plan, args)
+            }),
+            Call::NetRingSetup { ring } => self.net(kind, |net| {
+                net.setup(&self.guest.ram, &self.guest.plan, ring)
+            }),
         }
     }
 
@@ -148,7 +152,7 @@ impl VcpuThread {
         };
         let result = call(net)
             .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())));
-        crate::devices::net::after_call(&self.guest);
+        crate::devices::net::thread::after_call(&self.guest);
         result
     }
 
@@ -162,7 +166,14 @@ impl VcpuThread {
             )));
         };
         timeline
-            .setup(&self.guest, trace, rings, count)
+            .setup(
+                &self.guest.ram,
+                self.guest.plan.image.start,
+                trace,
+                self.guest.id,
+                rings,
+                count,
+            )
             .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())))
     }
 

@@ -68,7 +68,7 @@ struct VcpuThread {
     timer: Option<KickTimer>,
     /// The activation last started here, until the processor is next given back.
     fresh: Option<NewActivation>,
-    /// Where the thread is now, for the hang report (`hang.rs`).
+    /// Where the thread is now, for the hang report (`hang/`).
     place: &'static str,
     /// Parked by an `sa_yield` that asked for a processor back at this time.
     wake_at: Option<std::time::Instant>,
@@ -102,7 +102,7 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
     crate::sandbox::enter(crate::sandbox::ThreadKind::Vcpu);
     vcpu.run();
     if vcpu.guest.hang.wanted() {
-        vcpu.control.set_snapshot(crate::hang::VcpuSnapshot {
+        vcpu.control.set_snapshot(crate::hang::state::VcpuSnapshot {
             place: vcpu.place,
             halted: arch::halted(&vcpu.fd).ok(),
             registers: arch::dump(&vcpu.fd),

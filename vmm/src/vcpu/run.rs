@@ -37,7 +37,7 @@ impl VcpuThread {
             if !std::mem::take(&mut reentered) && !self.acquire_and_start() {
                 break;
             }
-            self.place = crate::hang::RUNNING;
+            self.place = crate::hang::state::RUNNING;
             self.trace_state("running", true);
             let step = self.run_until_revoked();
             self.trace_state("running", false);

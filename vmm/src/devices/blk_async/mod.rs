@@ -24,25 +24,25 @@
 
 use std::cell::{Cell, OnceCell};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
 use std::mem::offset_of;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::VcpuFd;
 
 use protocol::blk::{BlkCompletion, BlkRing, BLK_RING_CAPACITY};
 
-use crate::devices::blk::Request;
 use crate::guest::Guest;
 use crate::kick::KickTimer;
 use crate::vm::Outcome;
 
+pub mod queue;
 mod request;
 mod submit_ring;
 mod unblock;
 mod wake;
+use queue::{AsyncQueue, Shared, State};
 pub use request::parse_request;
 pub use submit_ring::{check_ring_address, take_submissions, SUBMIT_POLL};
 pub(crate) use wake::wake_one_idle;
@@ -55,65 +55,12 @@ const IDLE_CHECK: Duration = Duration::from_millis(200);
 /// How long the timer thread leaves a due completion to a halted vCPU polling for it.
 const POLLER_GRACE: Duration = Duration::from_micros(300);
 
-/// A guest's asynchronous request queue: owned by its `Disk`, shared with its I/O threads.
-#[derive(Debug, Default)]
-pub struct AsyncQueue {
-    shared: Arc<Shared>,
-}
-
-#[derive(Debug, Default)]
-struct Shared {
-    state: Mutex<State>,
-    work: Condvar,
-    /// The timer thread waits here.
-    timer: Condvar,
-    /// The submission ring's doorbell (set when the queue starts).
-    doorbell: OnceLock<vmm_sys_util::eventfd::EventFd>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    /// Guest-physical address of the guest's `BlkRing` (after `blk_ring_setup`).
-    ring: Option<u64>,
-    /// Guest-physical address of its `BlkSubmitRing` (after `blk_submit_ring_setup`).
-    submit_ring: Option<u64>,
-    /// The VMM's producer index (the ring's `head` is only ever written from it).
-    head: u32,
-    /// Tags of requests in flight, one bit each.
-    in_flight: u64,
-    jobs: VecDeque<(Request, u32)>,
-    workers: usize,
-    waiting: usize,
-    /// Completions whose data moved, waiting for their due time: (due, tag, result).
-    delayed: BinaryHeap<Reverse<(Instant, u32, u64)>>,
-    /// The queue's threads run ([`AsyncQueue::start`]).
-    started: bool,
-    /// The halted vCPU whose thread will post the earliest due completion.
-    poller: Option<u32>,
-    /// When to look whether the guest consumed the ring up to the head then (`nudge_us`).
-    nudge: Option<(Instant, u32)>,
-    /// The timer thread sleeps until then (`None`: until notified).
-    timer_wakes_at: Option<Instant>,
-    /// UNBLOCKED records to deliver at their due time (`unblock.rs`).
-    unblocks: Vec<(Instant, crate::activation::Event)>,
-    /// The disk is gone: I/O threads end.
-    closed: bool,
-}
-
-const _: () = assert!(BLK_RING_CAPACITY == 64, "in_flight is a 64-bit mask");
-
 impl Drop for AsyncQueue {
     fn drop(&mut self) {
         self.shared.lock().closed = true;
         self.shared.work.notify_all();
         self.shared.timer.notify_all();
         self.shared.ring_doorbell();
-    }
-}
-
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::{errno, Net, Table};
-use crate::guest::Guest;
+use crate::memory::GuestRam;
 
 /// Marks an epoll registration as a lingering socket's (the low 32 bits are its key).
 pub(super) const LINGER_EVENT: u64 = 1 << 63;
@@ -101,11 +101,11 @@ impl Net {
     /// The guest exits (on its vCPU thread): send what every transmit ring and lingering
     /// socket still holds, once, before the VMM closes the host sockets. The kernel delivers
     /// what the sockets took; more than a socket's buffer is lost (the VMM does not wait).
-    pub fn flush_at_exit(&self, guest: &Guest) {
+    pub fn flush_at_exit(&self, ram: &GuestRam) {
         let mut table = self.lock();
         for s in table.tx_socks.clone() {
             // A protocol violation here changes nothing: the guest is over.
-            let _ = self.send_queued(guest, &mut table, s);
+            let _ = self.send_queued(ram, &mut table, s);
         }
         for entry in table.lingering.socks.values_mut() {
             entry.send();

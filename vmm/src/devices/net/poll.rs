@@ -1,19 +1,16 @@
-//! The readiness side of guest sockets: one-shot epoll registrations, the guest's net thread,
-//! and publishing `(tag, events)` into its `NetRing` (the block ring's protocol).
+//! The readiness side of guest sockets: epoll registrations, handling the events, and
+//! publishing `(tag, events)` into the guest's `NetRing` (the block ring's protocol). The
+//! guest's net thread (`thread.rs`) drives it.
 
-use std::io;
 use std::mem::offset_of;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicU32, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{fence, Ordering};
 
 use protocol::net::*;
 
 use super::linger::LINGER_EVENT;
 use super::{errno, Net, Sock, Table};
-use crate::guest::Guest;
-use crate::vm::Outcome;
+use crate::memory::GuestRam;
 
 /// The events `sock` should be registered for. A stream with a receive buffer stays
 /// registered, edge-triggered: every arrival of data (or room, or the peer's close) queues one
@@ -82,14 +79,21 @@ thread_local! {
     static PENDING: std::cell::RefCell<Vec<(u32, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Whether completions wait to be published.
+pub(super) fn pending() -> bool {
+    PENDING.with(|p| !p.borrow().is_empty())
+}
+
 /// Write the queued completions into the guest's ring (under the table's lock); how many.
-fn publish(table: &mut Table, guest: &Guest) -> usize {
+/// `Err`: the guest corrupted its ring (what was queued is dropped).
+pub(super) fn publish(table: &mut Table, ram: &GuestRam) -> Result<usize, String> {
     let pending: Vec<(u32, u64)> = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
-    let Some(ring) = table.ring else { return 0 };
+    let Some(ring) = table.ring else {
+        return Ok(0);
+    };
     for &(tag, events) in &pending {
         let head = table.head;
-        let tail = guest
-            .ram
+        let tail = ram
             .read_bytes(ring + offset_of!(NetRing, tail) as u64, 4)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
         let written = tail.map_err(|e| e.to_string()).and_then(|tail| {
@@ -102,190 +106,32 @@ fn publish(table: &mut Table, guest: &Guest) -> usize {
             let entry = ring
                 + offset_of!(NetRing, entries) as u64
                 + (slot * std::mem::size_of::<NetCompletion>()) as u64;
-            guest
-                .ram
-                .write_struct(
-                    entry,
-                    &NetCompletion {
-                        tag: u64::from(tag),
-                        events,
-                    },
-                )
-                .map_err(|e| e.to_string())?;
+            ram.write_struct(
+                entry,
+                &NetCompletion {
+                    tag: u64::from(tag),
+                    events,
+                },
+            )
+            .map_err(|e| e.to_string())?;
             fence(Ordering::Release);
-            guest
-                .ram
-                .write_u32(
-                    ring + offset_of!(NetRing, head) as u64,
-                    head.wrapping_add(1),
-                )
-                .map_err(|e| e.to_string())
+            ram.write_u32(
+                ring + offset_of!(NetRing, head) as u64,
+                head.wrapping_add(1),
+            )
+            .map_err(|e| e.to_string())
         });
-        if let Err(why) = written {
-            guest.finish(Outcome::fault(0, why));
-            return 0;
-        }
+        written?;
         table.head = head.wrapping_add(1);
     }
-    pending.len()
-}
-
-/// Publish what `close` queued (on a vCPU thread, after a net call).
-pub fn after_call(guest: &Guest) {
-    if PENDING.with(|p| p.borrow().is_empty()) {
-        return;
-    }
-    if let Some(net) = &guest.net {
-        let posted = publish(&mut net.lock(), guest);
-        if posted > 0 {
-            fence(Ordering::SeqCst);
-            crate::devices::blk_async::wake_one_idle(guest);
-        }
-    }
-}
-
-/// Start the guest's net thread (before the sandbox closes): it waits in `epoll_wait` and
-/// posts readiness.
-pub fn spawn_thread(guest: &Arc<Guest>) -> io::Result<()> {
-    if guest.net.is_none() {
-        return Ok(());
-    }
-    let weak = Arc::downgrade(guest);
-    std::thread::Builder::new()
-        .name(format!("g{}-net", guest.id))
-        .spawn(move || {
-            crate::sandbox::enter(crate::sandbox::ThreadKind::Net);
-            net_thread(&weak)
-        })
-        .map(|_| ())
-}
-
-/// How long the net thread keeps looking at the transmit rings after its last work before it
-/// sleeps until the next readiness event (a reply comes this soon after its request was
-/// reported, or a doorbell exit sends it).
-const SENDER_POLL: Duration = Duration::from_micros(100);
-
-/// While it polls, the net thread waits for readiness at most this long between two looks at
-/// the transmit rings: a reply waits up to this long, but the thread sleeps in between instead
-/// of spinning in `epoll_pwait` (on a shared host the spin took CPU the guest needed).
-const SENDER_POLL_SLICE_NS: i64 = 20_000;
-
-/// Stores `NetRing::sender` (the guest reads it after queueing bytes).
-fn set_sender(guest: &Guest, table: &Table, polling: bool) {
-    let Some(ring) = table.ring else { return };
-    let ptr = (guest.ram.host_base() + ring + offset_of!(NetRing, sender) as u64) as *mut u32;
-    // SAFETY: the ring lies in guest RAM (checked by `Net::setup`), mapped while the guest
-    // lives; `sender` is an aligned `u32` the guest only reads, atomically.
-    let word = unsafe { AtomicU32::from_ptr(ptr) };
-    word.store(
-        if polling { NET_SENDER_POLLING } else { 0 },
-        Ordering::SeqCst,
-    );
-}
-
-/// `epoll_pwait2` for at most `ns` (`epoll_pwait` counts in milliseconds).
-fn wait_briefly(epoll: i32, events: &mut [libc::epoll_event; 64], ns: i64) -> i32 {
-    let timeout = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: ns,
-    };
-    // SAFETY: `events` holds 64 entries, `timeout` is a valid timespec, no signal mask.
-    unsafe {
-        libc::syscall(
-            libc::SYS_epoll_pwait2,
-            epoll,
-            events.as_mut_ptr(),
-            64,
-            &timeout as *const libc::timespec,
-            std::ptr::null::<libc::sigset_t>(),
-            0usize,
-        ) as i32
-    }
-}
-
-fn net_thread(weak: &Weak<Guest>) {
-    let epoll = match weak
-        .upgrade()
-        .and_then(|g| g.net.as_ref().map(|n| n.epoll.as_raw_fd()))
-    {
-        // Kept open by `Net` while the guest lives; a dup would outlive it.
-        Some(fd) => fd,
-        None => return,
-    };
-    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
-    let mut polling = false;
-    let mut last_work = Instant::now();
-    loop {
-        let n = if polling {
-            wait_briefly(epoll, &mut events, SENDER_POLL_SLICE_NS)
-        } else {
-            // SAFETY: `events` holds 64 entries; a closed `epoll` makes this fail and the loop
-            // end.
-            unsafe { libc::epoll_pwait(epoll, events.as_mut_ptr(), 64, 200, std::ptr::null()) }
-        };
-        let Some(guest) = weak.upgrade() else { return };
-        if guest.outcome().is_some() {
-            return;
-        }
-        if n < 0 {
-            if errno() == libc::EINTR {
-                continue;
-            }
-            return;
-        }
-        let Some(net) = &guest.net else { return };
-        let mut table = net.lock();
-        // Data first: the threads its events wake run while this thread sends replies.
-        let events = handle_events(net, &guest, &mut table, &events[..n as usize]);
-        if events.is_ok() {
-            let posted = publish(&mut table, &guest);
-            if posted > 0 {
-                drop(table);
-                fence(Ordering::SeqCst);
-                crate::devices::blk_async::wake_one_idle(&guest);
-                table = net.lock();
-            }
-        }
-        let mut work =
-            events.and_then(|events| Ok(net.send_all_queued(&guest, &mut table)? || events));
-        if polling && !matches!(work, Ok(true)) && last_work.elapsed() > SENDER_POLL {
-            // To sleep: say so, then look at every ring once more (a guest that queued bytes
-            // before it saw the flag cleared is sent for here; after, it rings the doorbell).
-            set_sender(&guest, &table, false);
-            polling = false;
-            fence(Ordering::SeqCst);
-            work = net.send_all_queued(&guest, &mut table);
-        }
-        let work = match work {
-            Ok(work) => work,
-            Err(why) => {
-                drop(table);
-                guest.finish(Outcome::fault(0, why));
-                return;
-            }
-        };
-        if work {
-            last_work = Instant::now();
-            if !polling {
-                set_sender(&guest, &table, true);
-                polling = true;
-            }
-        }
-        // Tags of senders that waited for room.
-        let posted = publish(&mut table, &guest);
-        drop(table);
-        if posted > 0 {
-            fence(Ordering::SeqCst);
-            crate::devices::blk_async::wake_one_idle(&guest);
-        }
-    }
+    Ok(pending.len())
 }
 
 /// Handles readiness events: fills receive buffers, sends what waited for room, posts the tags
 /// that waited. Whether there were any; `Err` is a protocol violation.
-fn handle_events(
+pub(super) fn handle_events(
     net: &Net,
-    guest: &Guest,
+    ram: &GuestRam,
     table: &mut Table,
     events: &[libc::epoll_event],
 ) -> Result<bool, String> {
@@ -306,7 +152,7 @@ fn handle_events(
         let mut ready = Vec::new();
         if let (Some(rx), Some(fd)) = (&mut sock.rx, &sock.fd) {
             if bits & (NET_READABLE | bad | libc::EPOLLRDHUP as u64) != 0 {
-                let filled = rx.fill(guest, fd.as_raw_fd())?;
+                let filled = rx.fill(ram, fd.as_raw_fd())?;
                 ready.extend(filled.waiter.map(|t| (t, NET_READABLE)));
             }
         }
@@ -323,7 +169,7 @@ fn handle_events(
             post(table, tag, events);
         }
         if resend {
-            net.send_queued(guest, table, s)?;
+            net.send_queued(ram, table, s)?;
         }
     }
     Ok(!events.is_empty())

@@ -11,7 +11,7 @@ use protocol::net::*;
 
 use super::byte_ring::{first_span, used, ByteRing};
 use super::{epoll_update, errno, neg, Kind, Net, Table};
-use crate::guest::Guest;
+use crate::memory::GuestRam;
 
 /// The VMM's view of one receive buffer (the guest's copy of `head` is never read back).
 #[derive(Debug)]
@@ -32,10 +32,10 @@ pub(super) struct Filled {
 
 impl RxArea {
     /// A receive buffer at `gpa`, checked to lie in guest RAM at or above the image.
-    pub(super) fn new(guest: &Guest, gpa: u64) -> Result<RxArea, String> {
+    pub(super) fn new(ram: &GuestRam, image_start: u64, gpa: u64) -> Result<RxArea, String> {
         let ring = ByteRing::new(
-            &guest.ram,
-            guest.plan.image.start,
+            ram,
+            image_start,
             "receive buffer",
             gpa,
             std::mem::size_of::<NetRx>(),
@@ -49,11 +49,11 @@ impl RxArea {
             done: false,
         };
         for offset in [offset_of!(NetRx, head), offset_of!(NetRx, tail)] {
-            area.word(guest, offset).store(0, Ordering::Relaxed);
+            area.word(ram, offset).store(0, Ordering::Relaxed);
         }
-        area.word(guest, offset_of!(NetRx, state))
+        area.word(ram, offset_of!(NetRx, state))
             .store(0, Ordering::Relaxed);
-        area.word(guest, offset_of!(NetRx, waiter))
+        area.word(ram, offset_of!(NetRx, waiter))
             .store(0, Ordering::Release);
         Ok(area)
     }
@@ -63,23 +63,23 @@ impl RxArea {
         !self.stalled && !self.done
     }
 
-    fn word<'g>(&self, guest: &'g Guest, offset: usize) -> &'g AtomicU32 {
-        self.ring.word(&guest.ram, offset)
+    fn word<'g>(&self, ram: &'g GuestRam, offset: usize) -> &'g AtomicU32 {
+        self.ring.word(ram, offset)
     }
 
     /// `rx_resume`: the guest made room.
-    pub(super) fn resume(&mut self, guest: &Guest) {
-        self.word(guest, offset_of!(NetRx, state))
+    pub(super) fn resume(&mut self, ram: &GuestRam) {
+        self.word(ram, offset_of!(NetRx, state))
             .fetch_and(!NET_RX_STALLED, Ordering::SeqCst);
         self.stalled = false;
     }
 
     /// Receive what the host socket has (until it would block, the buffer is full, or the
     /// stream ends), then take the guest's waiting tag. `Err` is a protocol violation.
-    pub(super) fn fill(&mut self, guest: &Guest, fd: RawFd) -> Result<Filled, String> {
-        let tail_word = self.word(guest, offset_of!(NetRx, tail));
-        let head_word = self.word(guest, offset_of!(NetRx, head));
-        let state = self.word(guest, offset_of!(NetRx, state));
+    pub(super) fn fill(&mut self, ram: &GuestRam, fd: RawFd) -> Result<Filled, String> {
+        let tail_word = self.word(ram, offset_of!(NetRx, tail));
+        let head_word = self.word(ram, offset_of!(NetRx, head));
+        let state = self.word(ram, offset_of!(NetRx, state));
         while self.wants_data() {
             let tail = tail_word.load(Ordering::SeqCst);
             let Some(used) = used(self.head, tail, NET_RX_BYTES) else {
@@ -101,7 +101,7 @@ impl RxArea {
                 continue;
             }
             let (at, room) = first_span(self.head, NET_RX_BYTES - used, NET_RX_BYTES);
-            let data = self.ring.data_at(&guest.ram, at) as *mut libc::c_void;
+            let data = self.ring.data_at(ram, at) as *mut libc::c_void;
             // SAFETY: `data .. + room` lies inside the area's buffer (`first_span`), free space
             // the guest does not read until `head` passes it.
             let r = unsafe { libc::recv(fd, data, room, 0) };
@@ -131,14 +131,14 @@ impl RxArea {
         }
         fence(Ordering::SeqCst);
         Ok(Filled {
-            waiter: self.take_waiter(guest)?,
+            waiter: self.take_waiter(ram)?,
         })
     }
 
     /// The guest's waiting tag, if any (swapped out: reported once).
-    pub(super) fn take_waiter(&self, guest: &Guest) -> Result<Option<u32>, String> {
+    pub(super) fn take_waiter(&self, ram: &GuestRam) -> Result<Option<u32>, String> {
         match self
-            .word(guest, offset_of!(NetRx, waiter))
+            .word(ram, offset_of!(NetRx, waiter))
             .swap(0, Ordering::SeqCst)
         {
             0 => Ok(None),
@@ -155,12 +155,13 @@ impl Net {
     /// `rx_setup(s, gpa)`: a connected stream receives ahead into the guest's buffer.
     pub(super) fn rx_setup(
         &self,
-        guest: &Guest,
+        ram: &GuestRam,
+        image_start: u64,
         table: &mut Table,
         s: usize,
         gpa: u64,
     ) -> Result<u64, String> {
-        let area = RxArea::new(guest, gpa)?;
+        let area = RxArea::new(ram, image_start, gpa)?;
         let sock = table.socks[s].as_mut().expect("checked");
         if !matches!((&sock.kind, &sock.fd), (Kind::Stream, Some(_))) {
             return Ok(neg(libc::ENOTCONN));
@@ -180,7 +181,7 @@ impl Net {
     /// `rx_resume(s)`: the guest made room in a stalled buffer; watch the socket again.
     pub(super) fn rx_resume(
         &self,
-        guest: &Guest,
+        ram: &GuestRam,
         table: &mut Table,
         s: usize,
     ) -> Result<u64, String> {
@@ -188,7 +189,7 @@ impl Net {
         let Some(rx) = &mut sock.rx else {
             return Ok(neg(libc::EINVAL));
         };
-        rx.resume(guest);
+        rx.resume(ram);
         let data = (u64::from(sock.generation) << 32) | s as u64;
         Ok(match epoll_update(&self.epoll, sock, data) {
             Ok(()) => 0,

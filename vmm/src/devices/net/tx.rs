@@ -13,7 +13,6 @@ use protocol::net::*;
 
 use super::byte_ring::{first_span, used, ByteRing};
 use super::{epoll_update, errno, neg, poll::post, Kind, Net, Table};
-use crate::guest::Guest;
 use crate::memory::GuestRam;
 
 /// The VMM's view of one transmit ring (its own copy of `tail`; `head` is the guest's).
@@ -203,12 +202,13 @@ impl Net {
     /// `tx_setup(s, gpa)`: a connected stream sends from the guest's transmit ring.
     pub(super) fn tx_setup(
         &self,
-        guest: &Guest,
+        ram: &GuestRam,
+        image_start: u64,
         table: &mut Table,
         s: usize,
         gpa: u64,
     ) -> Result<u64, String> {
-        let area = TxArea::new(&guest.ram, guest.plan.image.start, gpa)?;
+        let area = TxArea::new(ram, image_start, gpa)?;
         let sock = table.socks[s].as_mut().expect("checked");
         if !matches!((&sock.kind, &sock.fd), (Kind::Stream, Some(_))) {
             return Ok(neg(libc::ENOTCONN));
@@ -224,16 +224,16 @@ impl Net {
     /// `tx_flush(s, tag)`: the doorbell.
     pub(super) fn tx_flush(
         &self,
-        guest: &Guest,
+        ram: &GuestRam,
         table: &mut Table,
         s: usize,
         tag: u64,
     ) -> Result<u64, String> {
-        let Some(empty) = self.send_queued(guest, table, s)? else {
+        let Some(empty) = self.send_queued(ram, table, s)? else {
             return Ok(neg(libc::EINVAL));
         };
         let sock = table.socks[s].as_ref().expect("checked");
-        if let Some(e) = sock.tx.as_ref().and_then(|tx| tx.error(&guest.ram)) {
+        if let Some(e) = sock.tx.as_ref().and_then(|tx| tx.error(ram)) {
             return Ok(e);
         }
         if empty {
@@ -251,7 +251,7 @@ impl Net {
     /// violation.
     pub(super) fn send_queued(
         &self,
-        guest: &Guest,
+        ram: &GuestRam,
         table: &mut Table,
         s: usize,
     ) -> Result<Option<bool>, String> {
@@ -262,7 +262,7 @@ impl Net {
             return Ok(None);
         };
         let was_blocked = tx.blocked;
-        let (empty, waiter) = tx.send(&guest.ram, fd.as_raw_fd())?;
+        let (empty, waiter) = tx.send(ram, fd.as_raw_fd())?;
         if tx.blocked || was_blocked {
             // Watch for room (again: the registration is one-shot), or stop.
             let data = (u64::from(sock.generation) << 32) | s as u64;
@@ -275,18 +275,22 @@ impl Net {
     }
 
     /// The net thread's look at every transmit ring: sends what is queued; whether any was.
-    pub(super) fn send_all_queued(&self, guest: &Guest, table: &mut Table) -> Result<bool, String> {
+    pub(super) fn send_all_queued(
+        &self,
+        ram: &GuestRam,
+        table: &mut Table,
+    ) -> Result<bool, String> {
         let mut sent = false;
         let mut i = 0;
         while i < table.tx_socks.len() {
             let s = table.tx_socks[i];
             i += 1;
             let queued = match table.socks.get(s) {
-                Some(Some(sock)) => sock.tx.as_ref().is_some_and(|tx| tx.queued(&guest.ram)),
+                Some(Some(sock)) => sock.tx.as_ref().is_some_and(|tx| tx.queued(ram)),
                 _ => false,
             };
             if queued {
-                self.send_queued(guest, table, s)?;
+                self.send_queued(ram, table, s)?;
                 sent = true;
             }
         }

@@ -5,59 +5,25 @@
 //! Before the guest is stopped, [`Guest::begin_hang_report`] keeps each vCPU's allocator slot
 //! and the upcall state. Each vCPU thread, on its way out, then records where it was stopped
 //! (running guest code, waiting for a processor, ...), whether KVM held it halted, and its
-//! registers and pending interrupts ([`VcpuSnapshot`]; only that thread may ask KVM). Once
+//! registers and pending interrupts ([`state::VcpuSnapshot`]; only that thread may ask KVM). Once
 //! every vCPU thread is joined, [`Guest::hang_report`] puts it together with the guest
 //! runtime's threads and run queues, read from guest memory (`runtime_view.rs`).
 
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::guest::Guest;
 use crate::runtime_view;
 
-/// [`VcpuSnapshot::place`] of a vCPU stopped while it ran guest code.
-pub const RUNNING: &str = "running guest code";
+pub mod state;
 
-/// What one vCPU thread saw of its vCPU when it stopped.
-#[derive(Clone, Debug)]
-pub struct VcpuSnapshot {
-    /// Where the thread was: running guest code, waiting for a processor, ...
-    pub place: &'static str,
-    /// Whether KVM held the vCPU halted (`None`: could not tell).
-    pub halted: Option<bool>,
-    /// Registers and interrupt state (`arch::dump`).
-    pub registers: String,
-}
-
-/// What the report keeps from before the guest was stopped.
-#[derive(Debug, Default)]
-pub struct HangState {
-    wanted: std::sync::atomic::AtomicBool,
-    before: Mutex<Option<Before>>,
-}
-
-#[derive(Debug)]
-struct Before {
-    why: String,
-    slots: Vec<String>,
-    upcalls: Option<String>,
-    /// Host CPU time each vCPU's thread used during [`CPU_SAMPLE`], just before the stop.
-    ran: Vec<Option<Duration>>,
-}
+use state::{Before, RUNNING};
 
 /// How long the report watches the vCPU threads' host CPU time before the guest is stopped: a
 /// vCPU that looks stuck (a timer long overdue, an interrupt requested and not taken) while
 /// its thread runs is the host's KVM not delivering; one whose thread does not run is waiting
 /// for a host CPU.
 const CPU_SAMPLE: Duration = Duration::from_millis(50);
-
-impl HangState {
-    /// Whether the guest is being stopped for a report (vCPU threads then take snapshots).
-    pub fn wanted(&self) -> bool {
-        self.wanted.load(Ordering::Acquire)
-    }
-}
 
 impl Guest {
     /// The guest is about to be stopped without ending by itself (`why`): keep what only the
