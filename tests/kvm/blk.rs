@@ -333,6 +333,63 @@ pub(super) fn blk_tests() -> Vec<Trial> {
                 .stdout_has("40 asynchronous reads")?;
             check_blk_pattern(&disk)
         }),
+        Trial::test("blk_async_completions_exact_from_every_poster", || {
+            // Delayed completions are posted by whoever comes first after their due time: the
+            // exits the vCPUs make anyway (the next `blk_submit`, a `halt`), a halted vCPU
+            // polling for them, the timer thread (later, while every vCPU is busy). Busy vCPUs
+            // (16 threads hashing between reads), idle ones (2 threads), oblivious vCPUs left
+            // to the host: every read takes at least the device's latency and returns its
+            // block, and every completion is posted exactly once.
+            let cases: [(&[&str], &str, &str); 4] = [
+                (&["--vcpus", "2", "--pcpus", "2"], "16", "1000"),
+                (&["--vcpus", "8", "--pcpus", "2"], "16", "1000"),
+                (&["--vcpus", "2", "--pcpus", "2"], "2", "300"),
+                (&["--vcpus", "4", "--host-sched"], "16", "300"),
+            ];
+            let mut at_exits = 0;
+            for (options, threads, latency) in cases {
+                let disk = temp_disk("blk-exact", 1)?;
+                let mut all = options.to_vec();
+                all.extend(["--stats", "--disk", disk.arg(), "--io-latency", latency]);
+                let run = activm_run(
+                    &guest("iobench")?,
+                    &all,
+                    &["exact", threads, "300", latency, "20"],
+                )?
+                .expect_code(0)?
+                .stdout_has("reads=300 early=0 bad=0")?;
+                let line = run
+                    .stderr
+                    .lines()
+                    .find(|l| l.starts_with("disk "))
+                    .unwrap_or("");
+                let stat = |key: &str| -> Option<u64> {
+                    let at = line.find(&format!("{key}="))? + key.len() + 1;
+                    line[at..].split([' ', ')', ';']).next()?.parse().ok()
+                };
+                let posters = [
+                    "posted at exits",
+                    "by a polling vCPU",
+                    "by the timer thread",
+                    "by I/O threads",
+                ]
+                .map(stat);
+                let asynchronous = stat("asynchronous");
+                let posted: Option<u64> = posters.iter().copied().sum();
+                if asynchronous.is_none_or(|n| n < 300) || posted != asynchronous {
+                    return Err(format!(
+                        "{options:?}: {asynchronous:?} asynchronous requests, posted {posters:?}\n{}",
+                        run.stderr
+                    )
+                    .into());
+                }
+                at_exits += posters[0].unwrap_or(0);
+            }
+            if at_exits == 0 {
+                return Err("no completion was posted from an exit".into());
+            }
+            Ok(())
+        }),
         Trial::test("blk_async_protocol_and_violations", || {
             let disk = temp_disk("blk-async-hostile", 1)?;
             let slow = ["--disk", disk.arg(), "--io-latency", "2000"];

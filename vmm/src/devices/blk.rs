@@ -75,6 +75,15 @@ pub struct DiskStats {
     /// Requests taken from the submission ring (no exit), and the times its consumer woke.
     pub ring_submitted: AtomicU64,
     pub consumer_wakeups: AtomicU64,
+    /// Completions of asynchronous requests that went on after their exit, by who posted them
+    /// (`blk_async/timer.rs`): a vCPU thread in an exit it made anyway (or starting a new
+    /// activation), a halted vCPU's thread polling for them, the timer thread, an I/O thread
+    /// (data that waited for the host); and the timer thread's wake-ups.
+    pub posted_at_exits: AtomicU64,
+    pub posted_by_poller: AtomicU64,
+    pub posted_by_timer: AtomicU64,
+    pub posted_by_io: AtomicU64,
+    pub timer_wakeups: AtomicU64,
     pub bytes: AtomicU64,
     /// Total time blocking requests took, in microseconds.
     pub blocked_us: AtomicU64,

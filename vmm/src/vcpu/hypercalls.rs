@@ -187,9 +187,12 @@ impl VcpuThread {
 
     /// Sleep inside KVM until an interrupt is pending; KVM completes this load first.
     fn halt(&self) -> Handled {
-        // With I/O completions due, this vCPU's thread may post them when they are.
+        // I/O completions due now go out and the vCPU runs on to take them; with some due
+        // later, this vCPU's thread may post them when they are.
         if let Some(disk) = &self.guest.disk {
-            disk.queue.before_halt(self.index);
+            if disk.queue.before_halt(&self.guest, self.index) {
+                return Ok(0);
+            }
         }
         self.control.maybe_halted.store(true, Ordering::Relaxed);
         arch::halt(&self.fd)

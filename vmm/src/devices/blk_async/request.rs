@@ -9,7 +9,7 @@ use protocol::blk::{
     BlkRing, BLK_IN_FLIGHT, BLK_OP_FLUSH, BLK_OP_READ, BLK_OP_WRITE, BLK_RING_CAPACITY,
 };
 
-use super::{publish, read_u32, ring_field, timer_must_wake, wake_for_completions, Shared};
+use super::{publish, read_u32, ring_field, wake_for_completions, Shared};
 use crate::devices::blk::{Op, Pending, Request};
 use crate::guest::Guest;
 
@@ -41,6 +41,8 @@ impl Shared {
         if let (Some(result), false) = (result_now, from_ring) {
             return Ok(result);
         }
+        // From `blk_submit` this vCPU runs; the ring's consumer is no vCPU.
+        let busy = super::timer::busy(guest, !from_ring);
         let mut state = self.lock();
         // Read under the lock, so no completion is published meanwhile: read before it, on a
         // busy host, the tail could lag far behind a head that moved on.
@@ -70,12 +72,9 @@ impl Shared {
         state.in_flight |= bit;
         if let Some(result) = result_now {
             // From the ring: the completion goes where every other one goes.
-            let posted = publish(&mut state, guest, tag as u32, result);
-            let tell_timer = timer_must_wake(&state);
+            let posted = publish(&mut state, guest, tag as u32, result, true);
+            self.retime(&mut state, guest, busy);
             drop(state);
-            if tell_timer {
-                self.timer.notify_one();
-            }
             if posted {
                 fence(Ordering::SeqCst);
                 wake_for_completions(guest);
@@ -84,14 +83,13 @@ impl Shared {
         }
         disk.stats.asynchronous.fetch_add(1, Ordering::Relaxed);
         if let Some(Pending::Latency { result, due }) = pending {
-            let wake_timer = state
-                .delayed
-                .peek()
-                .is_none_or(|Reverse((first, _, _))| due < *first);
             state.delayed.push(Reverse((due, tag as u32, result)));
-            drop(state);
-            if wake_timer {
-                self.timer.notify_one();
+            if from_ring {
+                self.retime(&mut state, guest, busy);
+            } else {
+                // An exit the vCPU made anyway: what is due goes out now. The thread parks
+                // (`BLK_IN_FLIGHT`) and its vCPU's scheduler takes them at once.
+                self.post_at_exit(&mut state, guest, busy);
             }
             return Ok(BLK_IN_FLIGHT);
         }
