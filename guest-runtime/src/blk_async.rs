@@ -215,7 +215,8 @@ pub(crate) unsafe fn request(
             sector,
             gpa: buf,
             op_count: blk_submit_arg(op, count),
-            _reserved: 0,
+            // The device's latency counts from here, however late the VMM looks.
+            submitted_at: crate::arch::cpu::rdtsc(),
         };
         submit_through_ring(tag, request);
         BLK_IN_FLIGHT

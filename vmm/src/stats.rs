@@ -153,7 +153,7 @@ pub fn render(guest: &Guest) -> String {
         let blocking = n(&d.blocking);
         let _ = write!(
             out,
-            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} (waited for the device there={}) asynchronous={} blocked the vCPU={} (mean {:.0} us) from the submission ring={} consumer wake-ups={}; completions posted at exits={} by a polling vCPU={} by the timer thread={} (its wake-ups={}) by I/O threads={}",
+            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} (waited for the device there={}) asynchronous={} blocked the vCPU={} (mean {:.0} us) from the submission ring={} consumer wake-ups={}; completions posted at exits={} by a polling vCPU={} by the timer thread={} (its wake-ups={}) by I/O threads={} when taken from the submission ring={}",
             disk.path().display(),
             n(&d.reads),
             n(&d.writes),
@@ -170,7 +170,8 @@ pub fn render(guest: &Guest) -> String {
             n(&d.posted_by_poller),
             n(&d.posted_by_timer),
             n(&d.timer_wakeups),
-            n(&d.posted_by_io)
+            n(&d.posted_by_io),
+            n(&d.posted_when_taken)
         );
 
     }

@@ -31,6 +31,17 @@ impl VcpuThread {
             Ok(decoded) => decoded,
             Err(malformed) => return self.malformed(malformed),
         };
+        // An exit the VMM looks at the disk's submission ring from (one load if empty). After
+        // these three the vCPU goes to its scheduler, which takes the completion ring.
+        if let Some(disk) = &self.guest.disk {
+            let to_scheduler = matches!(
+                call,
+                Call::BlkSubmit { .. } | Call::BlkDoorbell | Call::Halt
+            );
+            if let Err(why) = disk.queue.look_at_exit(&self.guest, to_scheduler) {
+                return self.violation(why);
+            }
+        }
         if let Some(trace) = &self.guest.trace {
             let first_arg = arch::hypercall_args(&self.fd)[0];
             trace.instant(self.guest.id, self.index, kind.name(), first_arg);
@@ -101,8 +112,9 @@ impl VcpuThread {
             Call::BlkSubmitRingSetup { ring } => {
                 self.blk_async(kind, |queue| queue.setup_submit_ring(&self.guest, ring))
             }
+            // The exit took the ring (`hypercall`): what is due goes out, no consumer wakes.
             Call::BlkDoorbell => self.blk_async(kind, |queue| {
-                queue.ring_doorbell();
+                queue.post_due_at_exit(&self.guest);
                 Ok(0)
             }),
             Call::Fs { args } => self.fs(kind, args),

@@ -47,7 +47,7 @@ mod timer;
 mod unblock;
 mod wake;
 pub use request::parse_request;
-pub use submit_ring::{check_ring_address, take_submissions, SUBMIT_POLL};
+pub use submit_ring::{check_ring_address, take_submissions, Taken, SUBMIT_POLL};
 pub(crate) use wake::wake_one_idle;
 pub use timer::BUSY_GRACE;
 use timer::TimerFd;
@@ -74,6 +74,8 @@ struct Shared {
     timer: OnceLock<TimerFd>,
     /// The submission ring's doorbell (set when the queue starts).
     doorbell: OnceLock<vmm_sys_util::eventfd::EventFd>,
+    /// Guest-physical address of its `BlkSubmitRing`, for a look without the lock.
+    submit_gpa: OnceLock<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -101,6 +103,12 @@ struct State {
     timer_wakes_at: Option<Instant>,
     /// The timer thread sleeps: who changes its deadline re-arms it (`Shared::retime`).
     timer_asleep: bool,
+    /// When the submission ring was last looked at (`submit_ring.rs`).
+    last_look: Option<Instant>,
+    /// The consumer thread is awake (the ring's `consumer` word is its own then).
+    consumer_awake: bool,
+    /// What the ring's `consumer` word says (`None`: not set up).
+    announced: Option<u32>,
     /// UNBLOCKED records to deliver at their due time (`unblock.rs`).
     unblocks: Vec<(Instant, crate::activation::Event)>,
     /// The disk is gone: I/O threads end.
@@ -188,7 +196,22 @@ impl AsyncQueue {
     /// `blk_submit(sector, gpa, op << 32 | count, tag)`: the result now, or `BLK_IN_FLIGHT`
     /// with the request queued for an I/O thread. `Err` is a protocol violation.
     pub fn submit(&self, guest: &Arc<Guest>, args: [u64; 4]) -> Result<u64, String> {
-        self.shared.start_request(guest, args, false)
+        self.shared.start_request(guest, args, None)
+    }
+
+    /// A vCPU of the guest exits: take what it submitted through the ring meanwhile (one load
+    /// when nothing was). `to_scheduler`: the vCPU goes to its scheduler next, which takes the
+    /// completion ring (no interrupt, no nudge for what this posts). `Err` is a protocol
+    /// violation.
+    pub fn look_at_exit(&self, guest: &Arc<Guest>, to_scheduler: bool) -> Result<(), String> {
+        self.shared.look(guest, to_scheduler).map(|_| ())
+    }
+
+    /// A vCPU of the guest exits on its way to its scheduler (`blk_doorbell`): post what is due.
+    pub fn post_due_at_exit(&self, guest: &Guest) {
+        let busy = timer::busy(guest, true);
+        let mut state = self.shared.lock();
+        self.shared.post_at_exit(&mut state, guest, busy);
     }
 
     /// Start the queue's threads: the timer thread and [`IO_THREADS`] I/O threads, each in the
@@ -227,7 +250,8 @@ impl AsyncQueue {
     pub fn before_halt(&self, guest: &Guest, vcpu: u32) -> bool {
         let busy = timer::busy(guest, true);
         let mut state = self.shared.lock();
-        if self.shared.post_at_exit(&mut state, guest, busy) {
+        // Posted now, or by this exit's look at the submission ring.
+        if self.shared.post_at_exit(&mut state, guest, busy) || unconsumed(&state, guest) {
             return true;
         }
         if arm_poll(&mut state, vcpu) {
@@ -264,11 +288,7 @@ impl AsyncQueue {
 
     /// Whether completions wait in the ring that the guest has not consumed.
     pub fn unconsumed(&self, guest: &Guest) -> bool {
-        let state = self.shared.lock();
-        state.ring.is_some_and(|ring| {
-            read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail)))
-                .is_ok_and(|tail| tail != state.head)
-        })
+        unconsumed(&self.shared.lock(), guest)
     }
 
     /// Requests in flight (for the stall report and tests).
@@ -407,6 +427,14 @@ pub fn after_kick(guest: &Guest, vcpu: u32, fd: &VcpuFd) {
     }
     // Kicked to run on (a revoke): the timer thread covers what is left, and the vCPU's
     // next halt polls again.
+}
+
+/// Whether completions wait in the ring that the guest has not consumed.
+fn unconsumed(state: &State, guest: &Guest) -> bool {
+    state.ring.is_some_and(|ring| {
+        read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail)))
+            .is_ok_and(|tail| tail != state.head)
+    })
 }
 
 /// Post every delayed completion due by `now`; how many were. `nudge`: as for [`publish`].

@@ -39,6 +39,7 @@ use super::{
     nudge_due, post_due, read_u32, ring_field, unblock, Shared, State, IDLE_CHECK, POLLER_GRACE,
 };
 use crate::guest::Guest;
+use crate::vm::Outcome;
 
 /// How long the timer thread leaves a due completion to busy vCPUs, whose next exit posts it,
 /// when the guest set no `nudge_us`.
@@ -123,7 +124,7 @@ pub(super) fn busy(guest: &Guest, runs: bool) -> bool {
 /// How long due completions may wait for busy vCPUs: the guest's `nudge_us` (the time it lets
 /// a completion wait unconsumed before it wants a busy vCPU interrupted), [`BUSY_GRACE`] if
 /// it set none.
-fn busy_grace(state: &State, guest: &Guest) -> Duration {
+pub(super) fn busy_grace(state: &State, guest: &Guest) -> Duration {
     if let Some(us) = DBG_GRACE.get_or_init(|| std::env::var("DBG_GRACE").ok().and_then(|v| v.parse().ok())) {
         return Duration::from_micros(*us);
     }
@@ -164,6 +165,9 @@ impl Shared {
         if let Some(timer) = self.timer.get() {
             timer.arm(want.unwrap_or_else(|| Instant::now() + IDLE_CHECK));
             state.timer_wakes_at = want;
+        }
+        if self.announce(state, guest, want) {
+            self.ring_doorbell();
         }
     }
 
@@ -208,6 +212,9 @@ pub(super) fn timer_thread(shared: &Shared, weak: &Weak<Guest>) {
             state.timer_wakes_at = due;
             state.timer_asleep = true;
             timer.arm(due.unwrap_or(now + IDLE_CHECK));
+            if shared.announce(&mut state, &guest, due) {
+                shared.ring_doorbell();
+            }
             drop(state);
             // The guest's `Arc` is not held while asleep: its end closes this queue.
             drop(guest);
@@ -215,6 +222,14 @@ pub(super) fn timer_thread(shared: &Shared, weak: &Weak<Guest>) {
             woke = true;
             continue;
         }
+        // What the guest submitted through its ring meanwhile (this wake-up is when the VMM
+        // said it would look).
+        drop(state);
+        if let Err(why) = shared.look(&guest, false) {
+            guest.finish(Outcome::fault(0, why));
+        }
+        let mut state = shared.lock();
+        let now = Instant::now();
         let unblocks = unblock::take_due(&mut state, now);
         let posted = post_due(&mut state, &guest, now, true);
         if let Some(disk) = &guest.disk {
