@@ -366,8 +366,8 @@ pub(super) fn blk_tests() -> Vec<Trial> {
                     .chain(args)
                     .collect();
                 let run = activm_run(&guest("iobench")?, &all, &args)?
-                .expect_code(0)?
-                .stdout_has("reads=300 early=0 bad=0")?;
+                    .expect_code(0)?
+                    .stdout_has("reads=300 early=0 bad=0")?;
                 let line = run
                     .stderr
                     .lines()

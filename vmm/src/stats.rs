@@ -173,7 +173,6 @@ pub fn render(guest: &Guest) -> String {
             n(&d.posted_by_io),
             n(&d.posted_when_taken)
         );
-
     }
     out
 }

@@ -48,10 +48,10 @@ mod unblock;
 mod wake;
 pub use request::parse_request;
 pub use submit_ring::{check_ring_address, take_submissions, Taken, SUBMIT_POLL};
-pub(crate) use wake::wake_one_idle;
-pub use timer::BUSY_GRACE;
 use timer::TimerFd;
+pub use timer::BUSY_GRACE;
 use wake::wake_for_completions;
+pub(crate) use wake::wake_one_idle;
 
 /// I/O threads per disk: this many cold reads or flushes wait for the host at once; more queue.
 pub const IO_THREADS: usize = 8;
@@ -260,7 +260,6 @@ impl AsyncQueue {
         false
     }
 
-
     /// When the earliest completion whose data already moved is due (it waits only for the
     /// device's latency): one for the ring, or an UNBLOCKED (`unblock.rs`).
     pub fn earliest_due(&self) -> Option<Instant> {
@@ -355,11 +354,7 @@ thread_local! {
 /// still to come, unless another vCPU is: whether it became it.
 fn arm_poll(state: &mut State, vcpu: u32) -> bool {
     let ring = state.delayed.peek().map(|&Reverse((due, _, _))| due);
-    let Some(due) = [ring, unblock::earliest(state)]
-        .into_iter()
-        .flatten()
-        .min()
-    else {
+    let Some(due) = [ring, unblock::earliest(state)].into_iter().flatten().min() else {
         return false;
     };
     if state.poller.is_some() {

@@ -196,7 +196,12 @@ impl Shared {
     /// and that is soon enough for a request made now (its latency, plus the grace busy vCPUs
     /// get), else `SLEEPING`. `true`: it just said `SLEEPING` and bits were set meanwhile (the
     /// guest saw another word and rang nothing): the caller has the consumer take them.
-    pub(super) fn announce(&self, state: &mut State, guest: &Guest, deadline: Option<Instant>) -> bool {
+    pub(super) fn announce(
+        &self,
+        state: &mut State,
+        guest: &Guest,
+        deadline: Option<Instant>,
+    ) -> bool {
         let Some(&ring) = self.submit_gpa.get() else {
             return false;
         };
@@ -236,7 +241,9 @@ fn submitted_instant(stamp: u64, now_tsc: u64, now: Instant, since: Instant, khz
         return now;
     }
     let ticks = now_tsc.saturating_sub(stamp);
-    let age = Duration::from_nanos((u128::from(ticks) * 1_000_000 / u128::from(khz)).min(u128::from(u64::MAX)) as u64);
+    let age = Duration::from_nanos(
+        (u128::from(ticks) * 1_000_000 / u128::from(khz)).min(u128::from(u64::MAX)) as u64,
+    );
     now.checked_sub(age).unwrap_or(since).clamp(since, now)
 }
 

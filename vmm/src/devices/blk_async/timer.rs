@@ -1,10 +1,13 @@
-//! The disk's timer thread, the fallback poster of delayed completions, and its deadline.
+//! The disk's timer thread: the poster of last resort of delayed completions, and one of the
+//! lookers at the submission ring.
 //!
 //! On this host every wake-up of a VMM thread where a vCPU runs costs that vCPU an exit and a
-//! re-entry besides the thread's own work, so the timer thread is the poster of last resort:
-//! completions due by then go out from exits the guest's vCPU threads make anyway (a
-//! `blk_submit`, a `halt`: `Shared::post_at_exit`), from a halted
-//! vCPU polling for them (`after_kick`), and the timer thread posts only what nobody else did.
+//! re-entry besides the thread's own work, so completions due go out first from exits the
+//! guest's vCPU threads make anyway (a `blk_submit`, a `halt`, a `blk_doorbell`:
+//! `Shared::post_at_exit`) and from a halted vCPU polling for them (`after_kick`); the timer
+//! thread posts what nobody else did, and at each wake-up takes the submission ring
+//! (`submit_ring.rs`: while it has a deadline the ring says `LOOKING` and the guest rings no
+//! doorbell).
 //!
 //! **Its deadline moves without waking it.** It sleeps on a timerfd, and whoever changes what
 //! it waits for (under the queue's lock) re-arms the timerfd: earlier when something new is due
@@ -14,11 +17,13 @@
 //!
 //! **How late it may post.** Due completions wait for it:
 //! - [`POLLER_GRACE`] when a halted vCPU polls for them (its kick is due at the same time);
-//! - [`BUSY_GRACE`] when the guest marks no vCPU idle (`SharedHeader::idle_vcpus` is 0; an
-//!   oblivious guest never sets it) and a vCPU of it holds a processor: a busy vCPU finds
-//!   completions only when it schedules, and its next `blk_submit` posts them. A vCPU that
-//!   goes idle meanwhile halts (and posts what is due, or polls) or yields (and is woken at the
-//!   earliest due time, `vcpu/handoff.rs`), so nothing waits on the grace but busy vCPUs;
+//! - the guest's `nudge_us` ([`BUSY_GRACE`] if it set none) when it marks no vCPU idle
+//!   (`SharedHeader::idle_vcpus` is 0; an oblivious guest has none halted) and a vCPU of it
+//!   holds a processor: a busy vCPU finds completions only when it schedules, and its next
+//!   exit posts them; the guest asked for an interrupt only after `nudge_us` anyway. A vCPU
+//!   that goes idle meanwhile halts (and posts what is due, or polls) or yields (and is woken
+//!   at the earliest due time, `vcpu/handoff.rs`), so nothing waits on the grace but busy
+//!   vCPUs. One wake-up posts everything due by then;
 //! - nothing otherwise (an idle vCPU is interrupted for them at once).
 //!
 //! UNBLOCKED records and the nudge are never deferred beyond the poller's grace.
@@ -30,11 +35,10 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
+use protocol::blk::BlkRing;
 use protocol::shared::SharedHeader;
 
 use super::wake::{wake_for_completions, wake_one_idle, wake_one_running};
-use protocol::blk::BlkRing;
-
 use super::{
     nudge_due, post_due, read_u32, ring_field, unblock, Shared, State, IDLE_CHECK, POLLER_GRACE,
 };
@@ -125,9 +129,6 @@ pub(super) fn busy(guest: &Guest, runs: bool) -> bool {
 /// a completion wait unconsumed before it wants a busy vCPU interrupted), [`BUSY_GRACE`] if
 /// it set none.
 pub(super) fn busy_grace(state: &State, guest: &Guest) -> Duration {
-    if let Some(us) = DBG_GRACE.get_or_init(|| std::env::var("DBG_GRACE").ok().and_then(|v| v.parse().ok())) {
-        return Duration::from_micros(*us);
-    }
     let nudge_us = state.ring.map_or(0, |ring| {
         read_u32(guest, ring_field(ring, offset_of!(BlkRing, nudge_us))).unwrap_or(0)
     });
@@ -136,7 +137,6 @@ pub(super) fn busy_grace(state: &State, guest: &Guest) -> Duration {
         us => Duration::from_micros(u64::from(us.min(1_000_000))),
     }
 }
-static DBG_GRACE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 
 /// When the timer thread must wake for `state` (`None`: nothing to do).
 fn deadline(state: &State, guest: &Guest, busy: bool) -> Option<Instant> {
@@ -144,7 +144,10 @@ fn deadline(state: &State, guest: &Guest, busy: bool) -> Option<Instant> {
     let grace = poller
         .or(busy.then(|| busy_grace(state, guest)))
         .unwrap_or(Duration::ZERO);
-    let ring = state.delayed.peek().map(|&Reverse((due, _, _))| due + grace);
+    let ring = state
+        .delayed
+        .peek()
+        .map(|&Reverse((due, _, _))| due + grace);
     let unblock = unblock::earliest(state).map(|due| due + poller.unwrap_or(Duration::ZERO));
     let nudge = state.nudge.map(|(at, _)| at);
     [ring, unblock, nudge].into_iter().flatten().min()
