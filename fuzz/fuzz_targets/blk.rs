@@ -143,7 +143,8 @@ fn submission_ring(guest: &Guest, disk: &Disk, input: &mut Input) {
     let taken = take_submissions(&guest.ram, ring).expect("a checked ring is readable");
     assert_eq!(taken.len(), bits.count_ones() as usize);
     assert_eq!(guest.ram.read_u64(ring).unwrap(), 0, "the bits are taken");
-    for args in taken {
+    for taken in taken {
+        let args = taken.args;
         assert!(bits & (1 << args[3]) != 0);
         let Ok((req, tag)) = parse_request(args) else {
             continue;

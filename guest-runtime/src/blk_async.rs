@@ -20,7 +20,7 @@
 
 use core::cell::UnsafeCell;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
 use activm_stub::hypercall;
 use activm_stub::protocol::blk::{
@@ -215,7 +215,8 @@ pub(crate) unsafe fn request(
             sector,
             gpa: buf,
             op_count: blk_submit_arg(op, count),
-            _reserved: 0,
+            // The device's latency counts from here, however late the VMM looks.
+            submitted_at: crate::arch::cpu::rdtsc(),
         };
         submit_through_ring(tag, request);
         BLK_IN_FLIGHT
@@ -251,15 +252,27 @@ pub(crate) fn completions_ready() -> bool {
         && ring().head.load(Ordering::Acquire) != ring().tail.load(Ordering::Relaxed)
 }
 
-/// Takes every completion in the ring and wakes its thread (scheduler loop).
+/// Takes every completion in the ring and wakes its thread (scheduler loop). A vCPU that finds
+/// the ring taken leaves its completions to the holder, which looks again after it lets go: a
+/// completion the VMM posted while this vCPU's thread was in an exit is taken before this vCPU
+/// runs a thread, by it or by the holder (the VMM does not nudge for those).
 pub(crate) fn poll_completions() {
-    if !completions_ready() {
-        return;
+    while completions_ready() {
+        if !take_completions() {
+            return;
+        }
+        // Let go, then look at the head again: a vCPU whose try-lock failed meanwhile saw the
+        // ring held (a locked RMW), so either its completions are seen here or it took the ring.
+        fence(Ordering::SeqCst);
     }
+}
+
+/// One pass of [`poll_completions`]: `false` if another vCPU holds the ring.
+fn take_completions() -> bool {
     let mut done = [(0u64, 0u64); BLK_RING_CAPACITY];
     let n = {
         let Some(_consumer) = CONSUMER.try_lock() else {
-            return;
+            return false;
         };
         let r = ring();
         let tail = r.tail.load(Ordering::Relaxed);
@@ -301,4 +314,5 @@ pub(crate) fn poll_completions() {
             sched::wake(t);
         }
     }
+    true
 }

@@ -9,8 +9,8 @@
 //! | `--rt-halt=on\|off` | halt idle vCPUs (off: keep spinning) | on |
 //! | `--rt-idle-yield-us=N` | with activations: how long a vCPU halts idle before it gives its processor back to the VMM (`sa_yield`; 0: never) | 1000 |
 //! | `--rt-blk-async=on\|off` | block requests through the VMM's completion ring when it offers one (the vCPU never blocks) | on |
-//! | `--rt-blk-ring=on\|off` | with asynchronous block requests: submit through the VMM's submission ring when it offers one (no exit per request, but a wake-up of the VMM's consumer thread; off: one `blk_submit` exit each, which measured as cheap on a 2-core host) | off |
-//! | `--rt-blk-doorbell-exit=on\|off` | ring the submission ring's doorbell with a hypercall (an exit) instead of an in-kernel store | off |
+//! | `--rt-blk-ring=on\|off` | with asynchronous block requests: submit through the VMM's submission ring when it offers one (no exit while the VMM looks at the ring on its own; off: one `blk_submit` exit each) | on |
+//! | `--rt-blk-doorbell-exit=on\|off` | ring the submission ring's doorbell with a hypercall (an exit that takes the ring in place) instead of an in-kernel store (a wake-up of the VMM's consumer thread) | on |
 //! | `--rt-blk-nudge-us=N` | with asynchronous block requests: ask the VMM to interrupt a busy vCPU when a completion waits this long (0: only idle vCPUs are interrupted) | 500 |
 //! | `--rt-stats=on` | print the runtime's counters when `main` returns | off |
 //!
@@ -26,8 +26,8 @@ static IDLE_SPIN_NS: AtomicU64 = AtomicU64::new(50_000);
 static USE_SA: AtomicBool = AtomicBool::new(true);
 static USE_HALT: AtomicBool = AtomicBool::new(true);
 static USE_BLK_ASYNC: AtomicBool = AtomicBool::new(true);
-static USE_BLK_RING: AtomicBool = AtomicBool::new(false);
-static BLK_DOORBELL_EXIT: AtomicBool = AtomicBool::new(false);
+static USE_BLK_RING: AtomicBool = AtomicBool::new(true);
+static BLK_DOORBELL_EXIT: AtomicBool = AtomicBool::new(true);
 static BLK_NUDGE_US: AtomicU64 = AtomicU64::new(500);
 static IDLE_YIELD_NS: AtomicU64 = AtomicU64::new(1_000_000);
 static PRINT_STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
@@ -72,8 +72,8 @@ pub(crate) fn use_blk_async() -> bool {
 }
 
 /// Whether asynchronous block requests go through the VMM's submission ring when offered
-/// (default off: on 2 busy cores its consumer's wake-ups cost what the exits did, and a lone
-/// request waits longer; takes effect before the first request).
+/// (default on: while the VMM looks at it on its own, a request costs no exit; takes effect
+/// before the first request).
 pub fn set_blk_ring(on: bool) {
     USE_BLK_RING.store(on, Ordering::Relaxed);
 }
@@ -82,8 +82,10 @@ pub(crate) fn use_blk_ring() -> bool {
     USE_BLK_RING.load(Ordering::Relaxed)
 }
 
-/// Whether the submission ring's doorbell is the `blk_doorbell` hypercall (an exit) rather
-/// than the in-kernel store (default off).
+/// Whether the submission ring's doorbell is the `blk_doorbell` hypercall (an exit, which
+/// takes the ring in place) rather than the in-kernel store, which wakes the VMM's consumer
+/// thread (default on: the exit costs less than that wake-up and answers a fast device at
+/// once).
 pub fn set_blk_doorbell_exit(on: bool) {
     BLK_DOORBELL_EXIT.store(on, Ordering::Relaxed);
 }

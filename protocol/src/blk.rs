@@ -91,6 +91,13 @@ pub struct BlkCompletion {
 /// the bits: one of the two sees the other.) If the guest sets `nudge_us`, a completion left
 /// unconsumed that long makes the VMM raise the same vector on a running vCPU (the guest asks
 /// for that wake-up: its busy vCPUs may not schedule for a while).
+///
+/// Timing: a completion is never posted before its due time (the device's latency), but while
+/// the guest marks no vCPU idle and one runs, it may be posted up to `nudge_us` later (500 us if
+/// 0), by the first exit of a vCPU or the VMM's timer. What the VMM posts while handling a
+/// vCPU's `blk_submit`, `blk_doorbell` or `halt` (which then returns at once), or while starting
+/// a new activation, gets neither interrupt nor nudge: that vCPU goes to its scheduler, which must
+/// take the ring before it runs a thread.
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct BlkRing {

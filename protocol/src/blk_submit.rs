@@ -34,6 +34,16 @@
 //! (the consumer woke meanwhile) costs one wake-up and nothing else; the doorbell is counted,
 //! not lost, if it comes before the consumer sleeps (an eventfd).
 //!
+//! **Looking without a consumer awake** ([`BLK_CONSUMER_LOOKING`]). While the VMM has earlier
+//! requests of the guest waiting for the device's latency, it looks at `submitted` anyway: at
+//! every exit of the guest's vCPUs and whenever its disk's timer wakes for those requests, which
+//! is before a request submitted now would be due (plus, while every vCPU of the guest is busy,
+//! the guest's `nudge_us`: such a vCPU finds completions only when it schedules anyway). It
+//! says so with `LOOKING`, and the guest submits without a doorbell; the device's latency counts
+//! from the request's [`BlkSubmission::submitted_at`], so a request seen late is not completed
+//! late for it. When the VMM stops looking it says `SLEEPING` the same way the consumer does
+//! (store, then look at `submitted` once more; what it finds, its consumer takes).
+//!
 //! **The doorbell** is a 4-byte *store* of [`BLK_DOORBELL_RING`] to [`blk_doorbell_address`] in the hypercall page. The
 //! VMM registers it with KVM as an ioeventfd, so the vCPU does not exit to the VMM at all (KVM
 //! signals the consumer's eventfd and resumes the guest). A *load* from the same slot is the
@@ -58,6 +68,10 @@ pub const BLK_FLAG_SUBMIT_RING: u64 = 1 << 2;
 pub const BLK_CONSUMER_AWAKE: u32 = 0;
 /// [`BlkSubmitRing::consumer`]: the consumer sleeps until the doorbell.
 pub const BLK_CONSUMER_SLEEPING: u32 = 1;
+/// [`BlkSubmitRing::consumer`]: no VMM thread polls, but the VMM looks at `submitted` on its
+/// own before a request submitted now is due (when a vCPU of the guest exits, when the disk's
+/// timer wakes for earlier requests): no doorbell, as with [`BLK_CONSUMER_AWAKE`].
+pub const BLK_CONSUMER_LOOKING: u32 = 2;
 
 /// One request in its tag's slot: the arguments `blk_submit` takes, tag aside.
 #[repr(C)]
@@ -68,7 +82,10 @@ pub struct BlkSubmission {
     pub gpa: u64,
     /// [`crate::blk::blk_submit_arg`]`(op, count)`.
     pub op_count: u64,
-    pub _reserved: u64,
+    /// The guest's timestamp counter (TSC on x86_64, CNTVCT_EL0 on aarch64) when it made the
+    /// request, or 0: the device's latency counts from then (never from before the VMM's
+    /// previous look at `submitted`, nor from after the look that takes the request).
+    pub submitted_at: u64,
 }
 
 /// The submission ring: guest memory registered with `blk_submit_ring_setup(gpa)` (64-byte
@@ -90,7 +107,7 @@ impl BlkSubmitRing {
             sector: 0,
             gpa: 0,
             op_count: 0,
-            _reserved: 0,
+            submitted_at: 0,
         };
         BlkSubmitRing {
             submitted: CacheAligned(AtomicU64::new(0)),
@@ -128,6 +145,7 @@ mod tests {
         assert_eq!(size_of::<BlkSubmission>(), 32);
         assert_eq!(offset_of!(BlkSubmission, gpa), 8);
         assert_eq!(offset_of!(BlkSubmission, op_count), 16);
+        assert_eq!(offset_of!(BlkSubmission, submitted_at), 24);
         assert_eq!(size_of::<BlkSubmitRing>(), 128 + 32 * 64);
         assert_eq!(align_of::<BlkSubmitRing>(), 64);
     }
@@ -135,7 +153,14 @@ mod tests {
     #[test]
     fn values_are_pinned() {
         assert_eq!(BLK_FLAG_SUBMIT_RING, 4);
-        assert_eq!((BLK_CONSUMER_AWAKE, BLK_CONSUMER_SLEEPING), (0, 1));
+        assert_eq!(
+            (
+                BLK_CONSUMER_AWAKE,
+                BLK_CONSUMER_SLEEPING,
+                BLK_CONSUMER_LOOKING
+            ),
+            (0, 1, 2)
+        );
         assert_eq!(BLK_DOORBELL_RING, 1);
         assert_eq!(Hypercall::BlkSubmitRingSetup as u64, 38);
         assert_eq!(Hypercall::BlkDoorbell as u64, 39);

@@ -184,7 +184,7 @@ fn render_stats(guest: &Guest) -> String {
         let blocking = n(&d.blocking);
         let _ = write!(
             out,
-            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} (waited for the device there={}) asynchronous={} blocked the vCPU={} (mean {:.0} us) from the submission ring={} consumer wake-ups={}",
+            "\ndisk {}: reads={} writes={} flushes={} bytes={} completed in the exit={} (waited for the device there={}) asynchronous={} blocked the vCPU={} (mean {:.0} us) from the submission ring={} consumer wake-ups={}; completions posted at exits={} by a polling vCPU={} by the timer thread={} (its wake-ups={}) by I/O threads={} when taken from the submission ring={}",
             disk.path().display(),
             n(&d.reads),
             n(&d.writes),
@@ -196,7 +196,13 @@ fn render_stats(guest: &Guest) -> String {
             blocking,
             n(&d.blocked_us) as f64 / blocking.max(1) as f64,
             n(&d.ring_submitted),
-            n(&d.consumer_wakeups)
+            n(&d.consumer_wakeups),
+            n(&d.posted_at_exits),
+            n(&d.posted_by_poller),
+            n(&d.posted_by_timer),
+            n(&d.timer_wakeups),
+            n(&d.posted_by_io),
+            n(&d.posted_when_taken)
         );
     }
     out

@@ -54,6 +54,18 @@ pub struct DiskStats {
     /// Requests taken from the submission ring (no exit), and the times its consumer woke.
     pub ring_submitted: AtomicU64,
     pub consumer_wakeups: AtomicU64,
+    /// Completions of asynchronous requests that went on after their exit, by who posted them
+    /// (`blk_async/timer.rs`): a vCPU thread in an exit it made anyway (or starting a new
+    /// activation), a halted vCPU's thread polling for them, the timer thread, an I/O thread
+    /// (data that waited for the host); and the timer thread's wake-ups.
+    pub posted_at_exits: AtomicU64,
+    pub posted_by_poller: AtomicU64,
+    pub posted_by_timer: AtomicU64,
+    pub posted_by_io: AtomicU64,
+    /// Submission-ring requests complete when taken (their latency over by then): posted at
+    /// once by whoever took them.
+    pub posted_when_taken: AtomicU64,
+    pub timer_wakeups: AtomicU64,
     pub bytes: AtomicU64,
     /// Total time blocking requests took, in microseconds.
     pub blocked_us: AtomicU64,
@@ -206,7 +218,20 @@ impl Disk {
     /// and its emulated latency, if any, ended within the inline wait, waited for here),
     /// else what is left to wait for.
     pub fn start(&self, ram: &GuestRam, req: &Request) -> Result<u64, Pending> {
-        let started = Instant::now();
+        let (result, waited) = self.start_at(ram, req, Instant::now())?;
+        self.count_immediate(waited);
+        Ok(result)
+    }
+
+    /// [`Disk::start`] for a request made at `started` (not after now: the submission ring's
+    /// requests are seen after they were made), the latency counted from then, without the
+    /// counters: `Ok((result, whether the latency was waited for here))`.
+    pub fn start_at(
+        &self,
+        ram: &GuestRam,
+        req: &Request,
+        started: Instant,
+    ) -> Result<(u64, bool), Pending> {
         let Some(result) = self.transfer_now(ram, req) else {
             return Err(Pending::Data(*req));
         };
@@ -214,15 +239,20 @@ impl Disk {
         if due.saturating_duration_since(Instant::now()) > self.inline_wait {
             return Err(Pending::Latency { result, due });
         }
-        if !self.latency.is_zero() {
-            // Spin: a sleep this short costs the host's timer slack (50 us by default).
-            while Instant::now() < due {
-                std::hint::spin_loop();
-            }
+        let waited = !self.latency.is_zero();
+        // Spin: a sleep this short costs the host's timer slack (50 us by default).
+        while waited && Instant::now() < due {
+            std::hint::spin_loop();
+        }
+        Ok((result, waited))
+    }
+
+    /// Count a request completed inside its exit (`waited`: for its latency too).
+    pub fn count_immediate(&self, waited: bool) {
+        if waited {
             self.stats.waited_inline.fetch_add(1, Ordering::Relaxed);
         }
         self.stats.immediate.fetch_add(1, Ordering::Relaxed);
-        Ok(result)
     }
 
     /// Finish what [`Disk::start`] left, waiting as long as it takes (the emulated latency cut

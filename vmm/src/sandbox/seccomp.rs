@@ -43,6 +43,9 @@ const BASE: &[libc::c_long] = &[
     libc::SYS_exit_group,
     libc::SYS_rseq,
     libc::SYS_set_robust_list,
+    // Moving a disk timer thread's deadline (`devices/blk_async/timer.rs`): from vCPU and disk
+    // threads, and from whichever thread drops the disk.
+    libc::SYS_timerfd_settime,
 ];
 
 /// The calls a kind may make besides `BASE`; `ioctl` is listed apart ([`may_ioctl`]).

@@ -299,7 +299,7 @@ impl VcpuThread {
         event.context = Some(Box::new(context));
         if let Some(disk) = &self.guest.disk {
             disk.count_blocked_until(due);
-            disk.queue.unblock_at(due, event);
+            disk.queue.unblock_at(&self.guest, due, event);
         }
         started
     }

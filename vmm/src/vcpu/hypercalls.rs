@@ -31,6 +31,17 @@ impl VcpuThread {
             Ok(decoded) => decoded,
             Err(malformed) => return self.malformed(malformed),
         };
+        // An exit the VMM looks at the disk's submission ring from (one load if empty). After
+        // these three the vCPU goes to its scheduler, which takes the completion ring.
+        if let Some(disk) = &self.guest.disk {
+            let to_scheduler = matches!(
+                call,
+                Call::BlkSubmit { .. } | Call::BlkDoorbell | Call::Halt
+            );
+            if let Err(why) = disk.queue.look_at_exit(&self.guest, to_scheduler) {
+                return self.violation(why);
+            }
+        }
         if let Some(trace) = &self.guest.trace {
             let first_arg = arch::hypercall_args(&self.fd)[0];
             trace.instant(self.guest.id, self.index, kind.name(), first_arg);
@@ -101,8 +112,9 @@ impl VcpuThread {
             Call::BlkSubmitRingSetup { ring } => {
                 self.blk_async(kind, |queue| queue.setup_submit_ring(&self.guest, ring))
             }
+            // The exit took the ring (`hypercall`): what is due goes out, no consumer wakes.
             Call::BlkDoorbell => self.blk_async(kind, |queue| {
-                queue.ring_doorbell();
+                queue.post_due_at_exit(&self.guest);
                 Ok(0)
             }),
             Call::Fs { args } => self.fs(kind, args),
@@ -198,9 +210,12 @@ impl VcpuThread {
 
     /// Sleep inside KVM until an interrupt is pending; KVM completes this load first.
     fn halt(&self) -> Handled {
-        // With I/O completions due, this vCPU's thread may post them when they are.
+        // I/O completions due now go out and the vCPU runs on to take them; with some due
+        // later, this vCPU's thread may post them when they are.
         if let Some(disk) = &self.guest.disk {
-            disk.queue.before_halt(self.index);
+            if disk.queue.before_halt(&self.guest, self.index) {
+                return Ok(0);
+            }
         }
         self.control.maybe_halted.store(true, Ordering::Relaxed);
         arch::halt(&self.fd)

@@ -178,6 +178,11 @@ impl VcpuThread {
                 if self.control.take_interrupt_look_request() {
                     self.nudge_undelivered_interrupt();
                 }
+                if let Some(disk) = &self.guest.disk {
+                    if let Err(why) = disk.queue.look_at_exit(&self.guest, false) {
+                        return self.violation(why);
+                    }
+                }
                 crate::devices::blk_async::after_kick(&self.guest, self.index, &self.fd);
                 // A yielded vCPU's wake-up time may be what kicked this thread.
                 let procs = &self.guest.procs;
@@ -254,8 +259,12 @@ impl VcpuThread {
                 ));
             }
         }
-        // Block completions already due go into the ring now: the activation sees them first.
+        // Requests in the submission ring are taken, and block completions already due go into
+        // the ring now: the activation sees them first.
         if let Some(disk) = &self.guest.disk {
+            disk.queue
+                .look_at_exit(&self.guest, true)
+                .map_err(|why| Outcome::fault(self.index, why))?;
             disk.queue.post_due_now(&self.guest);
         }
         // A zero return address above the entry's stack frame.

@@ -42,7 +42,7 @@ fn garbage(mode: &str) -> ! {
             sector: 0,
             gpa: 0,
             op_count: 7 << 32 | 1,
-            _reserved: 0,
+            submitted_at: 0,
         });
         (*rings).1.submitted.fetch_or(1 << 5, Ordering::SeqCst);
     }

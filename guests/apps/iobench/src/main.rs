@@ -17,6 +17,11 @@
 //!   one (blocking on the device) and hashing it WORK times. A request's latency runs from its
 //!   arrival to the end of its computation, measured with the TSC. Also prints
 //!   `CDF us=q0,q1,...,q100` (the latency at each whole percentile).
+//! * `exact THREADS READS LATENCY_US WORK`: a check, not a benchmark: THREADS threads each write
+//!   a 4 KiB block of their own, then read it back (READS reads in all), hashing it WORK times
+//!   between reads. Every read must return the block and take at least LATENCY_US (the
+//!   device's `--io-latency`: a completion is never early); `early=` and `bad=` count the ones
+//!   that did not, and the exit status is 1 if any did.
 //!
 //! Each prints one `RESULT name ms=... check=...` line and exits 0.
 #![no_std]
@@ -54,6 +59,7 @@ fn main(args: &[&str]) -> i32 {
         ),
         Some("latency") => latency(number(1, 100)),
         Some("storm") => storm(number(1, 8), number(2, 200)),
+        Some("exact") => exact(number(1, 8), number(2, 200), number(3, 1000), number(4, 20)),
         Some("serve-latency") => serve_latency(
             number(1, 8),
             number(2, 1000),
@@ -61,7 +67,7 @@ fn main(args: &[&str]) -> i32 {
             number(4, 20),
         ),
         _ => {
-            println!("usage: serve THREADS REQUESTS WORK | serve-cpu THREADS REQUESTS WORK | latency READS | serve-latency THREADS REQUESTS INTERVAL_US WORK | storm THREADS ROUNDS");
+            println!("usage: serve THREADS REQUESTS WORK | serve-cpu THREADS REQUESTS WORK | latency READS | serve-latency THREADS REQUESTS INTERVAL_US WORK | storm THREADS ROUNDS | exact THREADS READS LATENCY_US WORK");
             2
         }
     }
@@ -272,6 +278,62 @@ fn storm(threads: u64, rounds: u64) -> i32 {
         FLUSHES.load(Ordering::Relaxed)
     );
     if intact as u64 == threads {
+        0
+    } else {
+        1
+    }
+}
+
+fn exact(threads: u64, reads: u64, latency_us: u64, work: u64) -> i32 {
+    if blk::capacity() < threads * SECTORS {
+        println!("iobench: exact needs a disk of THREADS x 4 KiB (activm run --disk IMAGE)");
+        return 2;
+    }
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static EARLY: AtomicU64 = AtomicU64::new(0);
+    static BAD: AtomicU64 = AtomicU64::new(0);
+    static DONE: AtomicU64 = AtomicU64::new(0);
+    static FASTEST: AtomicU64 = AtomicU64::new(u64::MAX);
+    let least = latency_us * tsc_khz() / 1000;
+    let start = rdtsc();
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            thread::spawn(move || {
+                let block = storm_block(t, 7);
+                blk::write(t * SECTORS, &block).expect("disk write");
+                let mut buf = alloc::vec![0u8; block.len()];
+                while NEXT.fetch_add(1, Ordering::Relaxed) < reads {
+                    buf.fill(0);
+                    let t0 = rdtsc();
+                    blk::read(t * SECTORS, &mut buf).expect("disk read");
+                    let took = rdtsc() - t0;
+                    FASTEST.fetch_min(took, Ordering::Relaxed);
+                    if took < least {
+                        EARLY.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if buf != block {
+                        BAD.fetch_add(1, Ordering::Relaxed);
+                    }
+                    core::hint::black_box(hash(&buf, work));
+                    DONE.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let (early, bad, done) = (
+        EARLY.load(Ordering::Relaxed),
+        BAD.load(Ordering::Relaxed),
+        DONE.load(Ordering::Relaxed),
+    );
+    println!(
+        "RESULT exact ms={:.2} reads={done} early={early} bad={bad} fastest_us={:.1}",
+        elapsed_ms(start),
+        FASTEST.load(Ordering::Relaxed) as f64 * 1000.0 / tsc_khz() as f64
+    );
+    if early == 0 && bad == 0 && done == reads {
         0
     } else {
         1

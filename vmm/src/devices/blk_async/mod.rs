@@ -9,14 +9,16 @@
 //! [`IO_THREADS`] I/O threads, started with the guest (before the sandbox, which forbids a vCPU
 //! thread to create threads). The hypercall returns `BLK_IN_FLIGHT`.
 //!
-//! Completions are posted into the guest's ring by whoever comes first: a vCPU of the guest
-//! that halts with completions due becomes the **poller** (its thread arms a one-shot kick for
-//! the earliest due time, sleeps in KVM like any halt, and on the kick posts what is due and
-//! makes the vCPU runnable: no other host thread and no interrupt on the way, like Go's
-//! netpoller run by an idle M); else the guest's **timer thread** at the due time (when a
-//! poller exists, [`POLLER_GRACE`] later); else the I/O thread that did the work. Those two
-//! then interrupt one vCPU the guest marks idle (`SharedHeader::idle_vcpus`), if any: busy
-//! vCPUs are never interrupted, they find completions when they schedule.
+//! Completions are posted into the guest's ring by whoever comes first: a vCPU thread of the
+//! guest in an exit it makes anyway once they are due (the next `blk_submit`, a `halt`:
+//! `Shared::post_at_exit`); a vCPU of the guest that halts with completions not yet due
+//! becomes the **poller** (its thread arms a one-shot kick for the earliest due time, sleeps in
+//! KVM like any halt, and on the kick posts what is due and makes the vCPU runnable: no other
+//! host thread and no interrupt on the way, like Go's netpoller run by an idle M); else the
+//! guest's **timer thread** (`timer.rs`: at the due time, or a grace later when a poller or
+//! busy vCPUs will post it); else the I/O thread that did the work. Those two then interrupt
+//! one vCPU the guest marks idle (`SharedHeader::idle_vcpus`), if any: busy vCPUs are never
+//! interrupted, they find completions when they schedule.
 //!
 //! Why not BLOCKED / UNBLOCKED: that path takes the blocked thread's whole context out of the
 //! vCPU and back (sync regs, XSAVE, two records, a new activation), ~60 us a request here. With a
@@ -40,13 +42,17 @@ use crate::vm::Outcome;
 pub mod queue;
 mod request;
 mod submit_ring;
+mod timer;
+mod timerfd;
 mod unblock;
 mod wake;
 use queue::{AsyncQueue, Shared, State};
 pub use request::parse_request;
-pub use submit_ring::{check_ring_address, take_submissions, SUBMIT_POLL};
+pub use submit_ring::{check_ring_address, take_submissions, Taken, SUBMIT_POLL};
+pub use timer::BUSY_GRACE;
+use timerfd::TimerFd;
+use wake::wake_for_completions;
 pub(crate) use wake::wake_one_idle;
-use wake::{wake_for_completions, wake_one_running};
 
 /// I/O threads per disk: this many cold reads or flushes wait for the host at once; more queue.
 pub const IO_THREADS: usize = 8;
@@ -59,8 +65,29 @@ impl Drop for AsyncQueue {
     fn drop(&mut self) {
         self.shared.lock().closed = true;
         self.shared.work.notify_all();
-        self.shared.timer.notify_all();
+        self.shared.wake_timer_now();
         self.shared.ring_doorbell();
+    }
+}
+
+impl Shared {
+    /// A vCPU thread of the guest is in an exit (the caller holds the queue's lock): post the
+    /// delayed completions due by now (its vCPU, or the guest's scheduler it is about to enter,
+    /// finds them: nobody is interrupted), move the nudge on if the guest consumed what it
+    /// waited for, and re-time the timer thread. Whether any was posted.
+    pub(super) fn post_at_exit(&self, state: &mut State, guest: &Guest, busy: bool) -> bool {
+        let now = Instant::now();
+        let posted = post_due(state, guest, now, false);
+        if posted > 0 {
+            if let Some(disk) = &guest.disk {
+                disk.stats
+                    .posted_at_exits
+                    .fetch_add(posted as u64, Ordering::Relaxed);
+            }
+        }
+        refresh_nudge(state, guest, now);
+        self.retime(state, guest, busy);
+        posted > 0
     }
 }
 
@@ -109,7 +136,22 @@ impl AsyncQueue {
     /// `blk_submit(sector, gpa, op << 32 | count, tag)`: the result now, or `BLK_IN_FLIGHT`
     /// with the request queued for an I/O thread. `Err` is a protocol violation.
     pub fn submit(&self, guest: &Arc<Guest>, args: [u64; 4]) -> Result<u64, String> {
-        self.shared.start_request(guest, args, false)
+        self.shared.start_request(guest, args, None)
+    }
+
+    /// A vCPU of the guest exits: take what it submitted through the ring meanwhile (one load
+    /// when nothing was). `to_scheduler`: the vCPU goes to its scheduler next, which takes the
+    /// completion ring (no interrupt, no nudge for what this posts). `Err` is a protocol
+    /// violation.
+    pub fn look_at_exit(&self, guest: &Arc<Guest>, to_scheduler: bool) -> Result<(), String> {
+        self.shared.look(guest, to_scheduler).map(|_| ())
+    }
+
+    /// A vCPU of the guest exits on its way to its scheduler (`blk_doorbell`): post what is due.
+    pub fn post_due_at_exit(&self, guest: &Guest) {
+        let busy = timer::busy(guest, true);
+        let mut state = self.shared.lock();
+        self.shared.post_at_exit(&mut state, guest, busy);
     }
 
     /// Start the queue's threads: the timer thread and [`IO_THREADS`] I/O threads, each in the
@@ -117,8 +159,9 @@ impl AsyncQueue {
     pub fn start(&self, guest: &Arc<Guest>) -> Result<(), std::io::Error> {
         let (doorbell, _in_kernel) = submit_ring::new_doorbell(&guest.vm)?;
         let _ = self.shared.doorbell.set(doorbell);
+        let _ = self.shared.timer.set(TimerFd::new()?);
         let bodies = [
-            timer_thread as fn(&Shared, &Weak<Guest>),
+            timer::timer_thread as fn(&Shared, &Weak<Guest>),
             submit_ring::consumer_thread,
         ]
         .into_iter()
@@ -141,36 +184,20 @@ impl AsyncQueue {
         Ok(())
     }
 
-    /// The `halt` of vCPU `vcpu` (on its thread): with completions due, it becomes the poller
-    /// unless another vCPU is.
-    pub fn before_halt(&self, vcpu: u32) {
+    /// The `halt` of vCPU `vcpu` (on its thread): completions due now are posted and the vCPU
+    /// does not halt (`true`: it finds them on its way back); with completions due later, it
+    /// becomes the poller unless another vCPU is.
+    pub fn before_halt(&self, guest: &Guest, vcpu: u32) -> bool {
+        let busy = timer::busy(guest, true);
         let mut state = self.shared.lock();
-        let ring = state.delayed.peek().map(|&Reverse((due, _, _))| due);
-        let Some(due) = [ring, unblock::earliest(&state)]
-            .into_iter()
-            .flatten()
-            .min()
-        else {
-            return;
-        };
-        if state.poller.is_some() {
-            return;
+        // Posted now, or by this exit's look at the submission ring.
+        if self.shared.post_at_exit(&mut state, guest, busy) || unconsumed(&state, guest) {
+            return true;
         }
-        let micros = due.saturating_duration_since(Instant::now()).as_micros();
-        if micros >= 1_000_000 {
-            return;
+        if arm_poll(&mut state, vcpu) {
+            self.shared.retime(&mut state, guest, false);
         }
-        let armed = POLL_TIMER.with(|t| match t.get_or_init(KickTimer::new) {
-            Some(timer) => {
-                timer.arm((micros as i64).max(1));
-                true
-            }
-            None => false,
-        });
-        if armed {
-            state.poller = Some(vcpu);
-            POLLING.with(|p| p.set(true));
-        }
+        false
     }
 
     /// When the earliest completion whose data already moved is due (it waits only for the
@@ -187,22 +214,20 @@ impl AsyncQueue {
     /// Post the completions due by now (a new activation of the guest is about to start: it
     /// finds them at once, not when the timer thread gets to run).
     pub fn post_due_now(&self, guest: &Guest) {
+        let busy = timer::busy(guest, true);
         let mut state = self.shared.lock();
-        post_due(&mut state, guest, Instant::now() + Duration::from_micros(2));
-        let tell_timer = timer_must_wake(&state);
-        drop(state);
-        if tell_timer {
-            self.shared.timer.notify_one();
+        let posted = post_due(&mut state, guest, Instant::now(), false);
+        if let Some(disk) = &guest.disk {
+            disk.stats
+                .posted_at_exits
+                .fetch_add(posted as u64, Ordering::Relaxed);
         }
+        self.shared.retime(&mut state, guest, busy);
     }
 
     /// Whether completions wait in the ring that the guest has not consumed.
     pub fn unconsumed(&self, guest: &Guest) -> bool {
-        let state = self.shared.lock();
-        state.ring.is_some_and(|ring| {
-            read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail)))
-                .is_ok_and(|tail| tail != state.head)
-        })
+        unconsumed(&self.shared.lock(), guest)
     }
 
     /// Requests in flight (for the stall report and tests).
@@ -241,77 +266,20 @@ fn io_thread(shared: &Shared, guest: &Weak<Guest>) {
             Some(disk) => disk.perform_until(&guest.ram, &req, &|| guest.outcome().is_some()),
             None => protocol::blk::BLK_ERR_NO_DEVICE,
         };
+        let busy = timer::busy(&guest, false);
         let mut state = shared.lock();
-        let posted = publish(&mut state, &guest, tag, result);
-        let tell_timer = timer_must_wake(&state);
-        drop(state);
-        if tell_timer {
-            shared.timer.notify_one();
+        let posted = publish(&mut state, &guest, tag, result, true);
+        if let Some(disk) = &guest.disk {
+            disk.stats
+                .posted_by_io
+                .fetch_add(u64::from(posted), Ordering::Relaxed);
         }
+        shared.retime(&mut state, &guest, busy);
+        drop(state);
         if posted {
             fence(Ordering::SeqCst);
             wake_for_completions(&guest);
         }
-    }
-}
-
-/// The body of the timer thread: posts delayed completions at their due time (later if a
-/// halted vCPU polls for them).
-fn timer_thread(shared: &Shared, guest: &Weak<Guest>) {
-    let mut state = shared.lock();
-    loop {
-        if state.closed || guest.strong_count() == 0 {
-            state.workers -= 1;
-            return;
-        }
-        let grace = |due: Instant| {
-            if state.poller.is_some() {
-                due + POLLER_GRACE
-            } else {
-                due
-            }
-        };
-        let due = state.delayed.peek().map(|&Reverse((due, _, _))| grace(due));
-        let nudge = state.nudge.map(|(at, _)| at);
-        let unblock = unblock::earliest(&state).map(grace);
-        let now = Instant::now();
-        let earliest = [due, nudge, unblock].into_iter().flatten().min();
-        let deadline = earliest.unwrap_or(now + IDLE_CHECK);
-        if now < deadline {
-            state.timer_wakes_at = earliest;
-            state = shared
-                .timer
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            state.timer_wakes_at = None;
-            continue;
-        }
-        let Some(guest) = guest.upgrade() else {
-            continue;
-        };
-        let unblocks = unblock::take_due(&mut state, now);
-        let posted = post_due(&mut state, &guest, now);
-        if (posted || !unblocks.is_empty()) && state.poller.is_some() {
-            // The poller's grace ran out (its vCPU lost its processor, or its kick came late):
-            // stop waiting for it.
-            state.poller = None;
-        }
-        let nudge_now =
-            state.nudge.is_some_and(|(at, _)| at <= now) && nudge_due(&mut state, &guest, now);
-        drop(state);
-        unblock::deliver(&guest, unblocks);
-        if nudge_now {
-            fence(Ordering::SeqCst);
-            if !wake_one_idle(&guest) {
-                wake_one_running(&guest);
-            }
-        } else if posted {
-            fence(Ordering::SeqCst);
-            wake_for_completions(&guest);
-        }
-        drop(guest);
-        state = shared.lock();
     }
 }
 
@@ -320,6 +288,38 @@ thread_local! {
     static POLL_TIMER: OnceCell<Option<KickTimer>> = const { OnceCell::new() };
     /// This vCPU thread armed its poll timer.
     static POLLING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Make halted vCPU `vcpu` (on its thread) the poller for the earliest completion or UNBLOCKED
+/// still to come, unless another vCPU is: whether it became it.
+fn arm_poll(state: &mut State, vcpu: u32) -> bool {
+    let ring = state.delayed.peek().map(|&Reverse((due, _, _))| due);
+    let Some(due) = [ring, unblock::earliest(state)].into_iter().flatten().min() else {
+        return false;
+    };
+    if state.poller.is_some() {
+        return false;
+    }
+    // Rounded up: the kick never comes before the due time.
+    let micros = due
+        .saturating_duration_since(Instant::now())
+        .as_nanos()
+        .div_ceil(1000);
+    if micros >= 1_000_000 {
+        return false;
+    }
+    let armed = POLL_TIMER.with(|t| match t.get_or_init(KickTimer::new) {
+        Some(timer) => {
+            timer.arm((micros as i64).max(1));
+            true
+        }
+        None => false,
+    });
+    if armed {
+        state.poller = Some(vcpu);
+        POLLING.with(|p| p.set(true));
+    }
+    armed
 }
 
 /// A vCPU thread was kicked out of `KVM_RUN`: if it was polling, post what is due and make the
@@ -334,21 +334,25 @@ pub fn after_kick(guest: &Guest, vcpu: u32, fd: &VcpuFd) {
     if state.poller == Some(vcpu) {
         state.poller = None;
     }
-    let soon = Instant::now() + Duration::from_micros(2);
-    let unblocks = unblock::take_due(&mut state, soon);
-    let posted = post_due(&mut state, guest, soon) || !unblocks.is_empty();
-    let tell_timer = timer_must_wake(&state);
-    drop(state);
-    if tell_timer {
-        shared.timer.notify_one();
+    let now = Instant::now();
+    let unblocks = unblock::take_due(&mut state, now);
+    let ring = post_due(&mut state, guest, now, false);
+    disk.stats
+        .posted_by_poller
+        .fetch_add(ring as u64, Ordering::Relaxed);
+    let posted = ring > 0 || !unblocks.is_empty();
+    let halted = guest.vcpus[vcpu as usize]
+        .maybe_halted
+        .load(Ordering::Relaxed);
+    if !posted && halted {
+        // Kicked before anything was due (another kick): still halted, it polls on.
+        arm_poll(&mut state, vcpu);
     }
+    shared.retime(&mut state, guest, false);
+    drop(state);
     // This vCPU idles (it halted): its own UNBLOCKED records come to it, with the interrupt.
     unblock::deliver(guest, unblocks);
-    if posted
-        && guest.vcpus[vcpu as usize]
-            .maybe_halted
-            .load(Ordering::Relaxed)
-    {
+    if posted && halted {
         if let Err(e) = crate::arch::current::make_runnable(fd) {
             guest.finish(Outcome::fault(
                 vcpu,
@@ -356,34 +360,60 @@ pub fn after_kick(guest: &Guest, vcpu: u32, fd: &VcpuFd) {
             ));
         }
     }
-    // Kicked early (a revoke, another kick): the timer thread covers what is left (it waits
-    // for the poller's grace), and the vCPU's next halt polls again.
+    // Kicked to run on (a revoke): the timer thread covers what is left, and the vCPU's
+    // next halt polls again.
 }
 
-/// Whether the timer thread sleeps past the nudge deadline just set.
-fn timer_must_wake(state: &State) -> bool {
-    match (state.nudge, state.timer_wakes_at) {
-        (Some((at, _)), Some(wakes)) => at < wakes,
-        (Some(_), None) => true,
-        _ => false,
-    }
+/// Whether completions wait in the ring that the guest has not consumed.
+fn unconsumed(state: &State, guest: &Guest) -> bool {
+    state.ring.is_some_and(|ring| {
+        read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail)))
+            .is_ok_and(|tail| tail != state.head)
+    })
 }
 
-/// Post every delayed completion due by `now`; whether any was.
-fn post_due(state: &mut State, guest: &Guest, now: Instant) -> bool {
-    let mut posted = false;
+/// Post every delayed completion due by `now`; how many were. `nudge`: as for [`publish`].
+fn post_due(state: &mut State, guest: &Guest, now: Instant, nudge: bool) -> usize {
+    let mut posted = 0;
     while let Some(&Reverse((due, tag, result))) = state.delayed.peek() {
         if due > now {
             break;
         }
         state.delayed.pop();
-        posted |= publish(state, guest, tag, result);
+        posted += usize::from(publish(state, guest, tag, result, nudge));
     }
     posted
 }
 
+/// Seen from an exit: if the guest consumed what the nudge waits for, wait for what is left
+/// from now on (the timer thread then need not wake for it).
+fn refresh_nudge(state: &mut State, guest: &Guest, now: Instant) {
+    let (Some((_, head_then)), Some(ring)) = (state.nudge, state.ring) else {
+        return;
+    };
+    let Ok(tail) = read_u32(guest, ring_field(ring, offset_of!(BlkRing, tail))) else {
+        return;
+    };
+    if (head_then.wrapping_sub(tail) as i32) > 0 {
+        return; // still unconsumed: the nudge stands
+    }
+    state.nudge = None;
+    if state.head != tail {
+        let nudge_us =
+            read_u32(guest, ring_field(ring, offset_of!(BlkRing, nudge_us))).unwrap_or(0);
+        if nudge_us != 0 {
+            let at = now + Duration::from_micros(u64::from(nudge_us.min(1_000_000)));
+            state.nudge = Some((at, state.head));
+        }
+    }
+}
+
 /// Publish `(tag, result)` in the ring (the caller holds the queue's lock); whether it was.
-fn publish(state: &mut State, guest: &Guest, tag: u32, result: u64) -> bool {
+///
+/// `nudge`: the guest's `nudge_us` applies (a busy vCPU is interrupted if the completion is left
+/// unconsumed that long). Not for a completion posted from a vCPU's exit, a new activation or
+/// a poll: that vCPU goes to its scheduler, which takes the ring, before it runs a thread.
+fn publish(state: &mut State, guest: &Guest, tag: u32, result: u64, nudge: bool) -> bool {
     state.in_flight &= !(1u64 << tag);
     let Some(ring) = state.ring else { return false };
     if guest.outcome().is_some() {
@@ -422,7 +452,7 @@ fn publish(state: &mut State, guest: &Guest, tag: u32, result: u64) -> bool {
         return false;
     }
     state.head = head.wrapping_add(1);
-    if state.nudge.is_none() {
+    if nudge && state.nudge.is_none() {
         let nudge_us =
             read_u32(guest, ring_field(ring, offset_of!(BlkRing, nudge_us))).unwrap_or(0);
         if nudge_us != 0 {

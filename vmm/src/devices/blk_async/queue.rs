@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use protocol::blk::BLK_RING_CAPACITY;
 
+use super::timerfd::TimerFd;
 use crate::devices::blk::request::Request;
 
 /// A guest's asynchronous request queue: owned by its `Disk`, shared with its I/O threads.
@@ -21,10 +22,12 @@ pub struct AsyncQueue {
 pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     pub(super) work: Condvar,
-    /// The timer thread waits here.
-    pub(super) timer: Condvar,
+    /// The timer thread sleeps on it (set when the queue starts; `timer.rs`).
+    pub(super) timer: OnceLock<TimerFd>,
     /// The submission ring's doorbell (set when the queue starts).
     pub(super) doorbell: OnceLock<vmm_sys_util::eventfd::EventFd>,
+    /// Guest-physical address of its `BlkSubmitRing`, for a look without the lock.
+    pub(super) submit_gpa: OnceLock<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -48,8 +51,16 @@ pub(super) struct State {
     pub(super) poller: Option<u32>,
     /// When to look whether the guest consumed the ring up to the head then (`nudge_us`).
     pub(super) nudge: Option<(Instant, u32)>,
-    /// The timer thread sleeps until then (`None`: until notified).
+    /// The timer thread sleeps (on its timerfd) until then (`None`: nothing to do).
     pub(super) timer_wakes_at: Option<Instant>,
+    /// The timer thread sleeps: who changes its deadline re-arms it (`Shared::retime`).
+    pub(super) timer_asleep: bool,
+    /// When the submission ring was last looked at (`submit_ring.rs`).
+    pub(super) last_look: Option<Instant>,
+    /// The consumer thread is awake (the ring's `consumer` word is its own then).
+    pub(super) consumer_awake: bool,
+    /// What the ring's `consumer` word says (`None`: not set up).
+    pub(super) announced: Option<u32>,
     /// UNBLOCKED records to deliver at their due time (`unblock.rs`).
     pub(super) unblocks: Vec<(Instant, crate::activation::Event)>,
     /// The disk is gone: I/O threads end.

@@ -4,25 +4,30 @@ use std::cmp::Reverse;
 use std::mem::offset_of;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use protocol::blk::{
     BlkRing, BLK_IN_FLIGHT, BLK_OP_FLUSH, BLK_OP_READ, BLK_OP_WRITE, BLK_RING_CAPACITY,
 };
 
-use super::{publish, read_u32, ring_field, timer_must_wake, wake_for_completions, Shared};
+use super::{publish, read_u32, ring_field, wake_for_completions, Shared};
 use crate::devices::blk::{Op, Pending, Request};
 use crate::guest::Guest;
 
 impl Shared {
     /// Start the request `(sector, gpa, op << 32 | count, tag)`. From `blk_submit`: the result
-    /// now, or `BLK_IN_FLIGHT`. From the submission ring (`from_ring`): always `BLK_IN_FLIGHT`,
-    /// an immediate result is posted to the completion ring at once. `Err` is a violation.
+    /// now, or `BLK_IN_FLIGHT`. From the submission ring (`ring`: when it was submitted, and
+    /// whether it is taken in an exit): always `BLK_IN_FLIGHT`, an immediate result is posted to
+    /// the completion ring at once. `Err` is a violation.
     pub(super) fn start_request(
         &self,
         guest: &Arc<Guest>,
         args: [u64; 4],
-        from_ring: bool,
+        ring_request: Option<(Instant, bool)>,
     ) -> Result<u64, String> {
+        let from_ring = ring_request.is_some();
+        // `at_exit`: from an exit whose vCPU goes to its scheduler next.
+        let (submitted, at_exit) = ring_request.unwrap_or_else(|| (Instant::now(), true));
         let (req, tag) = parse_request(args)?;
         let Some(disk) = &guest.disk else {
             return Ok(protocol::blk::BLK_ERR_NO_DEVICE);
@@ -33,14 +38,21 @@ impl Shared {
         };
         let (mut result_now, pending) = match disk.check(&guest.plan, &req)? {
             Err(code) => (Some(code), None),
-            Ok(()) => match disk.start(&guest.ram, &req) {
-                Ok(result) => (Some(result), None),
+            Ok(()) => match disk.start_at(&guest.ram, &req, submitted) {
+                Ok((result, waited)) => {
+                    if !from_ring {
+                        disk.count_immediate(waited);
+                        return Ok(result);
+                    }
+                    (Some(result), None)
+                }
                 Err(pending) => (None, Some(pending)),
             },
         };
         if let (Some(result), false) = (result_now, from_ring) {
             return Ok(result);
         }
+        let busy = super::timer::busy(guest, at_exit);
         let mut state = self.lock();
         // Read under the lock, so no completion is published meanwhile: read before it, on a
         // busy host, the tail could lag far behind a head that moved on.
@@ -70,13 +82,15 @@ impl Shared {
         state.in_flight |= bit;
         if let Some(result) = result_now {
             // From the ring: the completion goes where every other one goes.
-            let posted = publish(&mut state, guest, tag as u32, result);
-            let tell_timer = timer_must_wake(&state);
+            disk.stats.asynchronous.fetch_add(1, Ordering::Relaxed);
+            let posted = publish(&mut state, guest, tag as u32, result, !at_exit);
+            disk.stats
+                .posted_when_taken
+                .fetch_add(u64::from(posted), Ordering::Relaxed);
+            self.retime(&mut state, guest, busy);
             drop(state);
-            if tell_timer {
-                self.timer.notify_one();
-            }
-            if posted {
+            // (A vCPU on its way to its scheduler takes it there.)
+            if posted && !at_exit {
                 fence(Ordering::SeqCst);
                 wake_for_completions(guest);
             }
@@ -84,14 +98,13 @@ impl Shared {
         }
         disk.stats.asynchronous.fetch_add(1, Ordering::Relaxed);
         if let Some(Pending::Latency { result, due }) = pending {
-            let wake_timer = state
-                .delayed
-                .peek()
-                .is_none_or(|Reverse((first, _, _))| due < *first);
             state.delayed.push(Reverse((due, tag as u32, result)));
-            drop(state);
-            if wake_timer {
-                self.timer.notify_one();
+            if from_ring {
+                self.retime(&mut state, guest, busy);
+            } else {
+                // An exit the vCPU made anyway: what is due goes out now. The thread parks
+                // (`BLK_IN_FLIGHT`) and its vCPU's scheduler takes them at once.
+                self.post_at_exit(&mut state, guest, busy);
             }
             return Ok(BLK_IN_FLIGHT);
         }

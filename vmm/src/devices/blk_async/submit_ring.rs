@@ -1,14 +1,19 @@
 //! The submission ring (`protocol::blk_submit::BlkSubmitRing`): requests without an exit.
 //!
-//! The guest writes a request into its tag's slot and sets the tag's bit; the **consumer**, a
-//! disk thread of the VMM, takes the bits with one atomic swap and starts each request as
-//! `blk_submit` would (`request.rs`), every result going through the completion ring. It never
-//! spins for long: after a pass that found nothing it polls for [`SUBMIT_POLL`], then says it
-//! sleeps (`consumer = SLEEPING`), looks at the bits once more and sleeps on the doorbell's
-//! eventfd. The guest rings the doorbell only when it read `SLEEPING` after publishing its bit
-//! (the handshake is explained in `protocol/src/blk_submit.rs`). The doorbell is an ioeventfd on
-//! its slot in the hypercall page (KVM signals the eventfd, no exit to the VMM); the
-//! `blk_doorbell` hypercall and a store that does reach the VMM write the same eventfd.
+//! The guest writes a request into its tag's slot and sets the tag's bit; whoever **looks**
+//! ([`Shared::look`]) takes the bits with one atomic swap and starts each request as
+//! `blk_submit` would (`request.rs`), its latency counted from the guest's `submitted_at`, every
+//! result going through the completion ring. Who looks: the exits of the guest's vCPUs (any
+//! hypercall, a kick, a new activation), the disk's timer thread when it wakes, and the
+//! **consumer**, a disk thread that sleeps on the doorbell. The consumer never spins for long:
+//! after a pass that found nothing it polls for [`SUBMIT_POLL`], then says how the ring will be
+//! looked at ([`Shared::announce`]): `LOOKING` while the timer thread will wake before a request
+//! made now is due (its earlier requests wait for their latency, and exits look meanwhile), else
+//! `SLEEPING` (then it looks at the bits once more and sleeps on the doorbell's eventfd). The
+//! guest rings the doorbell only when it read `SLEEPING` after publishing its bit (the
+//! handshake is explained in `protocol/src/blk_submit.rs`). The doorbell is an ioeventfd on its
+//! slot in the hypercall page (KVM signals the eventfd, no exit to the VMM); the `blk_doorbell`
+//! hypercall and a store that does reach the VMM write the same eventfd.
 
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::{fence, Ordering};
@@ -20,11 +25,11 @@ use vmm_sys_util::eventfd::EventFd;
 
 use protocol::blk::BLK_OK;
 use protocol::blk_submit::{
-    blk_doorbell_address, BlkSubmission, BlkSubmitRing, BLK_CONSUMER_AWAKE, BLK_CONSUMER_SLEEPING,
-    BLK_DOORBELL_RING,
+    blk_doorbell_address, BlkSubmission, BlkSubmitRing, BLK_CONSUMER_AWAKE, BLK_CONSUMER_LOOKING,
+    BLK_CONSUMER_SLEEPING, BLK_DOORBELL_RING,
 };
 
-use super::{ring_field, AsyncQueue, Shared};
+use super::{ring_field, AsyncQueue, Shared, State};
 use crate::arch::current::abi::HYPERCALL_BASE;
 use crate::guest::Guest;
 use crate::memory::{GuestRam, Plan};
@@ -66,10 +71,17 @@ pub fn check_ring_address(plan: &Plan, gpa: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// One request taken from the submission ring: the raw `blk_submit` arguments, tag last, and
+/// the guest's `submitted_at`.
+#[derive(Clone, Copy, Debug)]
+pub struct Taken {
+    pub args: [u64; 4],
+    pub submitted_at: u64,
+}
+
 /// Take the bits the guest submitted in the ring at `ring` (checked by
-/// [`check_ring_address`]) and read their slots: the raw `blk_submit` arguments of each, tag
-/// last, in tag order. Nothing in them is checked yet.
-pub fn take_submissions(ram: &GuestRam, ring: u64) -> Result<Vec<[u64; 4]>, String> {
+/// [`check_ring_address`]) and read their slots, in tag order. Nothing in them is checked yet.
+pub fn take_submissions(ram: &GuestRam, ring: u64) -> Result<Vec<Taken>, String> {
     let word = ram
         .atomic_u64(ring_field(ring, offset_of!(BlkSubmitRing, submitted)))
         .map_err(|e| e.to_string())?;
@@ -81,7 +93,10 @@ pub fn take_submissions(ram: &GuestRam, ring: u64) -> Result<Vec<[u64; 4]>, Stri
         let slot = ring_field(ring, offset_of!(BlkSubmitRing, slots))
             + tag * size_of::<BlkSubmission>() as u64;
         let req: BlkSubmission = ram.read_struct(slot).map_err(|e| e.to_string())?;
-        taken.push([req.sector, req.gpa, req.op_count, tag]);
+        taken.push(Taken {
+            args: [req.sector, req.gpa, req.op_count, tag],
+            submitted_at: req.submitted_at,
+        });
     }
     Ok(taken)
 }
@@ -108,6 +123,11 @@ impl AsyncQueue {
         }
         consumer_word(guest, gpa)?.store(BLK_CONSUMER_AWAKE, Ordering::SeqCst);
         state.submit_ring = Some(gpa);
+        state.last_look = Some(Instant::now());
+        // The consumer wakes (the doorbell below) and announces.
+        state.consumer_awake = true;
+        state.announced = Some(BLK_CONSUMER_AWAKE);
+        let _ = self.shared.submit_gpa.set(gpa);
         drop(state);
         self.ring_doorbell();
         Ok(BLK_OK)
@@ -142,18 +162,89 @@ fn consumer_word(guest: &Guest, ring: u64) -> Result<&std::sync::atomic::AtomicU
         .map_err(|e| e.to_string())
 }
 
-/// Take the submitted bits and start their requests; whether there were any.
-fn consume(shared: &Shared, guest: &Arc<Guest>, ring: u64) -> Result<bool, String> {
-    let taken = take_submissions(&guest.ram, ring)?;
-    for args in &taken {
-        shared
-            .start_request(guest, *args, true)
-            .map_err(|why| format!("malformed block submission (tag {}): {why}", args[3]))?;
-        if let Some(disk) = &guest.disk {
-            disk.stats.ring_submitted.fetch_add(1, Ordering::Relaxed);
+impl Shared {
+    /// Take what the guest submitted since the last look and start it (`at_exit`: from an exit
+    /// of one of its vCPUs that goes to its scheduler next): whether there was any. `Err` is a
+    /// protocol violation.
+    pub(super) fn look(&self, guest: &Arc<Guest>, at_exit: bool) -> Result<bool, String> {
+        let Some(&ring) = self.submit_gpa.get() else {
+            return Ok(false);
+        };
+        if !pending(guest, ring) {
+            return Ok(false);
         }
+        let (taken, since) = {
+            let mut state = self.lock();
+            let taken = take_submissions(&guest.ram, ring)?;
+            let now = Instant::now();
+            (taken, state.last_look.replace(now).unwrap_or(now))
+        };
+        let (now_tsc, now) = (crate::rdtsc(), Instant::now());
+        for t in &taken {
+            let submitted = submitted_instant(t.submitted_at, now_tsc, now, since, guest.tsc_khz);
+            self.start_request(guest, t.args, Some((submitted, at_exit)))
+                .map_err(|why| format!("malformed block submission (tag {}): {why}", t.args[3]))?;
+            if let Some(disk) = &guest.disk {
+                disk.stats.ring_submitted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(!taken.is_empty())
     }
-    Ok(!taken.is_empty())
+
+    /// Say in the ring how it will be looked at while the consumer sleeps (the caller holds the
+    /// queue's lock): `LOOKING` if something looks at it by `deadline` (the timer thread's)
+    /// and that is soon enough for a request made now (its latency, plus the grace busy vCPUs
+    /// get), else `SLEEPING`. `true`: it just said `SLEEPING` and bits were set meanwhile (the
+    /// guest saw another word and rang nothing): the caller has the consumer take them.
+    pub(super) fn announce(
+        &self,
+        state: &mut State,
+        guest: &Guest,
+        deadline: Option<Instant>,
+    ) -> bool {
+        let Some(&ring) = self.submit_gpa.get() else {
+            return false;
+        };
+        if state.consumer_awake {
+            return false;
+        }
+        let latency = guest.disk.as_ref().map_or(Duration::ZERO, |d| d.latency());
+        let soon = Instant::now() + latency + super::timer::busy_grace(state, guest);
+        let looks = deadline.is_some_and(|at| at <= soon);
+        let word = if looks {
+            BLK_CONSUMER_LOOKING
+        } else {
+            BLK_CONSUMER_SLEEPING
+        };
+        if state.announced == Some(word) {
+            return false;
+        }
+        let Ok(consumer) = consumer_word(guest, ring) else {
+            return false;
+        };
+        // Store, then look at the bits (the guest ORs its bit, then loads this word).
+        consumer.store(word, Ordering::SeqCst);
+        state.announced = Some(word);
+        if looks {
+            return false;
+        }
+        fence(Ordering::SeqCst);
+        pending(guest, ring)
+    }
+}
+
+/// When a request stamped `stamp` (the guest's counter, 0: unknown) was made, seen at the look
+/// at `now` (`now_tsc`) that followed the one at `since`: never before `since` (it was not
+/// there then) nor after `now`.
+fn submitted_instant(stamp: u64, now_tsc: u64, now: Instant, since: Instant, khz: u64) -> Instant {
+    if stamp == 0 || khz == 0 {
+        return now;
+    }
+    let ticks = now_tsc.saturating_sub(stamp);
+    let age = Duration::from_nanos(
+        (u128::from(ticks) * 1_000_000 / u128::from(khz)).min(u128::from(u64::MAX)) as u64,
+    );
+    now.checked_sub(age).unwrap_or(since).clamp(since, now)
 }
 
 /// Whether the guest published bits since the last swap (one load).
@@ -185,9 +276,7 @@ pub(super) fn consumer_thread(shared: &Shared, weak: &Weak<Guest>) {
         // Blocks until the doorbell (or the queue's end) adds to the counter.
         let _ = doorbell.read();
         if let (Some(ring), Some(guest)) = (ring, weak.upgrade()) {
-            if let Ok(word) = consumer_word(&guest, ring) {
-                word.store(BLK_CONSUMER_AWAKE, Ordering::SeqCst);
-            }
+            awake(shared, &guest, ring);
             if let Some(disk) = &guest.disk {
                 disk.stats.consumer_wakeups.fetch_add(1, Ordering::Relaxed);
             }
@@ -195,10 +284,20 @@ pub(super) fn consumer_thread(shared: &Shared, weak: &Weak<Guest>) {
     }
 }
 
-/// One pass: start what was submitted, poll briefly, then announce sleep. Whether the consumer
-/// may sleep now (`false`: look again at once).
+/// The consumer is awake: it says so (no doorbell while it is).
+fn awake(shared: &Shared, guest: &Guest, ring: u64) {
+    let mut state = shared.lock();
+    state.consumer_awake = true;
+    state.announced = Some(BLK_CONSUMER_AWAKE);
+    if let Ok(word) = consumer_word(guest, ring) {
+        word.store(BLK_CONSUMER_AWAKE, Ordering::SeqCst);
+    }
+}
+
+/// One pass: start what was submitted, poll briefly, then announce how the ring will be looked
+/// at. Whether the consumer may sleep now (`false`: look again at once).
 fn pass(shared: &Shared, guest: &Arc<Guest>, ring: u64) -> bool {
-    match consume(shared, guest, ring) {
+    match shared.look(guest, false) {
         Ok(true) => return false,
         Ok(false) => {}
         Err(why) => {
@@ -213,16 +312,17 @@ fn pass(shared: &Shared, guest: &Arc<Guest>, ring: u64) -> bool {
         }
         std::hint::spin_loop();
     }
-    let Ok(word) = consumer_word(guest, ring) else {
-        return true;
+    let mut state = shared.lock();
+    state.consumer_awake = false;
+    // An awake timer thread looks before it sleeps (and then announces itself).
+    let timer = if state.timer_asleep {
+        state.timer_wakes_at
+    } else {
+        Some(Instant::now())
     };
-    // Announce sleep, then look once more (SeqCst store, then SeqCst load; the guest publishes
-    // its bit, then loads this word): a bit set before the announcement is seen here, one set
-    // after it sees SLEEPING and rings.
-    word.store(BLK_CONSUMER_SLEEPING, Ordering::SeqCst);
-    fence(Ordering::SeqCst);
-    if pending(guest, ring) {
-        word.store(BLK_CONSUMER_AWAKE, Ordering::SeqCst);
+    if shared.announce(&mut state, guest, timer) {
+        drop(state);
+        awake(shared, guest, ring);
         return false;
     }
     true

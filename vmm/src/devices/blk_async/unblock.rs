@@ -12,15 +12,10 @@ use crate::guest::Guest;
 
 impl AsyncQueue {
     /// Deliver `event` (an UNBLOCKED whose result and context are final) at `due`.
-    pub fn unblock_at(&self, due: Instant, event: Event) {
+    pub fn unblock_at(&self, guest: &Guest, due: Instant, event: Event) {
         let mut state = self.shared.lock();
         state.unblocks.push((due, event));
-        // The timer thread sleeps until a later deadline, or with none (until notified).
-        let tell_timer = state.timer_wakes_at.is_none_or(|at| due < at);
-        drop(state);
-        if tell_timer {
-            self.shared.timer.notify_one();
-        }
+        self.shared.retime(&mut state, guest, false);
     }
 }
 
