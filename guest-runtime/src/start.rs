@@ -83,6 +83,7 @@ fn init(main: MainFn) {
     preempt::set_release_hook(sched::safepoint);
     preempt::set_wait_hook(crate::watchdog::tick);
     crate::watchdog::set_report(crate::stats::dump);
+    crate::watchdog::set_arm(timer::arm_by);
 
     let t = tcb::alloc(1);
     t.flags.fetch_or(tcb::FLAG_MAIN, Ordering::Relaxed);

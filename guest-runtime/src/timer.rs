@@ -88,6 +88,12 @@ fn insert_sleeper(list: &mut Sleepers, t: &Tcb) {
     }
 }
 
+/// Arms this vCPU's timer to interrupt by TSC `deadline` at the latest (the watchdog's hook:
+/// it calls from a timer interrupt or a scheduler or lock-wait loop, this vCPU pinned).
+pub(crate) fn arm_by(deadline: u64) {
+    ensure_armed_by(deadline);
+}
+
 /// Arms this vCPU's timer for TSC `deadline` unless it is armed for an earlier one. Call with
 /// this vCPU pinned (scheduler context or a preemption hold).
 fn ensure_armed_by(deadline: u64) {

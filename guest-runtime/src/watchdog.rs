@@ -21,6 +21,10 @@ static FIRED: AtomicU64 = AtomicU64::new(0);
 const REPORT_GRACE_NS: u64 = 5_000_000_000;
 /// What prints the runtime's state when it fires (`stats::dump`, installed at start-up).
 static REPORT: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+/// What arms this vCPU's timer to interrupt by a TSC deadline (`timer::arm_by`, installed at
+/// start-up): the vCPU running the report takes a timer interrupt after the grace, nested in
+/// the report if it never returns, even where nothing else would arm its timer.
+static ARM: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 
 /// Arms (or with `None` disarms) the watchdog, `after` from now.
 pub fn set_watchdog(after: Option<core::time::Duration>) {
@@ -36,6 +40,21 @@ pub fn set_report(report: fn()) {
     REPORT.store(report as *mut (), Ordering::Release);
 }
 
+/// Installs what arms this vCPU's timer by a TSC deadline.
+pub(crate) fn set_arm(arm: fn(u64)) {
+    ARM.store(arm as *mut (), Ordering::Release);
+}
+
+/// Arms this vCPU's timer for the end of the report's grace, if the arming hook is installed.
+fn arm_for_grace(fired: u64) {
+    let arm = ARM.load(Ordering::Acquire);
+    if !arm.is_null() {
+        // SAFETY: only `set_arm` stores non-null values, all `fn(u64)`.
+        let arm = unsafe { core::mem::transmute::<*mut (), fn(u64)>(arm) };
+        arm(fired + percpu::ns_to_ticks(REPORT_GRACE_NS) + percpu::ns_to_ticks(1_000_000));
+    }
+}
+
 /// The check without an interrupted context (lock waits, scheduler loops).
 pub(crate) fn tick() {
     check(0);
@@ -49,13 +68,19 @@ pub(crate) fn check(pc: u64) {
             println!("activm-rt: watchdog: its report did not end the guest within 5 s; ending it");
             activm_stub::exit(99);
         }
+        // Whatever else this vCPU does meanwhile, it looks again after the grace.
+        arm_for_grace(fired);
         return;
     }
     let at = DUE.load(Ordering::Relaxed);
     if at == 0 || cpu::rdtsc() < at || DUE.swap(0, Ordering::AcqRel) == 0 {
         return;
     }
-    FIRED.store(cpu::rdtsc().max(1), Ordering::Relaxed);
+    let fired = cpu::rdtsc().max(1);
+    FIRED.store(fired, Ordering::Relaxed);
+    // The report may never return (its context dropped, or stuck): this vCPU's own timer ends
+    // the guest after the grace (the other vCPUs may run threads with no timer armed).
+    arm_for_grace(fired);
     println!(
         "activm-rt: watchdog: vCPU {} interrupted at pc {pc:#x}",
         activm_stub::vcpu_id()
