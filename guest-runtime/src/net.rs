@@ -15,6 +15,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use activm_stub::hypercall;
 use activm_stub::protocol::hypercall::Hypercall;
 use activm_stub::protocol::net::{NetCompletion, NetRing, NET_RING_CAPACITY, NET_WAITING};
+use activm_stub::protocol::shared::{SharedHeader, SHARED_FEATURE_NET_DOORBELL};
 use activm_stub::sync::SpinLock;
 
 use crate::{sched, tcb};
@@ -223,6 +224,12 @@ pub(crate) fn ring_deferred_doorbell(force: bool) {
     if DOORBELL_SINCE.swap(0, Ordering::SeqCst) == 0 || sender_polling() {
         return;
     }
+    if doorbell_store() {
+        // The VMM's net thread sends: no exit (~22 us from CPL3 here, against ~63 us for the
+        // call, which also sends on this vCPU's thread).
+        hypercall::net_doorbell();
+        return;
+    }
     // SAFETY: `tx_flush_all` takes no guest buffer.
     unsafe {
         hypercall::raw(
@@ -233,6 +240,18 @@ pub(crate) fn ring_deferred_doorbell(force: bool) {
             0,
         )
     };
+}
+
+/// Whether the VMM takes the transmit doorbell as a store (`SHARED_FEATURE_NET_DOORBELL`).
+fn doorbell_store() -> bool {
+    let shared = activm_stub::boot_info().shared_area;
+    if shared == 0 {
+        return false;
+    }
+    // SAFETY: the shared area's first page is its header, mapped for the guest's lifetime;
+    // `features` is written once by the VMM before the guest starts.
+    let features = unsafe { (*(shared as *const SharedHeader)).features };
+    features & SHARED_FEATURE_NET_DOORBELL != 0
 }
 
 /// Whether readiness reports wait in the ring (looks only).

@@ -170,6 +170,14 @@ impl Net {
         Ok(0)
     }
 
+    /// The transmit doorbell's store, taken by a vCPU's thread: send what every ring holds.
+    /// `Err` is a protocol violation.
+    pub fn ring_doorbell(&self, guest: &Guest) -> Result<(), String> {
+        self.send_all_queued(guest, &mut self.lock())?;
+        poll::after_call(guest);
+        Ok(())
+    }
+
     /// `net(op << 32 | socket, a1, a2, a3)`: the result, or `Err` for a protocol violation.
     pub fn call(&self, guest: &Guest, args: [u64; 4]) -> Result<u64, String> {
         let op = args[0] >> 32;

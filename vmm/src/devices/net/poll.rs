@@ -8,6 +8,9 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use kvm_ioctls::IoEventAddress;
+use vmm_sys_util::eventfd::EventFd;
+
 use protocol::net::*;
 use protocol::shared::SharedHeader;
 
@@ -149,17 +152,57 @@ pub fn after_call(guest: &Guest) {
 /// Start the guest's net thread (before the sandbox closes): it waits in `epoll_wait` and
 /// posts readiness.
 pub fn spawn_thread(guest: &Arc<Guest>) -> io::Result<()> {
-    if guest.net.is_none() {
+    let Some(net) = &guest.net else {
         return Ok(());
-    }
+    };
+    let doorbell = doorbell(guest, net)?;
     let weak = Arc::downgrade(guest);
     std::thread::Builder::new()
         .name(format!("g{}-net", guest.id))
         .spawn(move || {
             crate::sandbox::enter(crate::sandbox::ThreadKind::Net);
+            // Registered in the epoll instance while this thread lives.
+            let _doorbell = doorbell;
             net_thread(&weak)
         })
         .map(|_| ())
+}
+
+/// The epoll data of the transmit doorbell's eventfd (no socket index is `u32::MAX`, and a
+/// lingering socket's key has bits 32-62 clear).
+const DOORBELL_EVENT: u64 = u64::MAX;
+
+/// The transmit doorbell (`protocol::net::net_doorbell_address`): an eventfd KVM signals when
+/// the guest stores [`NET_DOORBELL_RING`] there, in the net thread's epoll, edge-triggered
+/// (every store is an event; nothing reads the counter). None when KVM refuses the ioeventfd:
+/// the store then exits, and the vCPU's thread sends (`vcpu/exits.rs`).
+fn doorbell(guest: &Guest, net: &Net) -> io::Result<Option<EventFd>> {
+    let fd = EventFd::new(libc::EFD_NONBLOCK)?;
+    let addr = net_doorbell_address(crate::arch::current::abi::HYPERCALL_BASE);
+    if guest
+        .vm
+        .register_ioevent(&fd, &IoEventAddress::Mmio(addr), NET_DOORBELL_RING)
+        .is_err()
+    {
+        return Ok(None);
+    }
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+        u64: DOORBELL_EVENT,
+    };
+    // SAFETY: both descriptors are live; `ev` is a valid event.
+    if unsafe {
+        libc::epoll_ctl(
+            net.epoll.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            fd.as_raw_fd(),
+            &mut ev,
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Some(fd))
 }
 
 /// How long the net thread keeps looking at the transmit rings after its last work before it
@@ -396,6 +439,10 @@ fn handle_events(
 ) -> Result<bool, String> {
     for ev in events {
         let (data, bits) = (ev.u64, u64::from(ev.events));
+        if data == DOORBELL_EVENT {
+            // The caller sends what every ring holds after the events.
+            continue;
+        }
         if data & LINGER_EVENT != 0 {
             net.linger_event(table, data);
             continue;
