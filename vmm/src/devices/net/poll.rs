@@ -264,7 +264,11 @@ fn net_thread(weak: &Weak<Guest>) {
     loop {
         let due = unseen.due_in_ns();
         let n = if polling || due.is_some() {
-            let slice = if polling { SENDER_POLL_SLICE_NS } else { i64::MAX };
+            let slice = if polling {
+                SENDER_POLL_SLICE_NS
+            } else {
+                i64::MAX
+            };
             wait_briefly(epoll, &mut events, slice.min(due.unwrap_or(i64::MAX)))
         } else {
             // SAFETY: `events` holds 64 entries; a closed `epoll` makes this fail and the loop
