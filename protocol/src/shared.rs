@@ -163,8 +163,8 @@ pub const SHARED_FEATURE_YIELD_IO: u32 = 1 << 2;
 
 /// [`SharedHeader::features`]: a 4-byte store of [`crate::net::NET_DOORBELL_RING`] to the `net`
 /// hypercall's slot ([`crate::net::net_doorbell_address`]) is `tx_flush_all` without an exit
-/// to the VMM (an ioeventfd: the VMM's net thread sends what the transmit rings hold). Without
-/// the bit such a store is a protocol violation.
+/// to the VMM (an ioeventfd: the VMM's net thread sends what the transmit rings hold), for a
+/// guest with sockets. Otherwise such a store is a protocol violation.
 pub const SHARED_FEATURE_NET_DOORBELL: u32 = 1 << 3;
 
 /// The first page of the shared area.

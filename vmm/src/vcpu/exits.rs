@@ -69,15 +69,17 @@ impl VcpuThread {
                         return ExitAction::Continue;
                     }
                 }
-                if addr == protocol::net::net_doorbell_address(arch::abi::HYPERCALL_BASE) {
+                if addr == protocol::net::net_doorbell_address(arch::abi::HYPERCALL_BASE)
+                    && len == 4
+                {
                     // The transmit doorbell's store when KVM did not take it as an ioeventfd:
                     // this thread sends (`tx_flush_all`).
                     if let Some(net) = &self.guest.net {
                         if let Err(why) = net.ring_doorbell(&self.guest) {
                             return self.violation(why);
                         }
+                        return ExitAction::Continue;
                     }
-                    return ExitAction::Continue;
                 }
                 let what = if protocol::hypercall::decode(addr, arch::abi::HYPERCALL_BASE).is_some()
                 {
