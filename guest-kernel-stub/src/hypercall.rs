@@ -150,6 +150,15 @@ pub fn blk_doorbell() {
     unsafe { core::ptr::write_volatile(addr as *mut u32, protocol::blk_submit::BLK_DOORBELL_RING) };
 }
 
+/// The transmit rings' doorbell without an exit (`protocol::net::net_doorbell_address`; only
+/// with `SHARED_FEATURE_NET_DOORBELL`).
+pub fn net_doorbell() {
+    let addr = protocol::net::net_doorbell_address(HYPERCALL_BASE);
+    // SAFETY: the `net` slot of the hypercall page is mapped (uncached, user-accessible) with
+    // nothing behind it; a 4-byte store there only signals the VMM, which offered it.
+    unsafe { core::ptr::write_volatile(addr as *mut u32, protocol::net::NET_DOORBELL_RING) };
+}
+
 /// The same doorbell through an exit (the `blk_doorbell` hypercall, a load).
 pub fn blk_doorbell_exit() {
     // SAFETY: blk_doorbell takes no arguments.

@@ -77,10 +77,14 @@ wire_enum! {
         /// [`crate::blk_submit::BlkSubmitRing`] (once, after `blk_ring_setup`).
         BlkSubmitRingSetup = 38 => "blk_submit_ring_setup",
         /// `blk_doorbell() -> 0`: wake the submission ring's consumer. A 4-byte *store* to this
-        /// slot is the same doorbell without an exit (an ioeventfd; the one store allowed).
+        /// slot is the same doorbell without an exit (an ioeventfd; one of the two stores
+        /// allowed, with the `net` slot's).
         BlkDoorbell = 39 => "blk_doorbell",
         /// `net(op << 32 | socket, a1, a2, a3) -> value | -errno | NET_WAITING`: a socket
-        /// operation through the VMM ([`crate::net`]).
+        /// operation through the VMM ([`crate::net`]). A 4-byte *store* of
+        /// [`crate::net::NET_DOORBELL_RING`] to this slot is the transmit doorbell without an
+        /// exit (`tx_flush_all` by the VMM's net thread; with
+        /// [`crate::shared::SHARED_FEATURE_NET_DOORBELL`]).
         Net = 48 => "net",
         /// `net_ring_setup(gpa) -> 0 | -errno`: register the guest's [`crate::net::NetRing`].
         NetRingSetup = 49 => "net_ring_setup",

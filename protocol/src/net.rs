@@ -161,6 +161,17 @@ impl Default for NetRing {
 /// [`NetRing::sender`]: the VMM is awake and sends queued bytes without a doorbell.
 pub const NET_SENDER_POLLING: u32 = 1;
 
+/// The value the guest stores to ring the transmit doorbell (the ioeventfd matches it; with
+/// [`crate::shared::SHARED_FEATURE_NET_DOORBELL`]).
+pub const NET_DOORBELL_RING: u32 = 1;
+
+/// The transmit doorbell: a 4-byte store of [`NET_DOORBELL_RING`] to the `net` hypercall's slot
+/// (a load there is the `net` call itself). The VMM's net thread then sends every transmit
+/// ring, as `tx_flush_all` would on the vCPU's thread, but the vCPU does not exit to the VMM.
+pub const fn net_doorbell_address(hypercall_base: u64) -> u64 {
+    crate::hypercall::Hypercall::Net.address(hypercall_base)
+}
+
 /// Bytes in a [`NetRx`] buffer.
 pub const NET_RX_BYTES: usize = 16 * 1024;
 /// [`NetRx::state`] bits (VMM writes): the peer closed (after the buffered bytes, `recv`

@@ -161,6 +161,12 @@ pub const SHARED_FEATURE_TIMELINE: u32 = 1 << 1;
 /// vCPU should rather halt (cheaper than a new activation) for a while.
 pub const SHARED_FEATURE_YIELD_IO: u32 = 1 << 2;
 
+/// [`SharedHeader::features`]: a 4-byte store of [`crate::net::NET_DOORBELL_RING`] to the `net`
+/// hypercall's slot ([`crate::net::net_doorbell_address`]) is `tx_flush_all` without an exit
+/// to the VMM (an ioeventfd: the VMM's net thread sends what the transmit rings hold), for a
+/// guest with sockets. Otherwise such a store is a protocol violation.
+pub const SHARED_FEATURE_NET_DOORBELL: u32 = 1 << 3;
+
 /// The first page of the shared area.
 #[repr(C, align(4096))]
 #[derive(Debug)]

@@ -130,6 +130,41 @@ fn benchmark_then_round_trip(options: &'static [&'static str]) -> Result<(), Fai
     Ok(())
 }
 
+/// Requests on one connection with idle gaps: the VMM's net thread has stopped polling and the
+/// vCPUs halt between them, so each reply goes out by the transmit doorbell (the store to the
+/// `net` slot, an ioeventfd) and each request wakes a halted vCPU. Every reply must come.
+fn answers_after_idle_gaps(options: &'static [&'static str]) -> Result<(), Failed> {
+    use std::io::{BufRead, BufReader, Write};
+    redis_tools()?;
+    let port = free_port()?;
+    let _server = start_kv(port, options)?;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    for i in 0..6 {
+        std::thread::sleep(Duration::from_millis(if i % 2 == 0 { 200 } else { 3 }));
+        let value = format!("v{i}");
+        let set = format!(
+            "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n${}\r\n{value}\r\n",
+            value.len()
+        );
+        stream.write_all(set.as_bytes())?;
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        if line != "+OK\r\n" {
+            return Err(format!("request {i}: SET answered {line:?}").into());
+        }
+        stream.write_all(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n")?;
+        let (mut head, mut body) = (String::new(), String::new());
+        reader.read_line(&mut head)?;
+        reader.read_line(&mut body)?;
+        if head != format!("${}\r\n", value.len()) || body != format!("{value}\r\n") {
+            return Err(format!("request {i}: GET answered {head:?} {body:?}").into());
+        }
+    }
+    Ok(())
+}
+
 /// `std-kv ping` against a listener of the test's own that answers `+PONG`.
 fn connects_only_where_allowed() -> Result<(), Failed> {
     use std::io::{Read, Write};
@@ -217,6 +252,15 @@ pub fn tests() -> Vec<Trial> {
         }),
         Trial::test("std_kv_serves_redis_benchmark_without_activations", || {
             benchmark_then_round_trip(&["--vcpus", "2", "--no-activations"])
+        }),
+        Trial::test("std_kv_answers_after_idle_gaps", || {
+            answers_after_idle_gaps(&["--vcpus", "2"])
+        }),
+        Trial::test("std_kv_answers_after_idle_gaps_without_activations", || {
+            answers_after_idle_gaps(&["--vcpus", "2", "--no-activations"])
+        }),
+        Trial::test("std_kv_answers_after_idle_gaps_host_sched", || {
+            answers_after_idle_gaps(&["--vcpus", "2", "--host-sched"])
         }),
         Trial::test("a_guest_reaches_nothing_unpublished", || {
             // No --publish: the bind is refused (EACCES).

@@ -32,6 +32,7 @@ mod poll;
 mod rx;
 pub mod thread;
 mod tx;
+mod unseen;
 use crate::config::NetConfig;
 use opts::{so_error, sockopt};
 use poll::{epoll_update, post};
@@ -166,6 +167,13 @@ impl Net {
             .map_err(|e| e.to_string())?;
         table.ring = Some(gpa);
         Ok(0)
+    }
+
+    /// The transmit doorbell's store, taken by a vCPU's thread: send what every ring holds (the
+    /// caller then publishes, `thread::after_call`). `Err` is a protocol violation.
+    pub fn ring_doorbell(&self, ram: &GuestRam) -> Result<(), String> {
+        self.send_all_queued(ram, &mut self.lock())?;
+        Ok(())
     }
 
     /// `net(op << 32 | socket, a1, a2, a3)`: the result, or `Err` for a protocol violation.

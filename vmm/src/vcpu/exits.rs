@@ -69,6 +69,20 @@ impl VcpuThread {
                         return ExitAction::Continue;
                     }
                 }
+                if addr == protocol::net::net_doorbell_address(arch::abi::HYPERCALL_BASE)
+                    && len == 4
+                {
+                    // The transmit doorbell's store when KVM did not take it as an ioeventfd:
+                    // this thread sends (`tx_flush_all`).
+                    if let Some(net) = &self.guest.net {
+                        let sent = net.ring_doorbell(&self.guest.ram);
+                        crate::devices::net::thread::after_call(&self.guest);
+                        if let Err(why) = sent {
+                            return self.violation(why);
+                        }
+                        return ExitAction::Continue;
+                    }
+                }
                 let what = if protocol::hypercall::decode(addr, arch::abi::HYPERCALL_BASE).is_some()
                 {
                     format!(

@@ -127,6 +127,10 @@ pub(super) fn publish(table: &mut Table, ram: &GuestRam) -> Result<usize, String
     Ok(pending.len())
 }
 
+/// The epoll data of the transmit doorbell's eventfd (`thread.rs`; no socket index is
+/// `u32::MAX`, and a lingering socket's key has bits 32-62 clear).
+pub(super) const DOORBELL_EVENT: u64 = u64::MAX;
+
 /// Handles readiness events: fills receive buffers, sends what waited for room, posts the tags
 /// that waited. Whether there were any; `Err` is a protocol violation.
 pub(super) fn handle_events(
@@ -137,6 +141,10 @@ pub(super) fn handle_events(
 ) -> Result<bool, String> {
     for ev in events {
         let (data, bits) = (ev.u64, u64::from(ev.events));
+        if data == DOORBELL_EVENT {
+            // The caller sends what every ring holds after the events.
+            continue;
+        }
         if data & LINGER_EVENT != 0 {
             net.linger_event(table, data);
             continue;

@@ -10,9 +10,13 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use kvm_ioctls::IoEventAddress;
+use vmm_sys_util::eventfd::EventFd;
+
 use protocol::net::*;
 
-use super::{errno, poll, Table};
+use super::unseen::Unseen;
+use super::{errno, poll, Net, Table};
 use crate::guest::Guest;
 use crate::vm::Outcome;
 
@@ -42,17 +46,54 @@ pub fn after_call(guest: &Guest) {
 /// Start the guest's net thread (before the sandbox closes): it waits in `epoll_wait` and
 /// posts readiness.
 pub fn spawn_thread(guest: &Arc<Guest>) -> io::Result<()> {
-    if guest.net.is_none() {
+    let Some(net) = &guest.net else {
         return Ok(());
-    }
+    };
+    let doorbell = doorbell(guest, net)?;
     let weak = Arc::downgrade(guest);
     std::thread::Builder::new()
         .name(format!("g{}-net", guest.id))
         .spawn(move || {
             crate::sandbox::enter(crate::sandbox::ThreadKind::Net);
+            // Registered in the epoll instance while this thread lives.
+            let _doorbell = doorbell;
             net_thread(&weak)
         })
         .map(|_| ())
+}
+
+/// The transmit doorbell (`protocol::net::net_doorbell_address`): an eventfd KVM signals when
+/// the guest stores [`NET_DOORBELL_RING`] there, in the net thread's epoll with
+/// [`poll::DOORBELL_EVENT`], edge-triggered (every store is an event; nothing reads the
+/// counter). None when KVM refuses the ioeventfd: the store then exits, and the vCPU's thread
+/// sends (`vcpu/exits.rs`).
+fn doorbell(guest: &Guest, net: &Net) -> io::Result<Option<EventFd>> {
+    let fd = EventFd::new(libc::EFD_NONBLOCK)?;
+    let addr = net_doorbell_address(crate::arch::current::abi::HYPERCALL_BASE);
+    if guest
+        .vm
+        .register_ioevent(&fd, &IoEventAddress::Mmio(addr), NET_DOORBELL_RING)
+        .is_err()
+    {
+        return Ok(None);
+    }
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+        u64: poll::DOORBELL_EVENT,
+    };
+    // SAFETY: both descriptors are live; `ev` is a valid event.
+    if unsafe {
+        libc::epoll_ctl(
+            net.epoll.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            fd.as_raw_fd(),
+            &mut ev,
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Some(fd))
 }
 
 /// How long the net thread keeps looking at the transmit rings after its last work before it
@@ -110,9 +151,16 @@ fn net_thread(weak: &Weak<Guest>) {
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
     let mut polling = false;
     let mut last_work = Instant::now();
+    let mut unseen = Unseen::default();
     loop {
-        let n = if polling {
-            wait_briefly(epoll, &mut events, SENDER_POLL_SLICE_NS)
+        let due = unseen.due_in_ns();
+        let n = if polling || due.is_some() {
+            let slice = if polling {
+                SENDER_POLL_SLICE_NS
+            } else {
+                i64::MAX
+            };
+            wait_briefly(epoll, &mut events, slice.min(due.unwrap_or(i64::MAX)))
         } else {
             // SAFETY: `events` holds 64 entries; a closed `epoll` makes this fail and the loop
             // end.
@@ -137,7 +185,7 @@ fn net_thread(weak: &Weak<Guest>) {
             if posted > 0 {
                 drop(table);
                 fence(Ordering::SeqCst);
-                crate::devices::blk_async::wake_one_idle(&guest);
+                unseen.wake(&guest);
                 table = net.lock();
             }
         }
@@ -168,10 +216,15 @@ fn net_thread(weak: &Weak<Guest>) {
         }
         // Tags of senders that waited for room.
         let posted = publish(&mut table, &guest);
+        let consumed = table
+            .ring
+            .is_none_or(|ring| super::unseen::ring_tail(&guest, ring) == Some(table.head));
         drop(table);
         if posted > 0 {
             fence(Ordering::SeqCst);
-            crate::devices::blk_async::wake_one_idle(&guest);
+            unseen.wake(&guest);
+        } else {
+            unseen.follow_up(&guest, consumed);
         }
     }
 }
