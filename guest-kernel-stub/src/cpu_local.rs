@@ -44,7 +44,6 @@ pub const USER_OFFSET: usize = offset_of!(CpuLocal, user);
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const THIS_OFFSET: usize = offset_of!(CpuLocal, this);
 /// Offset of the vCPU index.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const VCPU_OFFSET: usize = offset_of!(CpuLocal, vcpu);
 /// Offset of the preemption-hold counter.
 pub const HOLD_OFFSET: usize = offset_of!(CpuLocal, hold);

@@ -9,7 +9,8 @@
 //! Small blocks (up to [`MAX_SMALL`] bytes, alignment up to 16) are rounded up to a power of
 //! two and kept, when freed, in a small cache per vCPU and size ([`small`]) that the next
 //! allocation of that size on that vCPU takes without the lock: a std thread's spawn and join
-//! allocate and free four such blocks.
+//! allocate and free five such blocks. Under the thread runtime the caches are restartable
+//! sequences without a locked instruction ([`use_restartable_caches`]).
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::NonNull;
@@ -19,7 +20,7 @@ use talc::{ErrOnOom, Span, Talc};
 
 use crate::sync::SpinLock;
 
-mod small;
+pub(crate) mod small;
 
 pub use small::MAX_SMALL;
 
@@ -144,6 +145,25 @@ pub(crate) fn wait_ready() {
     while !READY.load(Ordering::Acquire) {
         core::hint::spin_loop();
     }
+}
+
+/// Switches the caches of small blocks to restartable sequences (no locked instruction per
+/// allocation or free; see `small`).
+///
+/// # Safety
+/// From now on, every interrupt handler and every resumption of a context the VMM handed over
+/// first rewinds an instruction pointer inside one of the heap's restartable sequences
+/// (`__stub_rseq_heap_take_start..__stub_rseq_heap_take_end`, and the same for `put`) to its
+/// start: the thread runtime lists them in its restartable-sequence table.
+pub unsafe fn use_restartable_caches() {
+    // SAFETY: the caller's contract.
+    unsafe { small::use_restartable() };
+}
+
+/// The `[start, end)` ranges of the heap's restartable sequences (for tests of the runtime's
+/// table).
+pub fn restartable_sequences() -> [(u64, u64); 2] {
+    crate::arch::current::heap::sequences()
 }
 
 /// Bytes currently allocated (blocks kept in the per-vCPU caches of small blocks count as

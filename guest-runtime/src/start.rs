@@ -82,6 +82,10 @@ fn init(main: MainFn) {
     activm_stub::set_panic_context(panic_context);
     preempt::set_release_hook(sched::safepoint);
     preempt::set_wait_hook(crate::watchdog::tick);
+    // SAFETY: the heap's two sequences are in the restartable-sequence table (`arch::rseq`),
+    // which every handler registered above and every resumption of a handed-over context
+    // consult first.
+    unsafe { activm_stub::heap::use_restartable_caches() };
     crate::watchdog::set_report(crate::stats::dump);
     crate::watchdog::set_arm(timer::arm_by);
 

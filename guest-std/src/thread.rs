@@ -1,12 +1,16 @@
 //! Threads: std's `sys_spawn2`/`sys_join`/`sys_yield`/`sys_usleep` on activm-rt's M:N user
 //! threads. A thread id (`Tid`) is a slot, +1, in a table of `JoinHandle`s until `sys_join`
 //! takes it (the slot is then reused: no allocation per thread once the table has grown).
+//!
+//! The table is behind a spinlock (one locked instruction to take it, a plain store to release
+//! it; activm-rt's `Mutex` costs two), held for a few instructions that never allocate: the
+//! table grows with the lock dropped, and the list of free slots always has room for every slot.
 
 use alloc::vec::Vec;
 use core::time::Duration;
 
-use activm_rt::sync::Mutex;
 use activm_rt::thread::{self, JoinHandle};
+use activm_stub::sync::SpinLock;
 
 use crate::errno::{fail, EINVAL, ESRCH};
 use crate::sys::Timespec;
@@ -18,36 +22,68 @@ pub type Tid = u32;
 /// runtime's default guard-paged stack slot; larger requests get a stack of that size.
 const STD_DEFAULT_STACK: usize = 1 << 20;
 
-/// Unjoined threads by slot, and the free slots.
+/// Unjoined threads by slot, and the free slots (`free.capacity() >= slots.capacity()`, so
+/// `free.push` never allocates).
 struct Table {
     slots: Vec<Option<JoinHandle<()>>>,
     free: Vec<usize>,
 }
 
-static THREADS: Mutex<Table> = Mutex::new(Table {
+static THREADS: SpinLock<Table> = SpinLock::new(Table {
     slots: Vec::new(),
     free: Vec::new(),
 });
 
-impl Table {
-    fn insert(&mut self, handle: JoinHandle<()>) -> Tid {
-        let slot = match self.free.pop() {
+/// Slots the table first grows to.
+const FIRST_SLOTS: usize = 16;
+
+/// Files `handle` in a free slot; returns its id.
+fn insert(handle: JoinHandle<()>) -> Tid {
+    loop {
+        let mut table = THREADS.lock();
+        let slot = match table.free.pop() {
             Some(slot) => slot,
+            None if table.slots.len() < table.slots.capacity() => {
+                table.slots.push(None);
+                table.slots.len() - 1
+            }
             None => {
-                self.slots.push(None);
-                self.slots.len() - 1
+                let want = (2 * table.slots.capacity()).max(FIRST_SLOTS);
+                drop(table);
+                grow(want);
+                continue;
             }
         };
-        self.slots[slot] = Some(handle);
-        slot as Tid + 1
+        // The slot was empty: nothing is dropped under the lock.
+        table.slots[slot] = Some(handle);
+        return slot as Tid + 1;
     }
+}
 
-    fn take(&mut self, tid: Tid) -> Option<JoinHandle<()>> {
-        let slot = (tid as usize).checked_sub(1)?;
-        let handle = self.slots.get_mut(slot)?.take()?;
-        self.free.push(slot);
-        Some(handle)
+/// Gives the table room for `want` slots: allocates with the lock dropped, moves the slots
+/// under it (no allocation), frees the old vectors after it.
+fn grow(want: usize) {
+    let mut slots = Vec::with_capacity(want);
+    let mut free = Vec::with_capacity(want);
+    {
+        let mut table = THREADS.lock();
+        if table.slots.capacity() >= want {
+            return; // another thread grew it meanwhile
+        }
+        slots.append(&mut table.slots);
+        free.append(&mut table.free);
+        core::mem::swap(&mut table.slots, &mut slots);
+        core::mem::swap(&mut table.free, &mut free);
     }
+}
+
+/// Takes thread `tid`'s handle out of its slot, if it is there.
+fn take(tid: Tid) -> Option<JoinHandle<()>> {
+    let slot = (tid as usize).checked_sub(1)?;
+    let mut table = THREADS.lock();
+    let handle = table.slots.get_mut(slot)?.take()?;
+    table.free.push(slot);
+    Some(handle)
 }
 
 /// `Tid sys_spawn2(void (*func)(usize), usize arg, u8 prio, usize stack_size, isize core_id)`:
@@ -66,7 +102,7 @@ pub extern "C" fn sys_spawn2(
         builder = builder.stack_size(stack_size);
     }
     match builder.spawn(move || func(arg)) {
-        Ok(handle) => THREADS.lock().unwrap().insert(handle),
+        Ok(handle) => insert(handle),
         Err(_) => 0,
     }
 }
@@ -96,8 +132,7 @@ pub unsafe extern "C" fn sys_spawn(
 /// already joined) id.
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_join(id: Tid) -> i32 {
-    let handle = THREADS.lock().unwrap().take(id);
-    match handle {
+    match take(id) {
         Some(handle) => {
             let _ = handle.join();
             0

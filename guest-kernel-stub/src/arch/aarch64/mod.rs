@@ -7,6 +7,7 @@
 //! to EL0.
 
 pub(crate) mod boot;
+pub(crate) mod heap;
 pub(crate) mod hypercall;
 pub mod irqchip;
 pub mod percpu;

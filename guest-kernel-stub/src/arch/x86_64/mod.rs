@@ -2,6 +2,7 @@
 //! [`traps`]); no Rust code ever runs at CPL0, so the Rust code may use SSE freely.
 
 pub(crate) mod boot;
+pub(crate) mod heap;
 pub(crate) mod hypercall;
 pub mod irqchip;
 pub mod percpu;

@@ -151,6 +151,9 @@ core::arch::global_asm!(
     "    .quad __rt_rseq_halt_start, __rt_rseq_halt_end, __rt_rseq_halt_start",
     "    .quad __rt_rseq_probe_start, __rt_rseq_probe_end, __rt_rseq_probe_start",
     "    .quad __rt_rseq_switch_in_start, __rt_rseq_switch_in_end, __rt_rseq_switch_in_start",
+    // The heap's small-block caches (activm_stub::heap, `arch::*::heap`).
+    "    .quad __stub_rseq_heap_take_start, __stub_rseq_heap_take_end, __stub_rseq_heap_take_start",
+    "    .quad __stub_rseq_heap_put_start, __stub_rseq_heap_put_end, __stub_rseq_heap_put_start",
     ".globl __rt_rseq_table_end",
     "__rt_rseq_table_end:",
     ".popsection",

@@ -12,8 +12,9 @@
 //! The sequences: [`rq_push`] and [`rq_pop`] (this vCPU's run queue), `__rt_switch_in` (making a
 //! thread current, see `context`), [`take_record`] (this vCPU's upcall queue), [`idle_halt`]
 //! (check for deferred work, then the `halt` hypercall: an interrupt between the two rewinds to
-//! the check, so no wake-up is lost) and [`probe_increment`] (a deliberately long sequence for
-//! the tests).
+//! the check, so no wake-up is lost), [`probe_increment`] (a deliberately long sequence for
+//! the tests), and the stub heap's two (a small block taken from or given to this vCPU's cache,
+//! `activm_stub::heap::use_restartable_caches`), listed here and turned on at start-up.
 
 use core::mem::{offset_of, size_of};
 
@@ -142,6 +143,9 @@ core::arch::global_asm!(
     "    .quad __rt_rseq_halt_start, __rt_rseq_halt_end, __rt_rseq_halt_start",
     "    .quad __rt_rseq_probe_start, __rt_rseq_probe_end, __rt_rseq_probe_start",
     "    .quad __rt_rseq_switch_in_start, __rt_rseq_switch_in_end, __rt_rseq_switch_in_start",
+    // The heap's small-block caches (activm_stub::heap, `arch::*::heap`).
+    "    .quad __stub_rseq_heap_take_start, __stub_rseq_heap_take_end, __stub_rseq_heap_take_start",
+    "    .quad __stub_rseq_heap_put_start, __stub_rseq_heap_put_end, __stub_rseq_heap_put_start",
     ".globl __rt_rseq_table_end",
     "__rt_rseq_table_end:",
     ".popsection",

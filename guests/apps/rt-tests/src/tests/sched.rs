@@ -367,6 +367,29 @@ pub(super) fn random_preemption() -> TestResult {
 /// A watchdog put around it must be longer (`upcalls::sa_chaos`).
 pub(super) const STRESS_LIMIT_MS: u64 = 30_000;
 
+/// A few live heap blocks of every small size class (the per-vCPU caches'), each filled with a
+/// value no other allocation uses and checked when it is replaced: a block handed to two owners
+/// at once shows as a block holding the other owner's value.
+#[derive(Default)]
+struct SmallBlocks {
+    live: [Option<(u64, Vec<u64>)>; 8],
+    corrupt: u64,
+}
+
+impl SmallBlocks {
+    /// Checks and frees one block, allocates its replacement (8 to 256 bytes) filled with `tag`.
+    fn churn(&mut self, rng: u64, tag: u64) {
+        let slot = &mut self.live[(rng % 8) as usize];
+        if let Some((old, block)) = slot.take() {
+            if block.iter().any(|&v| v != old) {
+                self.corrupt += 1;
+            }
+        }
+        let words = 1 + (rng >> 8) as usize % 32;
+        *slot = Some((tag, alloc::vec![tag; words]));
+    }
+}
+
 /// The stress workload; with `chaos`, another thread also changes the VMM's processor
 /// allocation at random (real activations: PREEMPTED, NEWPROC, USER upcalls all the time).
 pub(super) fn stress(chaos: bool) -> TestResult {
@@ -379,6 +402,12 @@ pub(super) fn stress(chaos: bool) -> TestResult {
     // (an interrupt takes ~120 us to reach the guest on today's kvm_pvm host; 100-250
     // preemptions/s were seen at load averages of 30-40 on 2 CPUs), not something to test.
     const FLOOR: u64 = 1_000;
+    for (start, end) in activm_stub::heap::restartable_sequences() {
+        ensure(
+            rt::in_rseq(start) && rt::in_rseq(end - 1) && !rt::in_rseq(end),
+            || format!("the heap's sequence {start:#x}..{end:#x} is not in the runtime's table"),
+        )?;
+    }
     let workers = 4 * rt::nr_vcpus() as u64;
     *M.lock().unwrap() = 0;
     *SPIN.lock() = 0;
@@ -400,10 +429,12 @@ pub(super) fn stress(chaos: bool) -> TestResult {
                 .spawn(move || {
                     let (mut iters, mut probes, mut children, mut sent) = (0u64, 0u64, 0u64, 0u64);
                     let mut rng = 0x1234_5678u64 ^ (w << 20);
+                    let mut blocks = SmallBlocks::default();
                     while !STOP.load(Ordering::Acquire) {
                         rng ^= rng << 13;
                         rng ^= rng >> 7;
                         rng ^= rng << 17;
+                        blocks.churn(rng, w << 40 | iters);
                         *M.lock().unwrap() += 1;
                         *SPIN.lock() += 1;
                         rt::probe_increment(rng % 64 + 1);
@@ -425,7 +456,7 @@ pub(super) fn stress(chaos: bool) -> TestResult {
                         }
                         iters += 1;
                     }
-                    (iters, probes, children, sent)
+                    (iters, probes, children, sent, blocks.corrupt)
                 })
                 .unwrap()
         })
@@ -482,13 +513,14 @@ pub(super) fn stress(chaos: bool) -> TestResult {
     STOP.store(true, Ordering::Release);
     CHAOS_STOP.store(true, Ordering::Release);
     let changes = chaos.map(|c| c.join().unwrap());
-    let (mut iters, mut probes, mut children, mut sent) = (0, 0, 0, 0);
+    let (mut iters, mut probes, mut children, mut sent, mut corrupt) = (0, 0, 0, 0, 0);
     for h in handles {
-        let (i, p, c, s) = h.join().unwrap();
+        let (i, p, c, s, x) = h.join().unwrap();
         iters += i;
         probes += p;
         children += c;
         sent += s;
+        corrupt += x;
     }
     let received = collector.join().unwrap();
     config::set_random_preemption(None);
@@ -504,6 +536,9 @@ pub(super) fn stress(chaos: bool) -> TestResult {
     })?;
     ensure(probe == probes, || {
         format!("restartable-sequence counter {probe}, expected {probes}")
+    })?;
+    ensure(corrupt == 0, || {
+        format!("{corrupt} small heap blocks overwritten by another owner")
     })?;
     let ran = CHILDREN_RAN.load(Ordering::Acquire);
     ensure(ran == children, || {
@@ -523,7 +558,7 @@ pub(super) fn stress(chaos: bool) -> TestResult {
         let kind =
             |k: UpcallKind| after.records_by_kind[k as usize] - before.records_by_kind[k as usize];
         return Ok(format!(
-            "{changes} allocation changes: {} PREEMPTED / {} NEWPROC / {} USER records, {} contexts resumed, {} idle dropped, {} adopted, {} continued; {workers} threads, {preempted} random preemptions, counters exact ({iters} iterations, {children} children, {received} messages)",
+            "{changes} allocation changes: {} PREEMPTED / {} NEWPROC / {} USER records, {} contexts resumed, {} idle dropped, {} adopted, {} continued; {workers} threads, {preempted} random preemptions, counters exact ({iters} iterations, {children} children, {received} messages, small heap blocks intact)",
             kind(UpcallKind::Preempted),
             kind(UpcallKind::NewProc),
             kind(UpcallKind::User),
@@ -534,7 +569,7 @@ pub(super) fn stress(chaos: bool) -> TestResult {
         ));
     }
     Ok(format!(
-        "{workers} threads, {iters} iterations, {preempted} preemptions at random points ({} timer interrupts), {} rewinds, {} deferred under a hold, {} in the scheduler; counters exact, {children} children, {received} messages",
+        "{workers} threads, {iters} iterations, {preempted} preemptions at random points ({} timer interrupts), {} rewinds, {} deferred under a hold, {} in the scheduler; counters exact, {children} children, {received} messages, small heap blocks intact",
         after.timer_irqs - before.timer_irqs,
         after.rseq_rewinds - before.rseq_rewinds,
         after.deferred_held - before.deferred_held,
