@@ -8,8 +8,8 @@
 //! against the same computation without the device, measured in the same run. Then the cost of
 //! one request. The guest runtime submits requests asynchronously when the VMM offers it (a
 //! completion ring: the vCPU never blocks, in every mode), through a submission ring (no exit
-//! per request while the VMM looks at the ring on its own; when it does not, the doorbell is a
-//! `blk_doorbell` exit that takes the ring in place); rows marked "blocking" run it with
+//! per request while the VMM looks at the ring on its own; when it does not, the request is
+//! taken back and goes by one `blk_submit` exit); rows marked "blocking" run it with
 //! `--rt-blk-async=off`, today's guests: each request blocks its vCPU in the VMM. Two more rows
 //! make one `blk_submit` exit per request (`--rt-blk-ring=off`) or ring the doorbell with an
 //! ioeventfd store that wakes the VMM's consumer thread (`--rt-blk-doorbell-exit=off`). At 1 us latency a request,

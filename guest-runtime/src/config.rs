@@ -10,7 +10,7 @@
 //! | `--rt-idle-yield-us=N` | with activations: how long a vCPU halts idle before it gives its processor back to the VMM (`sa_yield`; 0: never) | 1000 |
 //! | `--rt-blk-async=on\|off` | block requests through the VMM's completion ring when it offers one (the vCPU never blocks) | on |
 //! | `--rt-blk-ring=on\|off` | with asynchronous block requests: submit through the VMM's submission ring when it offers one (no exit while the VMM looks at the ring on its own; off: one `blk_submit` exit each) | on |
-//! | `--rt-blk-doorbell-exit=on\|off` | ring the submission ring's doorbell with a hypercall (an exit that takes the ring in place) instead of an in-kernel store (a wake-up of the VMM's consumer thread) | on |
+//! | `--rt-blk-doorbell-exit=on\|off` | with the submission ring's consumer asleep, take the request back and submit it with `blk_submit`'s exit (which completes a page-cache read inside it) instead of ringing the doorbell with an in-kernel store (a wake-up of the VMM's consumer thread) | on |
 //! | `--rt-blk-nudge-us=N` | with asynchronous block requests: ask the VMM to interrupt a busy vCPU when a completion waits this long (0: only idle vCPUs are interrupted) | 500 |
 //! | `--rt-stats=on` | print the runtime's counters when `main` returns | off |
 //!

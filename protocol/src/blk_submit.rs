@@ -32,7 +32,9 @@
 //! `dmb ish` on arm64), so at least one of them sees the other's store: either the consumer sees
 //! the new bit and does not sleep, or the guest sees `SLEEPING` and rings. A spurious doorbell
 //! (the consumer woke meanwhile) costs one wake-up and nothing else; the doorbell is counted,
-//! not lost, if it comes before the consumer sleeps (an eventfd).
+//! not lost, if it comes before the consumer sleeps (an eventfd). Instead of ringing, a guest may
+//! take its bit back (an atomic AND; it owns the request only if the bit was still set) and
+//! submit the request with `blk_submit`: the consumer's swap and the guest's AND never both win.
 //!
 //! **Looking without a consumer awake** ([`BLK_CONSUMER_LOOKING`]). While the VMM has earlier
 //! requests of the guest waiting for the device's latency, it looks at `submitted` anyway: at
