@@ -20,6 +20,7 @@ use talc::{ErrOnOom, Span, Talc};
 
 use crate::sync::SpinLock;
 
+mod sequences;
 pub(crate) mod small;
 
 pub use small::MAX_SMALL;
@@ -163,7 +164,7 @@ pub unsafe fn use_restartable_caches() {
 /// The `[start, end)` ranges of the heap's restartable sequences (for tests of the runtime's
 /// table).
 pub fn restartable_sequences() -> [(u64, u64); 2] {
-    crate::arch::current::heap::sequences()
+    sequences::sequences()
 }
 
 /// Bytes currently allocated (blocks kept in the per-vCPU caches of small blocks count as

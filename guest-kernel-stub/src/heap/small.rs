@@ -8,8 +8,8 @@
 //!
 //! * **Restartable** (once the thread runtime calls `use_restartable_caches`): a stack of
 //!   blocks per class and vCPU, pushed and popped by two restartable sequences
-//!   (`arch::*::heap`) that commit with one plain store of the stack's length; the runtime
-//!   rewinds an interrupted or handed-over sequence to its start, so it runs again on whatever
+//!   (`arch::*::heap`, called through `heap::sequences`) that commit with one plain store of
+//!   the stack's length; the runtime rewinds an interrupted or handed-over sequence to its start, so it runs again on whatever
 //!   vCPU it is then on. No locked instruction: a malloc+free of a small block costs a few
 //!   nanoseconds instead of two atomic read-modify-writes (~8 ns each on the development host;
 //!   a std spawn+join allocates and frees five blocks).
@@ -25,8 +25,6 @@ use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use protocol::MAX_VCPUS;
-
-use crate::arch::current as arch;
 
 /// The largest block the caches keep.
 pub const MAX_SMALL: usize = 256;
@@ -120,7 +118,7 @@ fn entries(class: Class) -> &'static [AtomicPtr<u8>; ENTRIES] {
 pub(super) fn take(class: Class) -> Option<*mut u8> {
     if RESTARTABLE.load(Ordering::Relaxed) {
         // SAFETY: a valid class; `use_restartable`'s caller rewinds the sequences.
-        let block = unsafe { arch::heap::take(class.0 as usize) };
+        let block = unsafe { super::sequences::take(class.0 as usize) };
         if !block.is_null() {
             return Some(block);
         }
@@ -139,7 +137,7 @@ pub(super) fn take(class: Class) -> Option<*mut u8> {
 pub(super) fn put(class: Class, block: NonNull<u8>) -> bool {
     if RESTARTABLE.load(Ordering::Relaxed) {
         // SAFETY: a valid class and a free block of it, ours; the sequences are rewound.
-        return unsafe { arch::heap::put(class.0 as usize, block.as_ptr()) };
+        return unsafe { super::sequences::put(class.0 as usize, block.as_ptr()) };
     }
     entries(class).iter().any(|e| {
         e.load(Ordering::Relaxed).is_null()
