@@ -6,13 +6,13 @@
 //! this vCPU's next activation uses the same cache, and a cache must never hand one block to two
 //! owners. Two ways, the same caches' sizes:
 //!
-//! * **Restartable** (once the thread runtime calls `use_restartable_caches`): a stack of
-//!   blocks per class and vCPU, pushed and popped by two restartable sequences
-//!   (`arch::*::heap`, called through `heap::sequences`) that commit with one plain store of
-//!   the stack's length; the runtime rewinds an interrupted or handed-over sequence to its
-//!   start, so it runs again on whatever vCPU it is then on. No locked instruction: a malloc+free of a small block costs a few
-//!   nanoseconds instead of two atomic read-modify-writes (~8 ns each on the development host;
-//!   a std spawn+join allocates and frees five blocks).
+//! * **Restartable** (once the thread runtime calls `use_restartable_caches`): a stack of blocks
+//!   per class and vCPU, pushed and popped by two restartable sequences (`arch::*::heap`, called
+//!   through `heap::sequences`) that commit with one plain store of the stack's length; the
+//!   runtime rewinds an interrupted or handed-over sequence to its start, so it runs again on
+//!   whatever vCPU it is then on. No locked instruction: a malloc+free of a small block costs a
+//!   few nanoseconds instead of two atomic read-modify-writes (~8 ns each on the development
+//!   host; a std spawn+join allocates and frees five blocks).
 //! * **Atomic** (before that, and in guests without the runtime): each cache entry is taken and
 //!   filled by one atomic operation (swap, compare-exchange), never by a count changed in a
 //!   separate step. Blocks left here when the restartable stacks take over are still found on a
