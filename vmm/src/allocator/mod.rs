@@ -594,6 +594,4 @@ impl Allocator {
 }
 
 #[cfg(test)]
-mod idle_tests;
-#[cfg(test)]
 mod tests;

@@ -2,7 +2,38 @@
 
 use super::*;
 
+mod idle;
 mod wakeups;
+
+/// One pass over `guests`' vCPUs, in order: grants picked up, hand-offs released.
+fn settle_pass(alloc: &Allocator, guests: &[GuestId]) {
+    for &guest in guests {
+        for v in 0..alloc.view(guest).vcpus.len() {
+            match alloc.view(guest).vcpus[v] {
+                Slot::GrantedNew | Slot::GrantedResume => {
+                    alloc.acquire(guest, v);
+                }
+                Slot::HandOff => {
+                    assert_eq!(alloc.acquire(guest, v), Acquired::HandOff);
+                    alloc.release(guest, v, Release::Preempted);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// `guest` on `alloc` with every vCPU running: three passes of [`settle_pass`].
+fn settle(alloc: &Allocator, guest: GuestId) {
+    for _ in 0..3 {
+        settle_pass(alloc, &[guest]);
+    }
+}
+
+/// Whether vCPU `v` of `guest` holds a processor.
+fn running(alloc: &Allocator, guest: GuestId, v: usize) -> bool {
+    matches!(alloc.view(guest).vcpus[v], Slot::Running(_))
+}
 
 /// One processor shared by a latency-critical server of `server_vcpus` vCPUs and a batch guest
 /// of one, both with activations.

@@ -6,32 +6,15 @@ use super::*;
 #[test]
 fn a_timed_wake_up_restarts_its_own_vcpu_and_is_a_backstop_beside_a_running_one() {
     let (alloc, server, batch) = server_beside_batch(2);
-    // Every grant picked up, every hand-off done.
-    let settle = |alloc: &Allocator| {
-        for (g, n) in [(server, 2), (batch, 1)] {
-            for v in 0..n {
-                match alloc.view(g).vcpus[v] {
-                    Slot::GrantedNew | Slot::GrantedResume => {
-                        alloc.acquire(g, v);
-                    }
-                    Slot::HandOff => {
-                        assert_eq!(alloc.acquire(g, v), Acquired::HandOff);
-                        alloc.release(g, v, Release::Preempted);
-                    }
-                    _ => {}
-                }
-            }
-        }
-    };
-    settle(&alloc);
-    settle(&alloc);
+    settle_pass(&alloc, &[server, batch]);
+    settle_pass(&alloc, &[server, batch]);
     // The server gives its processor back; the batch guest takes it.
     for v in 0..2 {
         if matches!(alloc.view(server).vcpus[v], Slot::Running(_)) {
             alloc.release(server, v, Release::Yielded);
         }
     }
-    settle(&alloc);
+    settle_pass(&alloc, &[server, batch]);
     assert!(matches!(alloc.view(batch).vcpus[0], Slot::Running(_)));
     // vCPU 1's timer is due: the batch vCPU is revoked, and the processor it frees goes to
     // vCPU 1 (not to the first parked vCPU, whose restart would leave vCPU 1 asking again).
@@ -73,26 +56,8 @@ fn a_yield_from_an_activation_started_after_another_yield_supersedes_its_wake_up
     let server = alloc.add_guest(2);
     alloc.set_latency_critical(server, true);
     alloc.set_activations(server, true);
-    let settle = |alloc: &Allocator| {
-        for _ in 0..3 {
-            for v in 0..2 {
-                match alloc.view(server).vcpus[v] {
-                    Slot::GrantedNew | Slot::GrantedResume => {
-                        alloc.acquire(server, v);
-                    }
-                    Slot::HandOff => {
-                        assert_eq!(alloc.acquire(server, v), Acquired::HandOff);
-                        alloc.release(server, v, Release::Preempted);
-                    }
-                    _ => {}
-                }
-            }
-        }
-    };
-    let running =
-        |alloc: &Allocator, v: usize| matches!(alloc.view(server).vcpus[v], Slot::Running(_));
-    settle(&alloc);
-    assert!(running(&alloc, 0) && running(&alloc, 1));
+    settle(&alloc, server);
+    assert!(running(&alloc, server, 0) && running(&alloc, server, 1));
     // vCPU 0 yields for a sleeper due now (a backstop: vCPU 1 runs), then vCPU 1 for a later
     // one. vCPU 1's activation started before vCPU 0's yield: its scheduler may have looked at
     // the timers before vCPU 0's sleeper was there, so vCPU 0's wake-up stands and is carried
@@ -104,8 +69,8 @@ fn a_yield_from_an_activation_started_after_another_yield_supersedes_its_wake_up
     std::thread::sleep(at0.saturating_duration_since(Instant::now()) + WAKE_SLACK);
     assert!(matches!(alloc.timer_due(server, 0), TimerDue::Woken(_)));
     assert_eq!(alloc.timer_due(server, 1), TimerDue::Later(at1));
-    settle(&alloc);
-    assert!(running(&alloc, 0));
+    settle(&alloc, server);
+    assert!(running(&alloc, server, 0));
     // vCPU 0's new activation started after vCPU 1 yielded: its yield's wake-up covers every
     // sleeper of vCPU 1's still asleep (the guest's timers are one list), and vCPU 1's is
     // dropped, on its own thread and on the carriers alike.
@@ -116,8 +81,8 @@ fn a_yield_from_an_activation_started_after_another_yield_supersedes_its_wake_up
     assert_eq!(alloc.timer_due(server, 0), TimerDue::Later(at2));
     // A yield without a wake-up (no sleeper left) from a newer activation drops it the same way.
     alloc.wake_for_timer(server, 1);
-    settle(&alloc);
-    assert!(running(&alloc, 1));
+    settle(&alloc, server);
+    assert!(running(&alloc, server, 1));
     alloc.yield_processor(server, 1, None, false);
     assert_eq!(alloc.timer_due(server, 0), TimerDue::Gone);
     assert_eq!(alloc.view(server).vcpus, [Slot::Parked, Slot::Parked]);

@@ -1,30 +1,7 @@
 //! A guest's idle processors: which one it keeps, and what giving one back leaves in place.
 
-use super::timed::TimerDue;
+use super::super::timed::TimerDue;
 use super::*;
-
-/// `guest` on `alloc` with every vCPU running: grants picked up, hand-offs released.
-fn settle(alloc: &Allocator, guest: GuestId) {
-    let vcpus = alloc.view(guest).vcpus.len();
-    for _ in 0..3 {
-        for v in 0..vcpus {
-            match alloc.view(guest).vcpus[v] {
-                Slot::GrantedNew | Slot::GrantedResume => {
-                    alloc.acquire(guest, v);
-                }
-                Slot::HandOff => {
-                    assert_eq!(alloc.acquire(guest, v), Acquired::HandOff);
-                    alloc.release(guest, v, Release::Preempted);
-                }
-                _ => {}
-            }
-        }
-    }
-}
-
-fn running(alloc: &Allocator, guest: GuestId, v: usize) -> bool {
-    matches!(alloc.view(guest).vcpus[v], Slot::Running(_))
-}
 
 #[test]
 fn a_latency_critical_guest_keeps_only_its_last_processor_for_its_io() {
