@@ -175,6 +175,11 @@ fn main() {
         slicer / medians[0]
     );
     println!(
+        "  ceiling: host-sched's best is at {:.0}% utilization, so no mode can be more than {:.2}x faster than it",
+        100.0 * base / host,
+        host / base
+    );
+    println!(
         "  activations vs host-sched with blocking requests (best of 8, 16 vCPUs): {:.2}x; vs its own blocking requests: {:.2}x",
         best(&[7, 8]) / medians[0],
         medians[6] / medians[0]
