@@ -3,10 +3,12 @@
 //! bytes still sit in the guest's transmit ring, which the guest frees after `close`. So `close`
 //! copies them out and keeps the host socket open ("lingering") until the net thread has sent
 //! them (`EPOLLOUT`, edge-triggered), or the peer fails. At guest exit every ring is sent once
-//! more: what the host sockets take then still reaches the peers after the VMM closes them.
+//! more into a send buffer grown to take it: the kernel delivers it after the VMM closes them.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use protocol::net::NET_TX_BYTES;
 
 use super::{errno, Net, Table};
 use crate::memory::GuestRam;
@@ -99,17 +101,65 @@ impl Net {
     }
 
     /// The guest exits (on its vCPU thread): send what every transmit ring and lingering
-    /// socket still holds, once, before the VMM closes the host sockets. The kernel delivers
-    /// what the sockets took; more than a socket's buffer is lost (the VMM does not wait).
+    /// socket still holds, once, before the VMM closes the host sockets. Each socket's send
+    /// buffer first grows by what it may still have to take (the VMM does not wait for a slow
+    /// peer), so the kernel holds every byte and delivers it after the VMM has exited, as it
+    /// would a Linux process's.
     pub fn flush_at_exit(&self, ram: &GuestRam) {
         let mut table = self.lock();
         for s in table.tx_socks.clone() {
+            if let Some(Some(sock)) = table.socks.get(s) {
+                if let (Some(_), Some(fd)) = (&sock.tx, &sock.fd) {
+                    grow_send_buffer(fd.as_raw_fd(), NET_TX_BYTES);
+                }
+            }
             // A protocol violation here changes nothing: the guest is over.
             let _ = self.send_queued(ram, &mut table, s);
         }
         for entry in table.lingering.socks.values_mut() {
+            grow_send_buffer(entry.fd.as_raw_fd(), entry.bytes.len() - entry.sent);
             entry.send();
         }
+    }
+}
+
+/// Lets `fd`'s send buffer take `bytes` more than it holds now (twice that, for the kernel's
+/// bookkeeping per buffer); never shrinks it. The kernel caps it at `net.core.wmem_max`.
+fn grow_send_buffer(fd: RawFd, bytes: usize) {
+    let get = || {
+        let mut size: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `size` and `len` are live and sized for SO_SNDBUF's int.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&mut size as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then_some(size)
+    };
+    let set = |size: libc::c_int| {
+        // SAFETY: `size` is a live int, the option's type.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    };
+    // Linux reports twice the size it was given, and doubles what it is given.
+    let Some(now) = get() else { return };
+    let more = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    set((now / 2).saturating_add(more));
+    if get().is_some_and(|after| after < now) {
+        // Capped below what autotuning had reached: keep the old size.
+        set(now / 2);
     }
 }
 
@@ -145,6 +195,31 @@ mod tests {
             peer.read(&mut chunk).expect("end"),
             0,
             "closed after the last byte"
+        );
+    }
+
+    #[test]
+    fn a_full_socket_takes_a_ring_more_at_exit() {
+        let (ours, _peer) = UnixStream::pair().expect("socketpair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        let fill = vec![7u8; 4096];
+        let mut entry = Linger {
+            fd: OwnedFd::from(ours),
+            bytes: fill.clone(),
+            sent: 0,
+        };
+        // Fill the socket until it refuses (the peer never reads).
+        while entry.send() {
+            entry.sent = 0;
+        }
+        let ring = vec![9u8; NET_TX_BYTES];
+        entry.bytes = ring;
+        entry.sent = 0;
+        assert!(!entry.send(), "a full socket refuses the ring");
+        grow_send_buffer(entry.fd.as_raw_fd(), NET_TX_BYTES);
+        assert!(
+            entry.send(),
+            "after growing, the socket takes the whole ring"
         );
     }
 }
