@@ -234,8 +234,8 @@ impl Guest {
     }
 
     /// The upcall watchdog (called with every retry): a running vCPU whose queue has kept
-    /// records untaken for [`UPCALL_WATCH_BOUND`] is kicked, and on its way out checks that no
-    /// requested interrupt was left undelivered (kvm_pvm was seen to leave the upcall vector
+    /// records untaken for [`UPCALL_WATCH_BOUND`] gets the upcall interrupt again and is
+    /// kicked, and on its way out checks that no requested interrupt was left undelivered (kvm_pvm was seen to leave the upcall vector
     /// requested for good on a vCPU with interrupts on; docs/activations.md). Once per bound
     /// while it lasts; a kick that finds nothing wrong costs one exit.
     pub fn watch_upcall_queues(&self) {
@@ -252,6 +252,13 @@ impl Guest {
                     .upcall_watch_kicks
                     .fetch_add(1, Ordering::Relaxed);
                 self.vcpus[vcpu].request_redelivery();
+                // The records' interrupt may have been spent by a drain that ended early (the
+                // guest's own bug, or a hostile guest's choice): raise it again. A guest that
+                // has the vector requested already or in service takes it once more at most.
+                self.stats
+                    .upcall_interrupts_resent
+                    .fetch_add(1, Ordering::Relaxed);
+                self.send_upcall_interrupt(vcpu as u32);
             }
         }
     }

@@ -113,7 +113,7 @@ fn render_stats(guest: &Guest) -> String {
     let view = guest.procs.alloc.view(guest.id);
     let _ = write!(
         out,
-        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}; found redundant, their sleepers awake: moved to a later sleeper={}, dropped={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={} (placement widened for a late start={}) upcall watchdog kicks={} (undelivered upcall interrupts redelivered={}, halted vCPUs woken={})",
+        "\npreemptions with hand-off={} descheduled (oblivious)={} run forward from CPL0={} yields={} (woken for a timer by its own thread={}, by another guest's running vCPU={}; found redundant, their sleepers awake: moved to a later sleeper={}, dropped={}) deferred={} waits for an upcall stack={} canceled activations={} vCPU threads moved to their processor's host CPU (all guests)={} (placement widened for a late start={}) upcall watchdog kicks={} (upcall interrupts sent again={}, undelivered upcall interrupts redelivered={}, halted vCPUs woken={})",
         n(&s.preemptions),
         n(&s.deschedules),
         n(&s.run_forwards),
@@ -128,6 +128,7 @@ fn render_stats(guest: &Guest) -> String {
         guest.procs.alloc.rebinds(),
         guest.procs.alloc.placement_widenings(),
         n(&s.upcall_watch_kicks),
+        n(&s.upcall_interrupts_resent),
         n(&s.interrupts_redelivered),
         n(&s.halted_woken)
     );

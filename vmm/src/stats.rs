@@ -33,6 +33,8 @@ pub struct GuestStats {
     pub quiet_unblocked: AtomicU64,
     /// Kicks of running vCPUs whose queue kept records untaken for `UPCALL_WATCH_BOUND`.
     pub upcall_watch_kicks: AtomicU64,
+    /// Upcall interrupts sent again with those kicks.
+    pub upcall_interrupts_resent: AtomicU64,
     /// Of those, the vCPUs found with the upcall interrupt requested and deliverable but not
     /// delivered, which KVM was made to look at again (`arch::redeliver_interrupts`).
     pub interrupts_redelivered: AtomicU64,

@@ -362,6 +362,16 @@ fn adopt(ctx: &UserContext, st: ActState) -> ! {
     // handler allows (records of one queue handled by two drains, out of order: `LATER`,
     // `UNBLOCKED_EARLY`), and its own drain clears the flag again when it ends.
     percpu::this().in_drain.store(0, Ordering::Relaxed);
+    // The abandoned drain may leave records queued (a new activation's batch), their interrupt
+    // spent, and the adopted context may switch straight into a thread, having decided about
+    // the slice timer from its old vCPU's `Armed` word (in its registers). A soak run spun
+    // 30 s here: the thread waited for a spinlock whose holder's record was left in the queue,
+    // with no timer armed. So: the records are deferred work (a lock wait's `check_pending`,
+    // a hold's release or the loop top drains them), and this vCPU's timer ends the slice.
+    if super::drain::loop_work() {
+        Pending::Upcall.defer();
+    }
+    crate::timer::tick_by(cpu::rdtsc().saturating_add(crate::config::slice_ticks()));
     // SAFETY: scheduler context (InSched = 1); the frame was built above.
     unsafe { context::jump_to_frame(sp) }
 }
