@@ -159,6 +159,12 @@ const CASES: &[Case] = &[
     case("preempt-nonexistent", 0, "nr_vcpus: [1, 1, 1, 1, 1]"),
     case("queue-indices-huge", 125, "corrupted its queue indices"),
     case("never-consumes", 125, "does not consume its upcalls"),
+    // A record whose interrupt was spent without the record taken gets the interrupt again.
+    case(
+        "consumes-late",
+        0,
+        "ok (upcall interrupts on vCPU 1 with its record left: 2)",
+    ),
     // The upcall entry is the image base, the boot header: its bytes run as code until one
     // faults, and where depends on them (the ABI version among them), so only the page is fixed.
     case(

@@ -140,6 +140,11 @@ const MODES: &[(&str, i32, &str)] = &[
     ("queue-indices-huge", 125, "corrupted its queue indices"),
     ("never-consumes", 125, "does not consume its upcalls"),
     (
+        "consumes-late",
+        0,
+        "ok (upcall interrupts on vCPU 1 with its record left: 2)",
+    ),
+    (
         "entry-garbage",
         125,
         "synchronous exception from EL0 on vCPU ",

@@ -61,6 +61,7 @@ pub const MODES: &[&str] = &[
     "preempt-nonexistent",
     "queue-indices-huge",
     "never-consumes",
+    "consumes-late",
     "entry-garbage",
     "stack-unaligned",
     "stack-outside-ram",

@@ -46,6 +46,7 @@ pub fn mode(mode: &str) -> Option<fn(u32) -> !> {
         "preempt-nonexistent" => |vcpu| only_vcpu0(vcpu, preempt_nonexistent),
         "queue-indices-huge" => queue_indices_huge,
         "never-consumes" => never_consumes,
+        "consumes-late" => consumes_late,
         "entry-garbage" => |vcpu| bad_pool(vcpu, "entry-garbage", IMAGE_BASE, &[]),
         "stack-unaligned" => |vcpu| bad_pool(vcpu, "stack-unaligned", 0, &[Some(8)]),
         "stack-outside-ram" => |vcpu| bad_pool(vcpu, "stack-outside-ram", 0, &[Some(u64::MAX)]),
@@ -257,6 +258,59 @@ fn queue_indices_huge(vcpu: u32) -> ! {
 fn never_consumes(vcpu: u32) -> ! {
     together(vcpu, || enable(0, ignore, STACK_POOL_CAPACITY), toggle)
 }
+
+/// Upcall interrupts taken on vCPU 1 (the first is left with its record unconsumed).
+static INTERRUPTS: AtomicU32 = AtomicU32::new(0);
+
+/// Upcall handler: the first interrupt consumes nothing (as a drain that ended early); later
+/// ones consume the queue.
+fn consume_second(frame: &mut IrqFrame) {
+    if INTERRUPTS.fetch_add(1, Ordering::AcqRel) > 0 {
+        consume(frame);
+    }
+}
+
+/// vCPU 0 sends vCPU 1 one USER upcall; vCPU 1 takes its interrupt but leaves the record in
+/// the queue. The VMM's upcall watchdog must raise the interrupt again (within its 5 ms bound
+/// and a quantum), else the record would wait for ever.
+fn consumes_late(vcpu: u32) -> ! {
+    together(
+        vcpu,
+        || enable(0, consume_second, 4),
+        || {
+            let ms = tsc_khz();
+            if this_vcpu() == 0 {
+                // vCPU 1 must run to be sent a USER upcall: until it does, sa_preempt refuses.
+                let deadline = rdtsc() + 2_000 * ms;
+                while !(V1_WAITS.load(Ordering::Acquire) && raw(Hypercall::SaPreempt, 1, 0, 0) == 0)
+                    && rdtsc() < deadline
+                {
+                    pause();
+                }
+                let deadline = rdtsc() + 2_000 * ms;
+                while INTERRUPTS.load(Ordering::Acquire) < 2 && rdtsc() < deadline {
+                    pause();
+                }
+                let n = INTERRUPTS.load(Ordering::Acquire);
+                refused(
+                    "consumes-late",
+                    n >= 2,
+                    format_args!(
+                        "upcall interrupts on vCPU 1 with its record left: {}",
+                        n.min(2)
+                    ),
+                )
+            }
+            V1_WAITS.store(true, Ordering::Release);
+            loop {
+                pause();
+            }
+        },
+    )
+}
+
+/// vCPU 1 runs its loop (`consumes-late`).
+static V1_WAITS: AtomicBool = AtomicBool::new(false);
 
 /// The first new activation finds a bad pool entry (`bad`: good top + offset; `None`: a VMM
 /// page; `Some(u64::MAX)`: past RAM), or an entry point in the middle of the boot header.
