@@ -281,13 +281,13 @@ fn consumes_late(vcpu: u32) -> ! {
             let ms = tsc_khz();
             if this_vcpu() == 0 {
                 // vCPU 1 must run to be sent a USER upcall: until it does, sa_preempt refuses.
-                let deadline = rdtsc() + 2_000 * ms;
+                let deadline = rdtsc() + 5_000 * ms;
                 while !(V1_WAITS.load(Ordering::Acquire) && raw(Hypercall::SaPreempt, 1, 0, 0) == 0)
                     && rdtsc() < deadline
                 {
                     pause();
                 }
-                let deadline = rdtsc() + 2_000 * ms;
+                let deadline = rdtsc() + 5_000 * ms;
                 while INTERRUPTS.load(Ordering::Acquire) < 2 && rdtsc() < deadline {
                     pause();
                 }
