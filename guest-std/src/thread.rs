@@ -1,6 +1,13 @@
 //! Threads: std's `sys_spawn2`/`sys_join`/`sys_yield`/`sys_usleep` on activm-rt's M:N user
-//! threads. A thread id (`Tid`) is a slot, +1, in a table of `JoinHandle`s until `sys_join`
-//! takes it (the slot is then reused: no allocation per thread once the table has grown).
+//! threads. A thread id (`Tid`) is a slot, +1, in a table that holds the thread's `JoinHandle`
+//! while it runs and only a "finished" mark after that, until `sys_join` frees the slot (which
+//! is then reused: no allocation per thread once the table has grown).
+//!
+//! std's Hermit port never tells the OS that it dropped a `JoinHandle`, so a detached thread is
+//! never joined: a finishing thread therefore detaches itself (takes its own handle out of its
+//! slot and drops it), and its control block, stack and thread-locals go back to the runtime at
+//! once. What such a thread keeps is its slot's 16 bytes (a server with a thread per connection
+//! ran out of a 128 MiB guest after ~17,000 connections when the slot kept the handle).
 //!
 //! The table is behind a spinlock (one locked instruction to take it, a plain store to release
 //! it; activm-rt's `Mutex` costs two), held for a few instructions that never allocate: the
@@ -22,10 +29,20 @@ pub type Tid = u32;
 /// runtime's default guard-paged stack slot; larger requests get a stack of that size.
 const STD_DEFAULT_STACK: usize = 1 << 20;
 
-/// Unjoined threads by slot, and the free slots (`free.capacity() >= slots.capacity()`, so
-/// `free.push` never allocates).
+/// A slot's state.
+enum Slot {
+    /// Free, or taken by `sys_spawn2` before the thread's handle is filed.
+    Empty,
+    /// The thread may still run: its handle.
+    Running(JoinHandle<()>),
+    /// The thread finished (its handle dropped); `sys_join` returns at once.
+    Finished,
+}
+
+/// Thread slots (with a generation, so a finishing thread knows its slot was not reused) and
+/// the free slots (`free.capacity() >= slots.capacity()`, so `free.push` never allocates).
 struct Table {
-    slots: Vec<Option<JoinHandle<()>>>,
+    slots: Vec<(u32, Slot)>,
     free: Vec<usize>,
 }
 
@@ -37,14 +54,14 @@ static THREADS: SpinLock<Table> = SpinLock::new(Table {
 /// Slots the table first grows to.
 const FIRST_SLOTS: usize = 16;
 
-/// Files `handle` in a free slot; returns its id.
-fn insert(handle: JoinHandle<()>) -> Tid {
+/// Takes a free slot (state `Empty`); returns it and its generation.
+fn reserve() -> (usize, u32) {
     loop {
         let mut table = THREADS.lock();
         let slot = match table.free.pop() {
             Some(slot) => slot,
             None if table.slots.len() < table.slots.capacity() => {
-                table.slots.push(None);
+                table.slots.push((0, Slot::Empty));
                 table.slots.len() - 1
             }
             None => {
@@ -54,9 +71,7 @@ fn insert(handle: JoinHandle<()>) -> Tid {
                 continue;
             }
         };
-        // The slot was empty: nothing is dropped under the lock.
-        table.slots[slot] = Some(handle);
-        return slot as Tid + 1;
+        return (slot, table.slots[slot].0);
     }
 }
 
@@ -77,13 +92,45 @@ fn grow(want: usize) {
     }
 }
 
-/// Takes thread `tid`'s handle out of its slot, if it is there.
-fn take(tid: Tid) -> Option<JoinHandle<()>> {
-    let slot = (tid as usize).checked_sub(1)?;
+/// Files the new thread's handle in its reserved slot, unless the thread finished already;
+/// the handle is then dropped (with the lock released).
+fn file(slot: usize, handle: JoinHandle<()>) {
     let mut table = THREADS.lock();
-    let handle = table.slots.get_mut(slot)?.take()?;
+    let state = &mut table.slots[slot].1;
+    if matches!(state, Slot::Empty) {
+        *state = Slot::Running(handle);
+    } else {
+        drop(table);
+        drop(handle);
+    }
+}
+
+/// The thread in `slot` (of `generation`) finishes: marks it, and takes its handle out to be
+/// dropped (with the lock released): it detaches itself.
+fn finish(slot: usize, generation: u32) {
+    let mut table = THREADS.lock();
+    let (g, state) = &mut table.slots[slot];
+    if *g != generation {
+        return; // joined already (the joiner waits on the handle it took)
+    }
+    let old = core::mem::replace(state, Slot::Finished);
+    drop(table);
+    drop(old);
+}
+
+/// Frees thread `tid`'s slot; its handle if it may still run (`Ok(None)`: it finished).
+fn take(tid: Tid) -> Result<Option<JoinHandle<()>>, ()> {
+    let slot = (tid as usize).checked_sub(1).ok_or(())?;
+    let mut table = THREADS.lock();
+    let (generation, state) = table.slots.get_mut(slot).ok_or(())?;
+    let handle = match core::mem::replace(state, Slot::Empty) {
+        Slot::Running(handle) => Some(handle),
+        Slot::Finished => None,
+        Slot::Empty => return Err(()),
+    };
+    *generation = generation.wrapping_add(1);
     table.free.push(slot);
-    Some(handle)
+    Ok(handle)
 }
 
 /// `Tid sys_spawn2(void (*func)(usize), usize arg, u8 prio, usize stack_size, isize core_id)`:
@@ -101,9 +148,21 @@ pub extern "C" fn sys_spawn2(
     if stack_size > STD_DEFAULT_STACK {
         builder = builder.stack_size(stack_size);
     }
-    match builder.spawn(move || func(arg)) {
-        Ok(handle) => insert(handle),
-        Err(_) => 0,
+    let (slot, generation) = reserve();
+    match builder.spawn(move || {
+        func(arg);
+        finish(slot, generation);
+    }) {
+        Ok(handle) => {
+            file(slot, handle);
+            slot as Tid + 1
+        }
+        Err(_) => {
+            let mut table = THREADS.lock();
+            table.slots[slot].0 = generation.wrapping_add(1);
+            table.free.push(slot);
+            0
+        }
     }
 }
 
@@ -133,11 +192,12 @@ pub unsafe extern "C" fn sys_spawn(
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_join(id: Tid) -> i32 {
     match take(id) {
-        Some(handle) => {
+        Ok(Some(handle)) => {
             let _ = handle.join();
             0
         }
-        None => fail(ESRCH),
+        Ok(None) => 0,
+        Err(()) => fail(ESRCH),
     }
 }
 

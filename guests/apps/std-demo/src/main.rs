@@ -1,7 +1,9 @@
 //! An ordinary `std` program; `cargo xtask app` turns it into an activm guest.
 //!
 //! Arguments: `--exit N` ends with status N (default 0); `panic` panics in a thread;
-//! `bench-spawn N` / `bench-mutex N` time N spawn+join / uncontended lock+unlock pairs.
+//! `bench-spawn N` / `bench-mutex N` time N spawn+join / uncontended lock+unlock pairs;
+//! `detached N` runs N threads whose handles are dropped (a server's thread per connection),
+//! at most 64 at a time.
 
 use std::cell::Cell;
 use std::sync::{mpsc, Arc, Barrier, Condvar, Mutex, RwLock};
@@ -20,6 +22,7 @@ fn main() {
         Some("panic") => panic_in_thread(),
         Some("bench-spawn") => return bench_spawn(count(&args)),
         Some("bench-mutex") => return bench_mutex(count(&args)),
+        Some("detached") => return detached(count(&args)),
         _ => {}
     }
     let exit = match args.as_slice() {
@@ -213,4 +216,23 @@ fn bench_mutex(n: u32) {
         "mutex lock+unlock: {} ns",
         t0.elapsed().as_nanos() / u128::from(n)
     );
+}
+
+/// N detached threads, at most 64 unfinished at a time: what a finished one keeps must be
+/// small (a thread per connection, for as long as the server runs).
+fn detached(n: u32) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static DONE: AtomicU32 = AtomicU32::new(0);
+    for i in 0..n {
+        while i - DONE.load(Ordering::Acquire) >= 64 {
+            thread::yield_now();
+        }
+        drop(thread::spawn(|| {
+            DONE.fetch_add(1, Ordering::Release);
+        }));
+    }
+    while DONE.load(Ordering::Acquire) < n {
+        thread::yield_now();
+    }
+    println!("detached: {n} threads finished");
 }
