@@ -185,6 +185,10 @@ pub(crate) fn input_tests() -> Vec<Trial> {
         activm(&[file.as_os_str()])?
             .expect_code(2)?
             .stderr_has("nul.toml: guest[0]: env \"A=x\\0y\" contains a NUL byte")?;
+        // Per guest, so not as a flag beside a file.
+        activm(&["--env".as_ref(), "A=1".as_ref(), file.as_os_str()])?
+            .expect_code(2)?
+            .stderr_has("--env cannot be given with a configuration file: set `env`")?;
         let file = dir.file(
             "type.toml",
             "[[guest]]\nimage = \"/nonexistent/never-booted\"\nenv = [\"A=1\"]\n",
