@@ -40,6 +40,8 @@ mod net;
 mod security;
 #[path = "kvm/std_api.rs"]
 mod std_api;
+#[path = "kvm/std_env.rs"]
+mod std_env;
 #[path = "kvm/std_files.rs"]
 mod std_files;
 #[path = "kvm/std_guests.rs"]
@@ -258,6 +260,7 @@ fn main() {
     trials.extend(security::security_tests());
     trials.extend(std_guests::tests());
     trials.extend(std_api::tests());
+    trials.extend(std_env::tests());
     trials.extend(std_files::tests());
     trials.extend(net::tests());
     trials.extend(timeline::tests());
@@ -284,5 +287,6 @@ fn main() {
     }
     trials.extend(inputs::input_tests());
     trials.extend(inputs::toml_input_tests());
+    trials.extend(std_env::input_tests());
     libtest_mimic::run(&args, trials).exit();
 }

@@ -5,7 +5,7 @@ use core::mem::MaybeUninit;
 use core::ptr::addr_of_mut;
 use core::sync::atomic::{AtomicBool, Ordering};
 
-use protocol::boot::{BootInfo, BOOT_INFO_MAGIC};
+use protocol::boot::{BootInfo, BOOT_FLAG_ENV, BOOT_INFO_MAGIC};
 use protocol::ABI_VERSION;
 
 use crate::arch::current as arch;
@@ -99,19 +99,36 @@ pub fn tsc_khz() -> u64 {
 /// The guest arguments (after `--` on the activm command line).
 pub fn args() -> Args {
     let info = boot_info();
-    let bytes: &'static [u8] = if info.args == 0 || info.args_len == 0 {
-        &[]
+    strings(info.args, info.args_len, info.argc)
+}
+
+/// The guest environment (`activm run --env`): `KEY=VALUE` strings, none if the VMM passes
+/// none.
+pub fn env() -> Args {
+    let info = boot_info();
+    if info.has(BOOT_FLAG_ENV) {
+        strings(info.env, info.env_len, info.envc)
     } else {
-        // SAFETY: the VMM maps the argument block read-only for the guest's lifetime.
-        unsafe { core::slice::from_raw_parts(info.args as *const u8, info.args_len as usize) }
-    };
-    Args {
-        rest: bytes,
-        left: info.argc as usize,
+        strings(0, 0, 0)
     }
 }
 
-/// Iterator over the guest arguments.
+/// `count` NUL-terminated strings packed in `len` bytes at `addr`, in the argument block.
+fn strings(addr: u64, len: u32, count: u32) -> Args {
+    let bytes: &'static [u8] = if addr == 0 || len == 0 {
+        &[]
+    } else {
+        // SAFETY: the VMM maps the argument block for the guest's lifetime and never writes it
+        // after boot.
+        unsafe { core::slice::from_raw_parts(addr as *const u8, len as usize) }
+    };
+    Args {
+        rest: bytes,
+        left: count as usize,
+    }
+}
+
+/// Iterator over the guest arguments or environment strings.
 #[derive(Clone, Debug)]
 pub struct Args {
     rest: &'static [u8],

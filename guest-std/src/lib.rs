@@ -45,23 +45,26 @@ extern "C" {
 /// Name passed as `argv[0]`: the guest command line has no program name.
 const PROGRAM_NAME: &str = "main";
 
-/// activm-rt's main thread: builds `argv` (`main` then the guest arguments minus the runtime's
-/// `--rt-*` ones) and an empty environment, then enters std, which never returns.
-fn std_main(args: &[&str]) -> i32 {
-    let strings: Vec<CString> = core::iter::once(PROGRAM_NAME)
-        .chain(args.iter().copied())
-        .map(|a| CString::new(a).unwrap_or_default())
+/// A leaked null-terminated array of leaked NUL-terminated copies of `strings` (std keeps
+/// pointers into both for the whole program).
+fn c_array<'a>(strings: impl Iterator<Item = &'a str>) -> &'static [*const c_char] {
+    let mut array: Vec<*const c_char> = strings
+        .map(|s| CString::new(s).unwrap_or_default().into_raw().cast_const())
         .collect();
-    let mut argv: Vec<*const c_char> = strings.iter().map(|s| s.as_ptr()).collect();
-    argv.push(core::ptr::null());
-    let env: [*const c_char; 1] = [core::ptr::null()];
-    let argc = strings.len() as i32;
-    // The strings live for the whole program: std keeps pointers to them.
-    core::mem::forget(strings);
-    let argv = argv.leak();
-    // SAFETY: argv is a null-terminated array of `argc` NUL-terminated strings and env an
-    // empty null-terminated array, all leaked (std keeps pointers into them); std's
-    // `runtime_entry` is this program's and is called once, from the main thread.
+    array.push(core::ptr::null());
+    array.leak()
+}
+
+/// activm-rt's main thread: builds `argv` (`main` then the guest arguments minus the runtime's
+/// `--rt-*` ones) and the environment (`activm run --env`, the VMM's `KEY=VALUE` strings),
+/// then enters std, which never returns.
+fn std_main(args: &[&str]) -> i32 {
+    let argv = c_array(core::iter::once(PROGRAM_NAME).chain(args.iter().copied()));
+    let env = c_array(activm_stub::env());
+    let argc = (argv.len() - 1) as i32;
+    // SAFETY: argv is a null-terminated array of `argc` NUL-terminated strings and env a
+    // null-terminated array of NUL-terminated strings, all leaked (std keeps pointers into
+    // them); std's `runtime_entry` is this program's and is called once, from the main thread.
     unsafe { runtime_entry(argc, argv.as_ptr(), env.as_ptr()) }
 }
 

@@ -6,6 +6,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use core::time::Duration;
 
 use activm_rt::rt;
+use activm_stub::protocol::boot::BOOT_FLAG_WALL_CLOCK;
 
 use crate::errno::{fail, EBADF, EINVAL, ENOSYS};
 use crate::iovec::{each_iovec, Iovec};
@@ -43,17 +44,38 @@ pub fn monotonic_ns() -> u64 {
     rt::ticks_to_ns(rt::rdtsc())
 }
 
+/// Nanoseconds since the UNIX epoch: the host's wall clock at boot (`BootInfo::wall_clock_ns`
+/// at counter reading `wall_clock_tsc`) plus the counter's time since. A VMM that passes no
+/// wall clock leaves the monotonic clock, which starts near the epoch.
+pub fn realtime_ns() -> u64 {
+    let info = activm_stub::boot_info();
+    let now = rt::rdtsc();
+    if !info.has(BOOT_FLAG_WALL_CLOCK) {
+        return rt::ticks_to_ns(now);
+    }
+    let (wall, at) = (info.wall_clock_ns, info.wall_clock_tsc);
+    if now >= at {
+        wall.saturating_add(rt::ticks_to_ns(now - at))
+    } else {
+        // A vCPU whose counter lags the one the VMM read by a few ticks.
+        wall.saturating_sub(rt::ticks_to_ns(at - now))
+    }
+}
+
 /// `int sys_clock_gettime(clockid_t clock, timespec *tp)`: `CLOCK_MONOTONIC` counts from the
-/// TSC; `CLOCK_REALTIME` too (the guest has no wall clock: it starts at the UNIX epoch).
+/// TSC; `CLOCK_REALTIME` is the host's wall clock at boot plus the TSC's time since
+/// ([`realtime_ns`]).
 ///
 /// # Safety
 /// `tp` is null or points to a writable `timespec`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_clock_gettime(clock: i32, tp: *mut Timespec) -> i32 {
-    if tp.is_null() || !matches!(clock, CLOCK_REALTIME | CLOCK_MONOTONIC) {
-        return fail(EINVAL);
-    }
-    let ns = monotonic_ns();
+    let ns = match clock {
+        _ if tp.is_null() => return fail(EINVAL),
+        CLOCK_REALTIME => realtime_ns(),
+        CLOCK_MONOTONIC => monotonic_ns(),
+        _ => return fail(EINVAL),
+    };
     let t = Timespec {
         tv_sec: (ns / 1_000_000_000) as i64,
         tv_nsec: (ns % 1_000_000_000) as i32,

@@ -131,6 +131,10 @@ impl VcpuBoot {
 
 /// `BootInfo::flags`: the user asked for `--boot-timing`.
 pub const BOOT_FLAG_TIMING: u32 = 1 << 0;
+/// `BootInfo::flags`: `wall_clock_ns` and `wall_clock_tsc` are valid.
+pub const BOOT_FLAG_WALL_CLOCK: u32 = 1 << 1;
+/// `BootInfo::flags`: `env`, `env_len` and `envc` are valid.
+pub const BOOT_FLAG_ENV: u32 = 1 << 2;
 
 /// Written by the VMM before the guest starts; the guest writes only the `VcpuBoot` timestamps.
 /// Lives in one page, mapped read-write for CPL3; the argument block follows in the next page.
@@ -179,9 +183,29 @@ pub struct BootInfo {
     pub stack_slot_size: u64,
     pub nr_stack_slots: u32,
     pub _pad2: u32,
+    // Appended without an ABI bump (see [`crate::ABI_VERSION`]): a guest reads each group below
+    // only if its `BOOT_FLAG_*` bit is set, so a VMM that predates them still boots it.
+    /// [`BOOT_FLAG_WALL_CLOCK`]: the host's `CLOCK_REALTIME`, in nanoseconds since the UNIX
+    /// epoch, when the guest's counter (x86_64: TSC; aarch64: CNTVCT_EL0) read `wall_clock_tsc`.
+    pub wall_clock_ns: u64,
+    pub wall_clock_tsc: u64,
+    /// [`BOOT_FLAG_ENV`]: the guest environment: `envc` NUL-terminated `KEY=VALUE` UTF-8 strings
+    /// packed at `env`, `env_len` bytes. It follows the arguments in the argument block; the two
+    /// together take at most [`MAX_ARGS_LEN`] bytes.
+    pub env: u64,
+    pub env_len: u32,
+    pub envc: u32,
 }
 
-/// The largest argument block.
+impl BootInfo {
+    /// Whether the VMM set `flag` (a `BOOT_FLAG_*`) in a `BootInfo` long enough to hold the
+    /// fields the flag announces (a VMM that predates them sets neither).
+    pub fn has(&self, flag: u32) -> bool {
+        self.flags & flag != 0 && self.size as usize >= core::mem::size_of::<BootInfo>()
+    }
+}
+
+/// The largest argument block (arguments and environment together).
 pub const MAX_ARGS_LEN: usize = 4096;
 
 #[cfg(test)]
@@ -223,7 +247,12 @@ mod tests {
         );
         assert_eq!(offset_of!(BootInfo, stack_slot_size), 2560);
         assert_eq!(offset_of!(BootInfo, nr_stack_slots), 2568);
-        assert_eq!(size_of::<BootInfo>(), 2576);
+        assert_eq!(offset_of!(BootInfo, wall_clock_ns), 2576);
+        assert_eq!(offset_of!(BootInfo, wall_clock_tsc), 2584);
+        assert_eq!(offset_of!(BootInfo, env), 2592);
+        assert_eq!(offset_of!(BootInfo, env_len), 2600);
+        assert_eq!(offset_of!(BootInfo, envc), 2604);
+        assert_eq!(size_of::<BootInfo>(), 2608);
         assert!(size_of::<BootInfo>() <= 4096, "BootInfo must fit one page");
     }
 }

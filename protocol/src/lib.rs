@@ -33,7 +33,10 @@ use wire::wire_enum;
 pub use wire::UnknownWireValue;
 
 /// The ABI version. Both sides refuse to run with a peer of another version.
-/// Bump it on any change to a `#[repr(C)]` type, a hypercall or a constant in this crate.
+/// Bump it on any change to a `#[repr(C)]` type, a hypercall or a constant in this crate, with
+/// one exception: fields appended to [`boot::BootInfo`] behind a new `BOOT_FLAG_*` bit (the
+/// guest reads them only when the VMM sets the bit, so an older VMM of the same version still
+/// boots a newer guest, and a newer VMM an older guest).
 pub const ABI_VERSION: u32 = 5;
 
 /// The largest number of vCPUs a guest may have.

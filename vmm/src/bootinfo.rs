@@ -1,10 +1,12 @@
-//! Writing [`protocol::boot::BootInfo`], the argument block and the shared area's header.
+//! Writing [`protocol::boot::BootInfo`], the argument block (arguments, then environment) and
+//! the shared area's header.
 
 use std::mem::offset_of;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use protocol::boot::{
-    BootInfo, MemKind, MemRegion, VcpuBoot, BOOT_FLAG_TIMING, BOOT_INFO_MAGIC, MAX_ARGS_LEN,
-    MAX_MEM_REGIONS,
+    BootInfo, MemKind, MemRegion, VcpuBoot, BOOT_FLAG_ENV, BOOT_FLAG_TIMING, BOOT_FLAG_WALL_CLOCK,
+    BOOT_INFO_MAGIC, MAX_ARGS_LEN, MAX_MEM_REGIONS,
 };
 use protocol::shared::{
     SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_NET_DOORBELL, SHARED_FEATURE_TIMELINE,
@@ -13,7 +15,8 @@ use protocol::shared::{
 };
 use protocol::{ABI_VERSION, MAX_VCPUS};
 
-use crate::arch::current::{abi, boot::vmm_regions, layout};
+use crate::arch::current::{abi, boot::vmm_regions, layout, timestamp};
+use crate::config::EnvVar;
 use crate::error::Error;
 use crate::memory::{GuestRam, Plan};
 
@@ -29,28 +32,65 @@ pub struct HostFacts {
 
 /// Pack guest arguments as NUL-terminated strings.
 pub fn pack_args(args: &[String]) -> Result<Vec<u8>, Error> {
+    pack(args.iter().map(String::as_str), "guest argument")
+}
+
+/// Pack `strings` (`what` names them in errors) as NUL-terminated strings.
+fn pack<'a>(strings: impl Iterator<Item = &'a str>, what: &str) -> Result<Vec<u8>, Error> {
     let mut packed = Vec::new();
-    for arg in args {
-        if arg.as_bytes().contains(&0) {
+    for text in strings {
+        if text.as_bytes().contains(&0) {
             return Err(Error::Config(format!(
-                "guest argument {arg:?} contains a NUL byte"
+                "{what} {text:?} contains a NUL byte"
             )));
         }
-        packed.extend_from_slice(arg.as_bytes());
+        packed.extend_from_slice(text.as_bytes());
         packed.push(0);
     }
     if packed.len() > MAX_ARGS_LEN {
         return Err(Error::Config(format!(
-            "guest arguments take {} bytes; the limit is {MAX_ARGS_LEN}",
+            "{what}s take {} bytes; the limit is {MAX_ARGS_LEN}",
             packed.len()
         )));
     }
     Ok(packed)
 }
 
-pub fn write(ram: &GuestRam, plan: &Plan, args: &[String], host: HostFacts) -> Result<(), Error> {
+/// The host's `CLOCK_REALTIME` in nanoseconds since the UNIX epoch and the counter the guest
+/// reads as its clock (the host's TSC or CNTVCT_EL0: the guest's follows it) at the same
+/// moment, taken as the middle of two counter reads around the clock read. `None` if the
+/// host's clock is before the epoch.
+pub fn wall_clock() -> Option<(u64, u64)> {
+    let before = timestamp();
+    let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).ok()?;
+    let after = timestamp();
+    let ns = u64::try_from(since_epoch.as_nanos()).ok()?;
+    Some((ns, before + after.saturating_sub(before) / 2))
+}
+
+pub fn write(
+    ram: &GuestRam,
+    plan: &Plan,
+    args: &[String],
+    env: &[EnvVar],
+    host: HostFacts,
+) -> Result<(), Error> {
     let packed = pack_args(args)?;
+    let env_strings: Vec<String> = env.iter().map(EnvVar::to_string).collect();
+    let packed_env = pack(
+        env_strings.iter().map(String::as_str),
+        "environment variable",
+    )?;
+    if packed.len() + packed_env.len() > MAX_ARGS_LEN {
+        return Err(Error::Config(format!(
+            "the guest arguments and environment take {} bytes; the limit is {MAX_ARGS_LEN}",
+            packed.len() + packed_env.len()
+        )));
+    }
+    let env_addr = layout::ARGS_ADDR + packed.len() as u64;
     ram.write_bytes(layout::ARGS_ADDR, &packed)?;
+    ram.write_bytes(env_addr, &packed_env)?;
+    let wall = wall_clock();
 
     let mut regions: Vec<(u64, u64, MemKind)> = vmm_regions().to_vec();
     regions.extend([
@@ -109,7 +149,11 @@ pub fn write(ram: &GuestRam, plan: &Plan, args: &[String], host: HostFacts) -> R
             BOOT_FLAG_TIMING
         } else {
             0
-        },
+        } | if wall.is_some() {
+            BOOT_FLAG_WALL_CLOCK
+        } else {
+            0
+        } | BOOT_FLAG_ENV,
         tsc_khz: host.tsc_khz,
         vmm_start_tsc: host.vmm_start_tsc,
         mem_size: plan.mem_size,
@@ -130,6 +174,11 @@ pub fn write(ram: &GuestRam, plan: &Plan, args: &[String], host: HostFacts) -> R
         stack_slot_size: plan.stacks.slot_size,
         nr_stack_slots: plan.stacks.slots,
         _pad2: 0,
+        wall_clock_ns: wall.map_or(0, |(ns, _)| ns),
+        wall_clock_tsc: wall.map_or(0, |(_, tsc)| tsc),
+        env: env_addr,
+        env_len: packed_env.len() as u32,
+        envc: env.len() as u32,
     };
     ram.write_struct(layout::BOOT_INFO_ADDR, &info)?;
     write_shared_area(ram, plan, host.timeline)
@@ -190,5 +239,14 @@ mod tests {
         assert_eq!(pack_args(&["a".into(), "bc".into()]).unwrap(), b"a\0bc\0");
         assert!(pack_args(&["a\0b".into()]).is_err());
         assert!(pack_args(&["x".repeat(MAX_ARGS_LEN)]).is_err());
+    }
+
+    #[test]
+    fn wall_clock_is_now() {
+        let (ns, tsc) = wall_clock().unwrap();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        assert!(now.as_nanos() >= u128::from(ns));
+        assert!(now.as_nanos() - u128::from(ns) < 1_000_000_000);
+        assert!(tsc <= timestamp());
     }
 }

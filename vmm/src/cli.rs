@@ -47,7 +47,7 @@ pub(crate) struct RunArgs {
     /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), io_inline_wait (us),
     /// host_sched, place_vcpus (default true). Then one [[guest]] table per guest: image
     /// (required), name (its label in output, --stats and `activm ctl`),
-    /// vcpus, mem, args (an array of strings), no_activations, disk, disk_read_only, mounts
+    /// vcpus, mem, args (an array of strings), env (a table of KEY = "VALUE"), no_activations, disk, disk_read_only, mounts
     /// (an array of "HOSTDIR:GUESTDIR[:ro]"),
     /// thread_stack, thread_stacks, prefault. Sizes are numbers of bytes or strings like "256M"; paths
     /// are relative to the file's directory. Unknown keys are errors.
@@ -56,7 +56,7 @@ pub(crate) struct RunArgs {
     /// --boot-timing, --trace, --ctl, --io-latency, --io-inline-wait, --host-sched,
     /// --no-place-vcpus) override the file. Per-guest
     /// ones (GUEST, --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
-    /// --thread-stacks, --prefault, GUEST_ARGS) are refused: set them in the [[guest]] tables.
+    /// --thread-stacks, --prefault, --env, GUEST_ARGS) are refused: set them in the [[guest]] tables.
     #[arg(long, value_name = "FILE.toml")]
     pub(crate) config: Option<PathBuf>,
     /// Number of vCPUs per guest (1 to 64; more than host cores is fine).
@@ -143,6 +143,11 @@ pub(crate) struct RunArgs {
     /// (repeatable; with several guests, the first guest's). Guests reach nothing otherwise.
     #[arg(long, value_name = "HOSTPORT:GUESTPORT")]
     pub(crate) publish: Vec<String>,
+    /// Set an environment variable in every guest (repeatable; std's `env::var` reads it).
+    /// Guests see only these: nothing of activm's own environment. Arguments and environment
+    /// share one 4096-byte block.
+    #[arg(long, value_name = "KEY=VALUE", value_parser = config::parse_env)]
+    pub(crate) env: Vec<config::EnvVar>,
     /// Let the guest connect to this loopback HOST:PORT (repeatable; the first guest's).
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) allow_connect: Vec<String>,

@@ -212,6 +212,7 @@ impl Guest {
             &ram,
             &plan,
             &config.args,
+            &config.env,
             HostFacts {
                 tsc_khz,
                 vmm_start_tsc: config.start_tsc,

@@ -43,7 +43,7 @@ fn given_on_command_line(matches: &ArgMatches) -> Vec<String> {
 }
 
 /// Options that set something for each guest: refused together with a configuration file.
-const PER_GUEST_OPTIONS: [&str; 12] = [
+const PER_GUEST_OPTIONS: [&str; 13] = [
     "vcpus",
     "prefault",
     "mem",
@@ -56,6 +56,7 @@ const PER_GUEST_OPTIONS: [&str; 12] = [
     "publish",
     "allow_connect",
     "args",
+    "env",
 ];
 
 /// `--thread-stack` for the id `thread_stack`.
@@ -205,6 +206,7 @@ fn guests_from_flags(args: &RunArgs) -> Result<Vec<GuestSpec>, config::Problem> 
             vcpus: args.vcpus,
             mem: args.mem,
             args: args.args.clone(),
+            env: args.env.clone(),
             activations: !args.no_activations,
             latency_critical: false,
             prefault: args.prefault,

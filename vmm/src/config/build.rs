@@ -161,12 +161,15 @@ pub fn build(
     let mut configs = Vec::with_capacity(guests.len());
     for (i, guest) in guests.iter().enumerate() {
         let net = net_config(guest).map_err(|(key, what)| fail(EXIT_USAGE, key, Some(i), &what))?;
+        super::check_env(&guest.args, &guest.env)
+            .map_err(|what| fail(EXIT_USAGE, Key::Env, Some(i), &what))?;
         let config = VmConfig {
             image: guest.image.clone(),
             name: guest.name.clone(),
             vcpus: guest.vcpus,
             mem_size: guest.mem,
             args: guest.args.clone(),
+            env: guest.env.clone(),
             boot_timing: machine.boot_timing,
             timeout,
             start_tsc,

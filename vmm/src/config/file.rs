@@ -120,6 +120,9 @@ struct FileGuest {
     mem: Option<Size>,
     #[serde(default)]
     args: Vec<String>,
+    /// `KEY = "VALUE"` pairs (a table; keys in sorted order).
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     no_activations: bool,
     #[serde(default)]
@@ -210,6 +213,11 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
                 vcpus: g.vcpus.unwrap_or(defaults.vcpus),
                 mem: g.mem.map_or(defaults.mem, |s| s.0),
                 args: g.args,
+                env: g
+                    .env
+                    .into_iter()
+                    .map(|(key, value)| super::EnvVar { key, value })
+                    .collect(),
                 activations: !g.no_activations,
                 latency_critical: g.latency_critical,
                 prefault: g.prefault,

@@ -22,6 +22,7 @@ pub enum Key {
     Publish,
     AllowConnect,
     ThreadStack,
+    Env,
 }
 
 impl Key {
@@ -43,6 +44,7 @@ impl Key {
             Key::Publish => "--publish",
             Key::AllowConnect => "--allow-connect",
             Key::ThreadStack => "--thread-stack",
+            Key::Env => "--env",
         }
     }
 
@@ -64,6 +66,7 @@ impl Key {
             Key::Publish => "publish",
             Key::AllowConnect => "allow_connect",
             Key::ThreadStack => "thread_stack",
+            Key::Env => "env",
         }
     }
 }
@@ -129,6 +132,8 @@ pub struct GuestSpec {
     /// Guest RAM in bytes.
     pub mem: u64,
     pub args: Vec<String>,
+    /// The guest's environment (`--env`, `env`).
+    pub env: Vec<super::EnvVar>,
     /// Scheduler activations allowed (`no_activations` clears it).
     pub activations: bool,
     /// A latency-critical guest (`latency_critical` in a configuration file): the allocator
@@ -158,6 +163,7 @@ impl GuestSpec {
             vcpus: 1,
             mem: DEFAULT_MEM,
             args: Vec::new(),
+            env: Vec::new(),
             activations: true,
             latency_critical: false,
             prefault: false,

@@ -22,6 +22,7 @@
 //! vcpus = 4
 //! mem = "512M"         # a size: bytes, or a string with K/M/G
 //! args = ["blk", "blk-overlap"]
+//! env = { RUST_LOG = "debug", GREETING = "hello" }  # the guest's environment (none by default)
 //! disk = "disk.img"
 //! disk_read_only = false
 //! mounts = ["data:/data", "/usr/share/dict:/dict:ro"]  # HOSTDIR:GUESTDIR[:ro]
@@ -47,6 +48,7 @@
 
 mod build;
 mod disk;
+mod env;
 mod file;
 mod flags;
 mod mount;
@@ -60,6 +62,7 @@ use std::time::Duration;
 
 pub use build::build;
 pub use disk::{DiskConfig, DEFAULT_INLINE_WAIT, MAX_INLINE_WAIT, MAX_LATENCY};
+pub use env::{check_env, parse_env, EnvVar};
 pub use file::{load, parse, parse_size};
 pub use flags::{GuestSpec, Key, Machine};
 pub use mount::{parse_mount, MountConfig};
@@ -131,6 +134,8 @@ pub struct VmConfig {
     pub vcpus: u32,
     pub mem_size: u64,
     pub args: Vec<String>,
+    /// The guest's environment variables (nothing of the host's).
+    pub env: Vec<EnvVar>,
     pub boot_timing: bool,
     pub timeout: Option<Duration>,
     /// Host TSC at process start, for boot timing.
@@ -166,6 +171,7 @@ impl VmConfig {
             vcpus: 1,
             mem_size: DEFAULT_MEM,
             args: Vec::new(),
+            env: Vec::new(),
             boot_timing: false,
             timeout: None,
             start_tsc: arch::timestamp(),

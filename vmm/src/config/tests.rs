@@ -59,6 +59,7 @@ fn a_full_file_parses() {
         vcpus = 4
         mem = "512M"
         args = ["blk", "two words"]
+        env = { LANG = "C.UTF-8", EMPTY = "" }
         disk = "disk.img"
         disk_read_only = true
         mounts = ["data:/data", "/srv/ro:/ro/:ro"]
@@ -97,6 +98,16 @@ fn a_full_file_parses() {
             vcpus: 4,
             mem: 512 << 20,
             args: vec!["blk".into(), "two words".into()],
+            env: vec![
+                EnvVar {
+                    key: "EMPTY".into(),
+                    value: "".into()
+                },
+                EnvVar {
+                    key: "LANG".into(),
+                    value: "C.UTF-8".into()
+                },
+            ],
             activations: true,
             latency_critical: false,
             prefault: true,
@@ -369,6 +380,7 @@ fn a_plan_carries_every_setting() {
         name = "first"
         vcpus = 4
         args = ["x"]
+        env = { K = "v=w" }
         disk = "d.img"
         [[guest]]
         image = "b"
@@ -388,6 +400,8 @@ fn a_plan_carries_every_setting() {
         (Some("first"), 4, true)
     );
     assert_eq!(a.args, ["x"]);
+    assert_eq!(a.env, [parse_env("K=v=w").unwrap()]);
+    assert!(b.env.is_empty());
     assert_eq!(a.start_tsc, 42);
     let disk = a.disk.as_ref().unwrap();
     assert_eq!(disk.latency, Duration::from_micros(300));
@@ -419,5 +433,65 @@ fn flags_errors_name_the_flags() {
             EXIT_USAGE,
             "--quantum must be a positive number of milliseconds"
         )
+    );
+}
+
+#[test]
+fn env_entries_are_checked() {
+    assert_eq!(
+        parse_env("A=b=c"),
+        Ok(EnvVar {
+            key: "A".into(),
+            value: "b=c".into()
+        })
+    );
+    assert_eq!(parse_env("A="), Ok(parse_env("A=").unwrap()));
+    assert_eq!(parse_env("A").unwrap_err(), "\"A\" is not KEY=VALUE");
+    assert_eq!(parse_env("=x").unwrap_err(), "\"=x\": the key is empty");
+    assert!(parse_env("A=x\0").is_err());
+
+    let env_of =
+        |vars: &[&str]| -> Vec<EnvVar> { vars.iter().map(|v| parse_env(v).unwrap()).collect() };
+    let mut guest = GuestSpec::new("demo");
+    guest.env = env_of(&["A=1", "A=2"]);
+    let p = build(&Machine::default(), &[guest.clone()], &Source::Flags, 0).unwrap_err();
+    assert_eq!(
+        (p.status, p.message.as_str()),
+        (EXIT_USAGE, "--env \"A\" is given twice")
+    );
+    // Arguments and environment share the argument block: each fits alone, not together.
+    let big = format!("B={}", "x".repeat(3000));
+    guest.env = env_of(&[&big]);
+    assert!(build(&Machine::default(), &[guest.clone()], &Source::Flags, 0).is_ok());
+    guest.args = vec!["y".repeat(2000)];
+    let p = build(&Machine::default(), &[guest], &Source::Flags, 0).unwrap_err();
+    assert_eq!(
+        (p.status, p.message.as_str()),
+        (
+            EXIT_USAGE,
+            "--env makes the guest arguments and environment take 5004 bytes; the limit is 4096"
+        )
+    );
+
+    let p = build_err("[[guest]]\nimage = \"a\"\nenv = { \"\" = \"x\" }\n");
+    assert_eq!(
+        (p.status, p.message.as_str()),
+        (
+            EXIT_USAGE,
+            "/etc/activm/run.toml: guest[0]: env \"=x\": the key is empty"
+        )
+    );
+    let p = build_err("[[guest]]\nimage = \"a\"\nname = \"n\"\nenv = { \"A=B\" = \"x\" }\n");
+    assert_eq!(
+        p.message,
+        "/etc/activm/run.toml: guest[0] (\"n\"): env key \"A=B\" contains '='"
+    );
+    let p = parse_err("[[guest]]\nimage = \"a\"\nenv = { A = 1 }\n");
+    assert_eq!(p.status, EXIT_USAGE);
+    assert!(
+        p.message
+            .contains("guest[0].env.A: invalid type: integer `1`, expected a string"),
+        "{}",
+        p.message
     );
 }

@@ -36,6 +36,26 @@ fn crossbeam_run(flags: &str) -> (String, String) {
     )
 }
 
+/// The guest's wall clock (`now: SECS`) is within 120 s of the arm64 machine's (`machine-now:
+/// SECS`, printed by `date` just before).
+fn clock_agrees(output: &str) -> Result<(), String> {
+    let secs = |prefix: &str| -> Result<u64, String> {
+        output
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| format!("no `{prefix}SECS` line"))
+    };
+    let (machine, guest) = (secs("machine-now: ")?, secs("now: ")?);
+    if machine.abs_diff(guest) <= 120 {
+        Ok(())
+    } else {
+        Err(format!(
+            "guest wall clock {guest} s, machine {machine} s: more than 120 s apart"
+        ))
+    }
+}
+
 pub(super) fn cases() -> Vec<Case> {
     let runs = [
         ("std-demo-2", "std-rayon-2", 2, "--vcpus 2"),
@@ -77,6 +97,21 @@ pub(super) fn cases() -> Vec<Case> {
         134,
         &["thread 'doomed' (2) panicked at src/main.rs:", "boom"],
     ));
+    // The wall clock and the environment (`--env`), and nothing of the host's environment.
+    cases.push(
+        Case::new(
+            "std-env-clock",
+            "echo machine-now: $(date +%s); HOST_ONLY=leaked /activm run /guests/std-demo \
+             --vcpus 2 --timeout 60 --env \"GREETING=hello = world\" -- env-clock GREETING HOST_ONLY",
+            0,
+            &[
+                "GREETING: Some(\"hello = world\")",
+                "HOST_ONLY: None",
+                "vars: 1",
+            ],
+        )
+        .checked(clock_agrees),
+    );
     // crossbeam-channel's test suite on 2 vCPUs: libtest's summary, 0 failed.
     let (command, result) = crossbeam_run("--vcpus 2");
     cases.push(Case::new(

@@ -3,7 +3,8 @@
 //! Arguments: `--exit N` ends with status N (default 0); `panic` panics in a thread;
 //! `bench-spawn N` / `bench-mutex N` time N spawn+join / uncontended lock+unlock pairs;
 //! `detached N` runs N threads whose handles are dropped (a server's thread per connection),
-//! at most 64 at a time.
+//! at most 64 at a time;
+//! `env-clock VAR...` prints `SystemTime::now()` in seconds since the epoch and each `VAR`.
 
 use std::cell::Cell;
 use std::sync::{mpsc, Arc, Barrier, Condvar, Mutex, RwLock};
@@ -23,6 +24,7 @@ fn main() {
         Some("bench-spawn") => return bench_spawn(count(&args)),
         Some("bench-mutex") => return bench_mutex(count(&args)),
         Some("detached") => return detached(count(&args)),
+        Some("env-clock") => return env_clock(&args[1..]),
         _ => {}
     }
     let exit = match args.as_slice() {
@@ -192,6 +194,19 @@ fn panic_in_thread() -> ! {
         .unwrap();
     let _ = h.join();
     unreachable!("the panic aborts the guest");
+}
+
+/// `now: SECS` (the wall clock, seconds since the UNIX epoch), then `VAR: Some("value")` or
+/// `VAR: None` for each name, then how many variables the environment holds.
+fn env_clock(names: &[String]) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    println!("now: {now}");
+    for name in names {
+        println!("{name}: {:?}", std::env::var(name).ok());
+    }
+    println!("vars: {}", std::env::vars().count());
 }
 
 fn count(args: &[String]) -> u32 {
