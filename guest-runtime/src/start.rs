@@ -14,9 +14,10 @@ use activm_stub::{preempt, register_irq_handler};
 use crate::arch::context;
 use crate::arch::cpu::{self, Word};
 use crate::arch::{RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};
+use crate::dispatch::{self, points};
 use crate::percpu::{self, Pcpu};
 use crate::tcb::{self, Tcb};
-use crate::{config, fault, sched, stack, timer, upcall};
+use crate::{config, fault, sched, stack, upcall};
 
 /// The app's `main`.
 pub type MainFn = fn(&[&str]) -> i32;
@@ -54,7 +55,7 @@ pub fn vcpu_entry(vcpu: u32, main: MainFn) -> ! {
 }
 
 extern "C" fn enter_scheduler() -> ! {
-    sched::sched_loop()
+    dispatch::sched_loop()
 }
 
 fn init(main: MainFn) {
@@ -73,21 +74,22 @@ fn init(main: MainFn) {
         .collect();
     let args: &'static [&'static str] = args.leak();
 
-    register_irq_handler(TIMER_IRQ, timer::on_timer);
-    register_irq_handler(RESCHEDULE_IRQ, sched::on_resched);
+    sched::set_loop(dispatch::sched_loop);
+    register_irq_handler(TIMER_IRQ, points::on_timer);
+    register_irq_handler(RESCHEDULE_IRQ, points::on_resched);
     register_irq_handler(UPCALL_IRQ, upcall::on_upcall);
     #[cfg(feature = "sim")]
-    register_irq_handler(upcall::VECTOR_SIM, upcall::sim::on_sim);
+    register_irq_handler(upcall::VECTOR_SIM, points::on_sim);
     activm_stub::set_exception_handler(fault::on_exception);
     activm_stub::set_panic_context(panic_context);
-    preempt::set_release_hook(sched::safepoint);
+    preempt::set_release_hook(points::safepoint);
     preempt::set_wait_hook(crate::watchdog::tick);
     // SAFETY: the heap's two sequences are in the restartable-sequence table (`arch::rseq`),
     // which every handler registered above and every resumption of a handed-over context
     // consult first.
     unsafe { activm_stub::heap::use_restartable_caches() };
     crate::watchdog::set_report(crate::stats::dump);
-    crate::watchdog::set_arm(timer::arm_by);
+    crate::watchdog::set_arm(crate::alarm::arm_by);
 
     let t = tcb::alloc(1);
     t.flags.fetch_or(tcb::FLAG_MAIN, Ordering::Relaxed);
@@ -108,8 +110,8 @@ fn init_vcpu(vcpu: u32) {
     cpu::set(Word::SchedTop, boot_top);
     upcall::register_boot_stack(boot_top);
     upcall::init_vcpu(vcpu);
-    let exc = alloc::vec![0u8; crate::fault::EXCEPTION_STACK].leak();
-    let exc_top = (exc.as_ptr() as u64 + crate::fault::EXCEPTION_STACK as u64) & !15;
+    let exc = alloc::vec![0u8; crate::exception_stack::EXCEPTION_STACK].leak();
+    let exc_top = (exc.as_ptr() as u64 + crate::exception_stack::EXCEPTION_STACK as u64) & !15;
     pcpu.exception_stack.store(exc_top, Ordering::Relaxed);
     activm_stub::arm_exception_stack(exc_top);
     cpu::init_timer();

@@ -8,13 +8,14 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use activm_stub::protocol::shared::{UpcallKind, UpcallRecord, RECORD_HAS_CONTEXT};
 use activm_stub::{preempt, println, IrqFrame};
 
-use super::bag::Bag;
-use super::entry::in_unsafe_window;
-use super::{recover, sa, signal, stacks, state};
+use super::{recover, signal};
+use crate::activation::bag::Bag;
+use crate::activation::{sa, stacks, state};
 use crate::arch::cpu::{self, Word};
 use crate::arch::entry::CLAIMING;
 use crate::arch::{context, rseq};
 use crate::percpu;
+use crate::sched::in_unsafe_window;
 use crate::sched::{self, Pending};
 
 /// Largest sequence number processed so far, and how many records.

@@ -8,10 +8,10 @@ use activm_stub::println;
 use activm_stub::protocol::shared::{UpcallKind, UpcallRecord};
 use activm_stub::protocol::timeline::RecordAction;
 
-use super::bag::Bag;
 use super::drain::later;
-use super::stacks::{self, act_stack_top_of, release_act_stack};
-use super::state::{file_old_state, take_state, ActState, TABLE};
+use crate::activation::bag::Bag;
+use crate::activation::stacks::{self, act_stack_top_of, release_act_stack};
+use crate::activation::state::{file_old_state, take_state, ActState, TABLE};
 use crate::arch::cpu::{self, Word};
 use crate::arch::entry::{self, CLAIMING, ENTRY_MARK_OFFSET};
 use crate::arch::{context, rseq, UserContext};
@@ -157,7 +157,7 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
     percpu::trace(percpu::T_TAKE, context::sp(&r.context));
     let mut ctx = r.context;
     // Taken in a CPU-exception handler: resumed at the faulting instruction where it may be.
-    crate::fault::handler_context(&mut ctx);
+    crate::exception_stack::handler_context(&mut ctx);
     fix_pc(&mut ctx);
     if st.in_sched && nested && !st.sched_idle {
         timeline::record_handled(r, None, RecordAction::Adopted);
@@ -288,7 +288,7 @@ fn suspend_this_scheduler() {
 extern "C" fn suspended(sp: u64, sched_top: u64) -> ! {
     ADOPT.push(0, Adopt::Suspended { sp, sched_top });
     percpu::this().in_drain.store(0, Ordering::Relaxed);
-    sched::sched_loop()
+    sched::enter_loop()
 }
 
 /// A scheduler context to adopt at the loop top.
@@ -371,7 +371,7 @@ fn adopt(ctx: &UserContext, st: ActState) -> ! {
     if super::drain::loop_work() {
         Pending::Upcall.defer();
     }
-    crate::timer::tick_by(cpu::rdtsc().saturating_add(crate::config::slice_ticks()));
+    crate::alarm::tick_by(cpu::rdtsc().saturating_add(crate::config::slice_ticks()));
     // SAFETY: scheduler context (InSched = 1); the frame was built above.
     unsafe { context::jump_to_frame(sp) }
 }
