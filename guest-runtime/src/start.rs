@@ -89,6 +89,7 @@ fn init(main: MainFn) {
     // consult first.
     unsafe { activm_stub::heap::use_restartable_caches() };
     crate::watchdog::set_report(crate::stats::dump);
+    upcall::set_dump(crate::stats::dump);
     crate::watchdog::set_arm(crate::alarm::arm_by);
 
     let t = tcb::alloc(1);
@@ -134,4 +135,38 @@ pub fn thread_name_of(t: &Tcb) -> String {
     let mut s = String::new();
     let _ = write!(s, "{}", tcb::describe(t));
     s
+}
+
+/// Every thread starts here (via `__rt_thread_start`, which calls it by name), on its own stack.
+///
+/// # Safety
+/// Called once per thread by its start frame, with its TCB.
+#[unsafe(no_mangle)]
+unsafe extern "C" fn __rt_thread_main(t: *const Tcb) -> ! {
+    // SAFETY: `build_start_frame` passed this thread's TCB.
+    let t = unsafe { tcb::from_raw(t) };
+    let Some(run) = t.run.take() else {
+        crate::percpu::print_trace_about(t as *const Tcb as u64);
+        panic!(
+            "a thread without a closure (started twice?): events {}",
+            tcb::history(t)
+        );
+    };
+    // SAFETY: the packet was set up by `thread::init_packet` with this `run`.
+    unsafe { run(t) };
+    crate::tls::run_destructors(t);
+    if t.flag(tcb::FLAG_MAIN) {
+        main_returned(t);
+    }
+    sched::exit_current(t)
+}
+
+/// The main thread's closure returned: the guest exits with its value.
+fn main_returned(t: &Tcb) -> ! {
+    // SAFETY: the main thread's packet holds its i32 result now (see `thread::init_packet`).
+    let code = unsafe { *(t.packet_ptr() as *const i32) };
+    if crate::config::print_stats_at_exit() {
+        crate::stats::print();
+    }
+    activm_stub::exit(code)
 }

@@ -8,8 +8,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use activm_stub::protocol::shared::{UpcallKind, UpcallRecord, RECORD_HAS_CONTEXT};
 use activm_stub::{preempt, println, IrqFrame};
 
-use super::{recover, signal};
-use crate::activation::bag::Bag;
+use super::recover::{self, later, LATER};
+use super::signal;
 use crate::activation::{sa, stacks, state};
 use crate::arch::cpu::{self, Word};
 use crate::arch::entry::CLAIMING;
@@ -74,9 +74,6 @@ fn on_own_scheduler(frame: &IrqFrame) -> bool {
         && stacks::on_act_stack(cpu::get(Word::SchedTop), frame as *const IrqFrame as u64)
 }
 
-/// Records that could not be handled yet (their activation's state was not filed yet).
-static LATER: Bag<UpcallRecord, 64> = Bag::new();
-
 /// Records waiting in the retry list (diagnostics and tests: zero once things settle).
 pub fn records_waiting() -> u32 {
     LATER.len()
@@ -123,16 +120,6 @@ pub fn drain() {
     // (docs/runtime.md); one APIC write per upcall is cheap insurance.
     cpu::set(Word::Armed, 0);
     stacks::refill_pool();
-}
-
-/// Whether [`drain`] has anything to do (the scheduler's direct hand-offs skip the loop only
-/// when it has not).
-#[inline]
-pub fn loop_work() -> bool {
-    recover::continuations_queued() != 0
-        || recover::adoptions_queued() != 0
-        || LATER.len() != 0
-        || sa::queue_nonempty()
 }
 
 /// Drains the queue from the upcall interrupt, on top of a scheduler holding nothing: resumes
@@ -242,10 +229,6 @@ fn handle(r: &UpcallRecord) {
             r.kind
         ),
     }
-}
-
-pub(super) fn later(r: &UpcallRecord) {
-    LATER.push(0, *r);
 }
 
 /// Statistics of the upcall path: (records, max sequence number, out-of-order records).

@@ -70,9 +70,10 @@ pub use crate::activation::stacks::{
 };
 pub use crate::sched::in_unsafe_window;
 pub use drain::{
-    drain, loop_work, on_upcall, print_waiting_records, records_waiting, BY_KIND, RECORDS,
-    SEQ_ERRORS,
+    drain, on_upcall, print_waiting_records, records_waiting, BY_KIND, RECORDS, SEQ_ERRORS,
 };
+pub use recover::loop_work;
+pub(crate) use signal::set_dump;
 pub use signal::{set_signal_handler, set_user_hook, LAST_SIGNAL};
 
 /// The runtime's private vector for the simulated VMM (`sim`).
