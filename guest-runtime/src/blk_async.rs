@@ -4,7 +4,7 @@
 //! `blk_submit`. If the VMM answers `BLK_IN_FLIGHT` the thread parks; an I/O thread of the VMM
 //! does the work and puts `(tag, result)` into the ring. Any vCPU's scheduler takes completions
 //! at the top of its loop ([`poll_completions`]) and its idle loop watches the ring
-//! ([`completions_ready`], via `sched::work_queued`), so a busy vCPU is never interrupted for a
+//! ([`completions_ready`], via `dispatch::idle::work_queued`), so a busy vCPU is never interrupted for a
 //! completion and an idle one halts until the VMM's interrupt (it interrupts only vCPUs whose
 //! `idle_vcpus` bit is set).
 //!

@@ -67,7 +67,7 @@ pub(crate) fn publish() {
         },
         vcpus,
     }));
-    crate::upcall::publish_runtime_diag(table as *const RuntimeDiag as u64);
+    crate::activation::sa::publish_runtime_diag(table as *const RuntimeDiag as u64);
 }
 
 /// Where a thread's name (`Option<Arc<str>>`, two words) keeps the text's address and length:

@@ -23,11 +23,15 @@
 
 extern crate alloc;
 
+mod activation;
+mod alarm;
 pub mod arch;
 pub mod blk;
 mod blk_async;
 pub mod config;
 mod diag;
+mod dispatch;
+mod exception_stack;
 #[doc(hidden)]
 pub mod fault;
 pub mod io;

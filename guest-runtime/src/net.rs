@@ -119,7 +119,7 @@ pub unsafe fn call(mut op: impl FnMut(u64) -> u64) -> u64 {
             if r != (-11i64) as u64 {
                 return r;
             }
-            crate::thread::yield_now();
+            sched::yield_current();
             continue;
         };
         let me = sched::current();
@@ -143,11 +143,11 @@ pub unsafe fn call(mut op: impl FnMut(u64) -> u64) -> u64 {
 /// looks again and calls this again.
 pub fn wait_for(waiter: &AtomicU32, ready: impl Fn() -> bool) {
     if !ring_ready() {
-        crate::thread::yield_now();
+        sched::yield_current();
         return;
     }
     let Some(tag) = take_tag() else {
-        crate::thread::yield_now();
+        sched::yield_current();
         return;
     };
     let me = sched::current();
@@ -158,7 +158,7 @@ pub fn wait_for(waiter: &AtomicU32, ready: impl Fn() -> bool) {
         .is_err()
     {
         free_tag(tag);
-        crate::thread::yield_now();
+        sched::yield_current();
         return;
     }
     if ready()

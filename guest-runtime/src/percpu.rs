@@ -184,7 +184,7 @@ pub struct Counters {
     pub continuations: AtomicU64,
     pub adoptions: AtomicU64,
     pub dropped_idle_contexts: AtomicU64,
-    /// Contexts from records taken while a CPU-exception handler ran (`fault::handler_context`).
+    /// Contexts from records taken while a CPU-exception handler ran (`exception_stack::handler_context`).
     pub exception_contexts: AtomicU64,
     pub resumed_contexts: AtomicU64,
     pub activations: AtomicU64,
@@ -249,7 +249,7 @@ pub struct Pcpu {
     pub in_drain: AtomicU32,
     /// Top of this vCPU's alternate exception stack (to re-arm it after a retried `#UD`).
     pub exception_stack: AtomicU64,
-    /// Timer interrupts deferred in a row (`timer::on_timer`): random preemption re-arms only
+    /// Timer interrupts deferred in a row (`dispatch::points::on_timer`): random preemption re-arms only
     /// the first few, so nested deferrals cannot pile up frames on the interrupted stack.
     pub timer_deferrals: AtomicU32,
     /// Diagnostics: the last scheduler events (`trace`), printed on a fatal exception.

@@ -14,9 +14,10 @@ use activm_stub::{preempt, register_irq_handler};
 use crate::arch::context;
 use crate::arch::cpu::{self, Word};
 use crate::arch::{RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};
+use crate::dispatch::{self, points};
 use crate::percpu::{self, Pcpu};
 use crate::tcb::{self, Tcb};
-use crate::{config, fault, sched, stack, timer, upcall};
+use crate::{config, fault, sched, stack, upcall};
 
 /// The app's `main`.
 pub type MainFn = fn(&[&str]) -> i32;
@@ -54,7 +55,7 @@ pub fn vcpu_entry(vcpu: u32, main: MainFn) -> ! {
 }
 
 extern "C" fn enter_scheduler() -> ! {
-    sched::sched_loop()
+    dispatch::sched_loop()
 }
 
 fn init(main: MainFn) {
@@ -73,21 +74,23 @@ fn init(main: MainFn) {
         .collect();
     let args: &'static [&'static str] = args.leak();
 
-    register_irq_handler(TIMER_IRQ, timer::on_timer);
-    register_irq_handler(RESCHEDULE_IRQ, sched::on_resched);
+    sched::set_loop(dispatch::sched_loop);
+    register_irq_handler(TIMER_IRQ, points::on_timer);
+    register_irq_handler(RESCHEDULE_IRQ, points::on_resched);
     register_irq_handler(UPCALL_IRQ, upcall::on_upcall);
     #[cfg(feature = "sim")]
-    register_irq_handler(upcall::VECTOR_SIM, upcall::sim::on_sim);
+    register_irq_handler(upcall::VECTOR_SIM, points::on_sim);
     activm_stub::set_exception_handler(fault::on_exception);
     activm_stub::set_panic_context(panic_context);
-    preempt::set_release_hook(sched::safepoint);
+    preempt::set_release_hook(points::safepoint);
     preempt::set_wait_hook(crate::watchdog::tick);
     // SAFETY: the heap's two sequences are in the restartable-sequence table (`arch::rseq`),
     // which every handler registered above and every resumption of a handed-over context
     // consult first.
     unsafe { activm_stub::heap::use_restartable_caches() };
     crate::watchdog::set_report(crate::stats::dump);
-    crate::watchdog::set_arm(timer::arm_by);
+    upcall::set_dump(crate::stats::dump);
+    crate::watchdog::set_arm(crate::alarm::arm_by);
 
     let t = tcb::alloc(1);
     t.flags.fetch_or(tcb::FLAG_MAIN, Ordering::Relaxed);
@@ -108,8 +111,8 @@ fn init_vcpu(vcpu: u32) {
     cpu::set(Word::SchedTop, boot_top);
     upcall::register_boot_stack(boot_top);
     upcall::init_vcpu(vcpu);
-    let exc = alloc::vec![0u8; crate::fault::EXCEPTION_STACK].leak();
-    let exc_top = (exc.as_ptr() as u64 + crate::fault::EXCEPTION_STACK as u64) & !15;
+    let exc = alloc::vec![0u8; crate::exception_stack::EXCEPTION_STACK].leak();
+    let exc_top = (exc.as_ptr() as u64 + crate::exception_stack::EXCEPTION_STACK as u64) & !15;
     pcpu.exception_stack.store(exc_top, Ordering::Relaxed);
     activm_stub::arm_exception_stack(exc_top);
     cpu::init_timer();
@@ -132,4 +135,38 @@ pub fn thread_name_of(t: &Tcb) -> String {
     let mut s = String::new();
     let _ = write!(s, "{}", tcb::describe(t));
     s
+}
+
+/// Every thread starts here (via `__rt_thread_start`, which calls it by name), on its own stack.
+///
+/// # Safety
+/// Called once per thread by its start frame, with its TCB.
+#[unsafe(no_mangle)]
+unsafe extern "C" fn __rt_thread_main(t: *const Tcb) -> ! {
+    // SAFETY: `build_start_frame` passed this thread's TCB.
+    let t = unsafe { tcb::from_raw(t) };
+    let Some(run) = t.run.take() else {
+        crate::percpu::print_trace_about(t as *const Tcb as u64);
+        panic!(
+            "a thread without a closure (started twice?): events {}",
+            tcb::history(t)
+        );
+    };
+    // SAFETY: the packet was set up by `thread::init_packet` with this `run`.
+    unsafe { run(t) };
+    crate::tls::run_destructors(t);
+    if t.flag(tcb::FLAG_MAIN) {
+        main_returned(t);
+    }
+    sched::exit_current(t)
+}
+
+/// The main thread's closure returned: the guest exits with its value.
+fn main_returned(t: &Tcb) -> ! {
+    // SAFETY: the main thread's packet holds its i32 result now (see `thread::init_packet`).
+    let code = unsafe { *(t.packet_ptr() as *const i32) };
+    if crate::config::print_stats_at_exit() {
+        crate::stats::print();
+    }
+    activm_stub::exit(code)
 }

@@ -470,37 +470,3 @@ impl<T> Drop for JoinHandle<T> {
 }
 
 pub use crate::tcb::{describe, DescribeThread};
-
-/// Every thread starts here (via `__rt_thread_start`, which calls it by name), on its own stack.
-///
-/// # Safety
-/// Called once per thread by its start frame, with its TCB.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn __rt_thread_main(t: *const Tcb) -> ! {
-    // SAFETY: `build_start_frame` passed this thread's TCB.
-    let t = unsafe { tcb::from_raw(t) };
-    let Some(run) = t.run.take() else {
-        crate::percpu::print_trace_about(t as *const Tcb as u64);
-        panic!(
-            "a thread without a closure (started twice?): events {}",
-            tcb::history(t)
-        );
-    };
-    // SAFETY: the packet was set up by `init_packet` with this `run`.
-    unsafe { run(t) };
-    crate::tls::run_destructors(t);
-    if t.flag(tcb::FLAG_MAIN) {
-        main_returned(t);
-    }
-    sched::exit_current(t)
-}
-
-/// The main thread's closure returned: the guest exits with its value.
-fn main_returned(t: &Tcb) -> ! {
-    // SAFETY: the main thread's packet holds its i32 result now (see `init_packet`).
-    let code = unsafe { *(t.packet_ptr() as *const i32) };
-    if crate::config::print_stats_at_exit() {
-        crate::stats::print();
-    }
-    activm_stub::exit(code)
-}

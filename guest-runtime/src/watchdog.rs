@@ -21,7 +21,7 @@ static FIRED: AtomicU64 = AtomicU64::new(0);
 const REPORT_GRACE_NS: u64 = 5_000_000_000;
 /// What prints the runtime's state when it fires (`stats::dump`, installed at start-up).
 static REPORT: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
-/// What arms this vCPU's timer to interrupt by a TSC deadline (`timer::arm_by`, installed at
+/// What arms this vCPU's timer to interrupt by a TSC deadline (`alarm::arm_by`, installed at
 /// start-up): the vCPU running the report takes a timer interrupt after the grace, nested in
 /// the report if it never returns, even where nothing else would arm its timer.
 static ARM: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());

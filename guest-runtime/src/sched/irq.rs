@@ -1,12 +1,14 @@
-//! The runtime's interrupt handlers' common prologue, the reschedule IPI, and the safepoint
-//! where a thread carries out what handlers deferred.
+//! The runtime's interrupt handlers' common prologue: whether the interrupted code is a thread
+//! that may be switched away. The handlers themselves, and the safepoint where a thread carries
+//! out what they deferred, are `dispatch::points`'.
 
 use activm_stub::{preempt, IrqFrame};
 
-use super::{current_raw, preempt_current, Pending};
+use super::current_raw;
 use crate::arch::cpu::{self, Word};
+use crate::arch::entry;
 use crate::arch::{context, rseq};
-use crate::{percpu, timer, upcall};
+use crate::percpu;
 
 /// Common start of the runtime's interrupt handlers: rewinds a restartable sequence the
 /// interrupt landed in, then says whether the interrupted code is a thread that may be switched
@@ -24,7 +26,7 @@ pub fn irq_prologue(frame: &mut IrqFrame) -> bool {
         percpu::bump(&percpu::this().counters.deferred_sched);
         return false;
     }
-    if upcall::in_unsafe_window(context::frame_pc(frame)) {
+    if in_unsafe_window(context::frame_pc(frame)) {
         // Before the trampoline's EOI, or in an activation entry.
         return false;
     }
@@ -43,7 +45,7 @@ pub fn irq_prologue(frame: &mut IrqFrame) -> bool {
 }
 
 /// Whether `at` lies on the stack of the thread `Current` names (false without one).
-fn on_current_thread_stack(at: usize) -> bool {
+pub fn on_current_thread_stack(at: usize) -> bool {
     let cur = current_raw();
     if cur.is_null() {
         return false;
@@ -56,52 +58,10 @@ fn on_current_thread_stack(at: usize) -> bool {
     }
 }
 
-/// The reschedule IPI: it only has to wake a halted vCPU (whose scheduler then looks for work).
-pub fn on_resched(frame: &mut IrqFrame) {
-    if irq_prologue(frame) {
-        if crate::blk::completions_ready() || crate::net::completions_ready() {
-            // The VMM's nudge for block completions a busy vCPU left waiting: the scheduler
-            // loop takes them.
-            super::preempt_current();
-            return;
-        }
-        // A clean context: also act on anything a nested interrupt had to defer.
-        safepoint();
-    } else {
-        Pending::Resched.defer();
-    }
-}
-
-/// Called when the last preemption hold is released with work pending, and after `switch_in`
-/// (thread context): carries out what interrupt handlers deferred.
-pub fn safepoint() {
-    if preempt::held() != 0 || cpu::get(Word::InSched) != 0 {
-        return;
-    }
-    // An interrupt handler on top of a new activation's entry, before the entry reset the
-    // words, sees the previous activation's: its hold count, its pending work and its thread
-    // (which now runs elsewhere, or waits to). Nothing may be done for "that thread" there; the
-    // entry clears what is pending.
-    let here = 0u8;
-    if !on_current_thread_stack(core::ptr::addr_of!(here) as usize) {
-        return;
-    }
-    let pending = cpu::take_pending();
-    if pending == 0 {
-        return;
-    }
-    if Pending::Upcall.is_in(pending) || Pending::Cont.is_in(pending) {
-        // Let the scheduler drain the upcall queue (or take back a continued lock holder).
-        preempt_current();
-        return;
-    }
-    if Pending::Timer.is_in(pending) {
-        timer::tick_in_thread();
-    }
-}
-
-/// `switch_in` calls this (C ABI, by name) when work was pending at its commit.
-#[unsafe(no_mangle)]
-extern "C" fn __rt_safepoint() {
-    safepoint();
+/// Whether code at `pc` must not be switched away: the trampoline before its EOI, or an
+/// activation entry before it reset the words.
+pub fn in_unsafe_window(pc: u64) -> bool {
+    let (trap_start, trap_end) = activm_stub::trap_eoi_window();
+    let (entry_start, _, entry_end) = entry::window();
+    (trap_start..trap_end).contains(&pc) || (entry_start..entry_end).contains(&pc)
 }

@@ -1,42 +1,46 @@
-//! The scheduler: per-vCPU run queues with work stealing (Go's `runtime/proc.go`: a fixed ring
-//! per P, the owner pushes and pops, thieves take half) plus a global overflow queue; idle vCPUs
-//! spin briefly, then mark themselves idle and `halt`; a reschedule IPI wakes one only when it
-//! is really halted.
+//! The scheduler core: per-vCPU run queues with work stealing (Go's `runtime/proc.go`: a fixed
+//! ring per P, the owner pushes and pops, thieves take half) plus a global overflow queue, the
+//! current thread, wait and wake, and switching. It knows nothing of devices, sleepers or
+//! upcalls: the scheduler loop that polls those and idles (`dispatch`) is its caller. A
+//! reschedule IPI wakes an idle vCPU only when it is really halted (`wakeup`).
 //!
 //! **Contexts.** A vCPU runs either a thread (`Word::InSched` = 0, `Word::Current` = its TCB) or
 //! the scheduler, on its activation's own stack (`Word::SchedTop`), entered by `switch_out`
-//! ([`sched_entry`]) or by a new activation. The scheduler is never preempted on its vCPU:
-//! interrupt handlers only record pending work (`preempt::defer`), which the loop checks.
+//! (`dispatch`'s landing, then [`finish_switch`]) or by a new activation ([`enter_loop`]). The
+//! scheduler is never preempted on its vCPU: interrupt handlers only record pending work
+//! (`preempt::defer`), which the loop checks.
 //!
 //! **Switch actions.** A thread leaves with an action the scheduler carries out once the thread
 //! is completely saved (so nobody can resume a half-saved thread): requeue it (yield,
 //! preemption), park it (CAS `WAITING` → `PARKED`, or requeue if a waker came first), or retire
 //! it (exit: free the stack, tell the joiner, drop its reference).
-
 //!
-//! **Files.** This one: switching (out, in, the loop); `queue`: the run queues and work
-//! stealing; `idle`: idling, halting and waking idle vCPUs; `irq`: the interrupt handlers'
-//! common prologue and the safepoint.
+//! **Files.** This one: switching (out, in, the switch actions); `queue`: the run queues and
+//! work stealing; `wakeup`: idle vCPUs' bits and waking one; `slice`: the time-slice timer;
+//! `irq`: the interrupt handlers' common prologue.
 
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicPtr, Ordering};
 
 use activm_stub::preempt;
 use activm_stub::protocol::timeline::SwitchReason;
 
+use crate::activation::stacks;
 use crate::arch::context;
 use crate::arch::cpu::{self, Word};
 use crate::tcb::{self, Tcb};
-use crate::{percpu, stack, timeline, timer, upcall};
+use crate::{exception_stack, percpu, stack, timeline};
 
-mod idle;
 mod irq;
 mod queue;
+mod slice;
+mod wakeup;
 
-pub use idle::clear_idle_bits;
-pub(crate) use idle::work_queued;
-pub use irq::{irq_prologue, on_resched, safepoint};
-use queue::{find_runnable, take_next};
+pub use irq::{in_unsafe_window, irq_prologue, on_current_thread_stack};
+pub(crate) use queue::{find_runnable, global_len, take_next, watch_next, NEXT_POLL_NS};
 pub use queue::{make_next, make_runnable, rescue_ring_of, runnable_elsewhere, take_next_if};
+pub(crate) use slice::wanted_deadline;
+pub use wakeup::clear_idle_bits;
+pub(crate) use wakeup::{HALTED, SPINNING};
 
 /// What a thread leaving the processor wants done with it, once it is completely saved
 /// (`switch_out`'s second argument, passed through the switch as a number).
@@ -177,16 +181,17 @@ pub fn exit_current(me: &Tcb) -> ! {
     panic!("an exited thread was resumed: events {}", tcb::history(me));
 }
 
-/// Where `switch_out` lands, on this activation's stack, with `prev` fully saved (called by
-/// `arch::context`'s assembly, by name).
-#[unsafe(no_mangle)]
-extern "C" fn __rt_sched_entry(prev: *const Tcb, action: usize, arg: usize) -> ! {
+/// Scheduler side of a switch (`dispatch`'s landing after `switch_out` calls it first): the
+/// thread `prev` left with the raw `action` and `arg` (`switch_out`'s) and is fully saved;
+/// carries the action out. Returns the action and a thread to hand the processor to (ours:
+/// runnable and in no queue), or null.
+#[inline(always)]
+pub fn finish_switch(prev: *const Tcb, action: usize, arg: usize) -> (Switch, *const Tcb) {
     cpu::set(Word::Current, 0);
     // SAFETY: `switch_out` passes the TCB of the thread that just left.
     let prev = unsafe { tcb::from_raw(prev) };
     let action = Switch::from_raw(action);
     timeline::switch_out(prev, action.reason());
-    // A thread to hand the processor to (ours: runnable and in no queue), skipping the loop.
     let mut hand_to: *const Tcb = core::ptr::null();
     match action {
         Switch::Yield | Switch::Preempted => make_runnable(prev, false),
@@ -216,64 +221,26 @@ extern "C" fn __rt_sched_entry(prev: *const Tcb, action: usize, arg: usize) -> !
         }
         Switch::Exit => hand_to = retire(prev),
     }
-    upcall::release_retired_stack();
-    if action == Switch::Park || action == Switch::Exit {
-        // A blocking switch: hand the processor over directly (the thread given, the joiner the
-        // exit woke, or this vCPU's `next`) unless the loop has work of its own first.
-        if loop_has_work() {
-            if !hand_to.is_null() {
-                // SAFETY: ours (see above); it runs first once the loop's work is done.
-                make_next(unsafe { tcb::from_raw(hand_to) });
-            }
-        } else {
-            if hand_to.is_null() {
-                hand_to = take_next();
-            }
-            if !hand_to.is_null() {
-                // SAFETY: ours (see above, or just taken off `next`).
-                run_now(unsafe { tcb::from_raw(hand_to) }, true);
-            }
-        }
-    }
-    sched_loop()
+    stacks::release_retired_stack();
+    (action, hand_to)
 }
 
-/// Whether the scheduler loop must run before any thread (deferred interrupt work, upcall
-/// records or continuations, due sleepers): a direct hand-off must not skip it.
-#[inline]
-fn loop_has_work() -> bool {
-    cpu::pending() != 0 || upcall::loop_work() || timer::sleepers_due()
+/// The scheduler loop (`dispatch::sched_loop`), set once at start-up ([`set_loop`]).
+static LOOP: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Sets the scheduler loop that [`enter_loop`] runs (once, at start-up).
+pub fn set_loop(sched_loop: fn() -> !) {
+    LOOP.store(sched_loop as *mut (), Ordering::Release);
 }
 
-/// The scheduler loop, on this activation's stack. Never returns: it switches to a thread.
-pub fn sched_loop() -> ! {
-    loop {
-        cpu::set(Word::SchedIdle, 0);
-        crate::watchdog::tick();
-        let pending = cpu::take_pending();
-        upcall::drain();
-        crate::blk::poll_completions();
-        crate::net::poll_completions();
-        if Pending::Timer.is_in(pending) || timer::sleepers_due() {
-            timer::wake_due();
-        }
-        let (t, inherit) = find_runnable();
-        if !t.is_null() {
-            // More work waits behind this thread while vCPUs have given their processors back:
-            // ask for them again. The wakes that published it may have asked nobody (a vCPU was
-            // spinning for work then, or the ask was rate-limited).
-            if upcall::some_yielded() {
-                if idle::work_queued() {
-                    upcall::want_processors();
-                } else {
-                    upcall::backlog_cleared();
-                }
-            }
-            // SAFETY: a runnable TCB taken off a queue: ours now.
-            run_now(unsafe { tcb::from_raw(t) }, inherit);
-        }
-        idle::idle();
-    }
+/// Runs the scheduler loop on a fresh scheduler stack (a new activation, a suspended or
+/// capturing scheduler's successor: the upcall paths). Never returns.
+pub fn enter_loop() -> ! {
+    let f = LOOP.load(Ordering::Acquire);
+    assert!(!f.is_null(), "no scheduler loop set");
+    // SAFETY: only `set_loop` stores here, a `fn() -> !`.
+    let f: fn() -> ! = unsafe { core::mem::transmute(f) };
+    f()
 }
 
 /// Scheduler context: switches to `t` (binding a stack first if it never ran).
@@ -298,8 +265,8 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
     let sp = unsafe { *t.sp.get() };
     match t.stack.get() {
         Some(s) if sp >= s.lo && sp < s.hi => {}
-        // Continued inside its CPU-exception handler (`fault::handler_context`).
-        _ if crate::fault::on_exception_stack(sp as u64) => {}
+        // Continued inside its CPU-exception handler (`exception_stack::handler_context`).
+        _ if exception_stack::on_exception_stack(sp as u64) => {}
         s => {
             percpu::trace(percpu::T_BAD_SP, t as *const Tcb as u64);
             percpu::trace(percpu::T_BAD_SP, sp as u64);
@@ -323,7 +290,7 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
     tcb::event(t, tcb::EV_RUNNING);
     t.slice_start.store(start, Ordering::Relaxed);
     percpu::bump(&p.counters.switches);
-    timer::on_switch_in(start);
+    slice::on_switch_in(start);
     percpu::trace(percpu::T_SWITCH_IN, t as *const Tcb as u64);
     timeline::switch_in(t);
     // SAFETY: scheduler context; `t` is ours (popped), fully saved, with a valid frame.
@@ -376,8 +343,8 @@ pub fn wait(me: &Tcb) {
 /// the VMM's hang report, `crate::diag`).
 pub(crate) fn diag_words() -> (u64, u64, u64) {
     (
-        idle::HALTED as *const _ as u64,
-        idle::SPINNING as *const _ as u64,
+        HALTED as *const _ as u64,
+        SPINNING as *const _ as u64,
         queue::global_len_address(),
     )
 }
@@ -404,7 +371,7 @@ pub fn dump() {
     activm_stub::println!(
         "activm-rt: global queue {} halted {:#x} spinning {:#x}",
         queue::global_len(),
-        idle::HALTED.load(Ordering::Relaxed),
-        idle::SPINNING.load(Ordering::Relaxed)
+        HALTED.load(Ordering::Relaxed),
+        SPINNING.load(Ordering::Relaxed)
     );
 }

@@ -6,12 +6,12 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use activm_stub::preempt;
 use activm_stub::sync::SpinLock;
 
-use super::idle::{wake_idle_vcpu, wake_idle_vcpu_after_rmw};
+use super::slice::ensure_slice_timer;
+use super::wakeup::{wake_idle_vcpu, wake_idle_vcpu_after_rmw};
 use crate::arch::cpu::{self, Word};
 use crate::arch::rseq;
 use crate::percpu::{self, RQ_CAP};
 use crate::tcb::{self, Tcb};
-use crate::timer;
 
 /// The global run queue: an intrusive FIFO through `Tcb::link`.
 struct GlobalQueue {
@@ -96,7 +96,7 @@ pub fn make_runnable(t: &Tcb, wake_others: bool) {
         overflow_to_global(t);
     }
     if cpu::get(Word::InSched) == 0 {
-        timer::ensure_slice_timer();
+        ensure_slice_timer();
     }
     if wake_others {
         wake_idle_vcpu();
@@ -122,7 +122,7 @@ pub fn make_next(t: &Tcb) {
     let old = slot.ptr.swap(t as *const Tcb as *mut Tcb, Ordering::SeqCst);
     if old.is_null() {
         if cpu::get(Word::InSched) == 0 {
-            timer::ensure_slice_timer();
+            ensure_slice_timer();
         }
         wake_idle_vcpu_after_rmw();
     } else {
@@ -146,7 +146,7 @@ pub fn take_next_if(t: &Tcb) -> bool {
 }
 
 /// Takes this vCPU's `next` thread (scheduler context), or null.
-pub(super) fn take_next() -> *const Tcb {
+pub(crate) fn take_next() -> *const Tcb {
     let next = &percpu::this().next.ptr;
     if next.load(Ordering::Relaxed).is_null() {
         return core::ptr::null();
@@ -158,7 +158,7 @@ pub(super) fn take_next() -> *const Tcb {
 /// 3 us): the running thread there is probably about to block and run it itself.
 pub const NEXT_GRACE_NS: u64 = 4_000;
 /// How often an idle vCPU looks at the other vCPUs' `next` slots.
-pub(super) const NEXT_POLL_NS: u64 = 1_000;
+pub(crate) const NEXT_POLL_NS: u64 = 1_000;
 
 /// The ring is full: move half of it and `t` to the global queue (Go's `runqputslow`).
 #[cold]
@@ -193,7 +193,7 @@ pub fn runnable_elsewhere() -> bool {
 /// Finds a thread to run: sometimes the global queue first (fairness), then this vCPU's ring,
 /// the global queue, and other vCPUs' rings (steal half).
 /// The thread, and whether it inherits the current time slice (it came from `next`).
-pub(super) fn find_runnable() -> (*const Tcb, bool) {
+pub(crate) fn find_runnable() -> (*const Tcb, bool) {
     let p = percpu::this();
     let tick = p.tick.load(Ordering::Relaxed);
     p.tick.store(tick.wrapping_add(1), Ordering::Relaxed);
@@ -325,7 +325,7 @@ pub fn rescue_ring_of(vcpu: u32) {
 /// Idle loop: looks at the other vCPUs' `next` threads. Returns `Some(true)` when one stayed
 /// beyond the grace period (`steal_next` will try to take it), `Some(false)` when one is there
 /// (the vCPU is busy handing off: keep spinning), `None` when there is none.
-pub(super) fn watch_next(now: u64) -> Option<bool> {
+pub(crate) fn watch_next(now: u64) -> Option<bool> {
     let me = activm_stub::vcpu_id();
     let p = percpu::this();
     let mut busy = None;
@@ -344,7 +344,7 @@ pub(super) fn watch_next(now: u64) -> Option<bool> {
             && p.seen_next_seq.load(Ordering::Relaxed) == seq
         {
             if now.saturating_sub(p.seen_next_at.load(Ordering::Relaxed))
-                >= timer::ns_to_ticks(NEXT_GRACE_NS)
+                >= percpu::ns_to_ticks(NEXT_GRACE_NS)
             {
                 p.steal_next.store(1, Ordering::Relaxed);
                 return Some(true);
@@ -361,6 +361,6 @@ pub(super) fn watch_next(now: u64) -> Option<bool> {
 }
 
 /// Threads in the global queue.
-pub(super) fn global_len() -> usize {
+pub(crate) fn global_len() -> usize {
     GLOBAL_LEN.load(Ordering::Acquire)
 }

@@ -8,13 +8,14 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use activm_stub::protocol::shared::{UpcallKind, UpcallRecord, RECORD_HAS_CONTEXT};
 use activm_stub::{preempt, println, IrqFrame};
 
-use super::bag::Bag;
-use super::entry::in_unsafe_window;
-use super::{recover, sa, signal, stacks, state};
+use super::recover::{self, later, LATER};
+use super::signal;
+use crate::activation::{sa, stacks, state};
 use crate::arch::cpu::{self, Word};
 use crate::arch::entry::CLAIMING;
 use crate::arch::{context, rseq};
 use crate::percpu;
+use crate::sched::in_unsafe_window;
 use crate::sched::{self, Pending};
 
 /// Largest sequence number processed so far, and how many records.
@@ -73,9 +74,6 @@ fn on_own_scheduler(frame: &IrqFrame) -> bool {
         && stacks::on_act_stack(cpu::get(Word::SchedTop), frame as *const IrqFrame as u64)
 }
 
-/// Records that could not be handled yet (their activation's state was not filed yet).
-static LATER: Bag<UpcallRecord, 64> = Bag::new();
-
 /// Records waiting in the retry list (diagnostics and tests: zero once things settle).
 pub fn records_waiting() -> u32 {
     LATER.len()
@@ -122,16 +120,6 @@ pub fn drain() {
     // (docs/runtime.md); one APIC write per upcall is cheap insurance.
     cpu::set(Word::Armed, 0);
     stacks::refill_pool();
-}
-
-/// Whether [`drain`] has anything to do (the scheduler's direct hand-offs skip the loop only
-/// when it has not).
-#[inline]
-pub fn loop_work() -> bool {
-    recover::continuations_queued() != 0
-        || recover::adoptions_queued() != 0
-        || LATER.len() != 0
-        || sa::queue_nonempty()
 }
 
 /// Drains the queue from the upcall interrupt, on top of a scheduler holding nothing: resumes
@@ -241,10 +229,6 @@ fn handle(r: &UpcallRecord) {
             r.kind
         ),
     }
-}
-
-pub(super) fn later(r: &UpcallRecord) {
-    LATER.push(0, *r);
 }
 
 /// Statistics of the upcall path: (records, max sequence number, out-of-order records).

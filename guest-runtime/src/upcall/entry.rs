@@ -2,20 +2,12 @@
 
 use core::sync::atomic::Ordering;
 
-use super::stacks::produce_spares;
-use super::state::file_old_state;
 use super::VECTOR_SIM;
-use crate::arch::entry::{self, OldWords};
+use crate::activation::stacks::produce_spares;
+use crate::activation::state::file_old_state;
+use crate::arch::entry::OldWords;
 use crate::arch::{context, cpu, RESCHEDULE_IRQ, TIMER_IRQ, UPCALL_IRQ};
 use crate::{percpu, sched};
-
-/// Whether code at `pc` must not be switched away: the trampoline before its EOI, or an
-/// activation entry before it reset the words.
-pub fn in_unsafe_window(pc: u64) -> bool {
-    let (trap_start, trap_end) = activm_stub::trap_eoi_window();
-    let (entry_start, _, entry_end) = entry::window();
-    (trap_start..trap_end).contains(&pc) || (entry_start..entry_end).contains(&pc)
-}
 
 /// The vectors whose EOI a previous activation may have left owed on this vCPU.
 pub(super) const OUR_VECTORS: [u8; 4] = [TIMER_IRQ, RESCHEDULE_IRQ, UPCALL_IRQ, VECTOR_SIM];
@@ -42,5 +34,5 @@ extern "C" fn __rt_activation_start(
     sched::clear_idle_bits(me);
     percpu::trace(percpu::T_ACTIVATION, activation);
     percpu::bump(&percpu::this().counters.activations);
-    sched::sched_loop()
+    sched::enter_loop()
 }

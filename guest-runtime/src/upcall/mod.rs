@@ -35,48 +35,46 @@
 //!   **adopted**: this vCPU's scheduler gives up its own stack and continues the other one's,
 //!   which only ever uses `%gs` afresh, so it simply goes on as this vCPU's scheduler.
 //!
-//! **Files.** [`sa`]: the shared area and the `sa_*` calls; `stacks`: the activation stack
-//! pools; `state`: the state table of ended activations; `entry`: a new activation's Rust side
-//! (its first instructions are in `arch`); `drain`: the upcall interrupt and the queue; `recover`:
-//! resuming contexts, continuing lock holders, adopting schedulers; `signal`: SIGNAL and USER;
-//! `bag`: the lock-free bag they keep their bookkeeping in; `sim` (feature `sim`): a simulated
-//! VMM for the in-guest tests.
+//! **Files.** `entry`: a new activation's Rust side (its first instructions are in `arch`);
+//! `drain`: the upcall interrupt and the queue; `recover`: resuming contexts, continuing lock
+//! holders, adopting schedulers; `signal`: SIGNAL and USER; `sim` (feature `sim`): a simulated
+//! VMM for the in-guest tests. Below the scheduler, `crate::activation` holds the shared area
+//! and the `sa_*` calls, the activation stack pools and the state table of ended activations.
 
 use core::sync::atomic::Ordering;
 
 use activm_stub::{println, IrqFrame};
 
+use crate::activation::state;
 use crate::arch::cpu::{self, Word};
 use crate::percpu;
 
-mod bag;
-pub mod cost;
 mod drain;
 mod entry;
 mod recover;
-pub mod sa;
 mod signal;
 #[cfg(feature = "sim")]
 pub mod sim;
-mod stacks;
-mod state;
 
-pub use drain::{
-    drain, loop_work, on_upcall, print_waiting_records, records_waiting, BY_KIND, RECORDS,
-    SEQ_ERRORS,
-};
-pub use entry::in_unsafe_window;
-pub(crate) use sa::publish_runtime_diag;
-pub use sa::{
-    activations_enabled, backlog_cleared, backlog_waiting, enable, granted_vcpus, init, init_vcpu,
+pub use crate::activation::{cost, sa};
+
+pub use crate::activation::enable;
+pub use crate::activation::sa::{
+    activations_enabled, backlog_cleared, backlog_waiting, granted_vcpus, init, init_vcpu,
     io_yield_supported, is_warm, preempt_vcpu, queue_nonempty, set_concurrency, set_idle,
     some_yielded, want_processors, yield_declined_lately, yield_idle_vcpu, yield_idle_vcpu_for_io,
     yield_wake_supported,
 };
-pub use signal::{set_signal_handler, set_user_hook, LAST_SIGNAL};
-pub use stacks::{
+pub use crate::activation::stacks::{
     register_boot_stack, release_act_stack, release_retired_stack, reserve_spare_stacks,
 };
+pub use crate::sched::in_unsafe_window;
+pub use drain::{
+    drain, on_upcall, print_waiting_records, records_waiting, BY_KIND, RECORDS, SEQ_ERRORS,
+};
+pub use recover::loop_work;
+pub(crate) use signal::set_dump;
+pub use signal::{set_signal_handler, set_user_hook, LAST_SIGNAL};
 
 /// The runtime's private vector for the simulated VMM (`sim`).
 pub const VECTOR_SIM: u8 = crate::arch::cpu::SIM_IRQ;

@@ -8,16 +8,34 @@ use activm_stub::println;
 use activm_stub::protocol::shared::{UpcallKind, UpcallRecord};
 use activm_stub::protocol::timeline::RecordAction;
 
-use super::bag::Bag;
-use super::drain::later;
-use super::stacks::{self, act_stack_top_of, release_act_stack};
-use super::state::{file_old_state, take_state, ActState, TABLE};
+use crate::activation::bag::Bag;
+use crate::activation::stacks::{self, act_stack_top_of, release_act_stack};
+use crate::activation::state::{file_old_state, take_state, ActState, TABLE};
 use crate::arch::cpu::{self, Word};
 use crate::arch::entry::{self, CLAIMING, ENTRY_MARK_OFFSET};
 use crate::arch::{context, rseq, UserContext};
 use crate::sched::{self, Pending};
 use crate::tcb::{self, Tcb};
 use crate::{percpu, timeline};
+
+/// Records that could not be handled yet (their activation's state was not filed yet): the
+/// drain retries them.
+pub(super) static LATER: Bag<UpcallRecord, 64> = Bag::new();
+
+/// Puts `r` on the retry list ([`LATER`]).
+pub(super) fn later(r: &UpcallRecord) {
+    LATER.push(0, *r);
+}
+
+/// Whether the drain (`drain::drain`) has anything to do (the scheduler's direct hand-offs skip the loop only
+/// when it has not).
+#[inline]
+pub fn loop_work() -> bool {
+    continuations_queued() != 0
+        || adoptions_queued() != 0
+        || LATER.len() != 0
+        || crate::activation::sa::queue_nonempty()
+}
 
 /// Activations whose UNBLOCKED was handled before their BLOCKED (the VMM keeps both in one
 /// queue while it can, but a BLOCKED copied out by a scheduler that was then preempted is
@@ -157,7 +175,7 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
     percpu::trace(percpu::T_TAKE, context::sp(&r.context));
     let mut ctx = r.context;
     // Taken in a CPU-exception handler: resumed at the faulting instruction where it may be.
-    crate::fault::handler_context(&mut ctx);
+    crate::exception_stack::handler_context(&mut ctx);
     fix_pc(&mut ctx);
     if st.in_sched && nested && !st.sched_idle {
         timeline::record_handled(r, None, RecordAction::Adopted);
@@ -288,7 +306,7 @@ fn suspend_this_scheduler() {
 extern "C" fn suspended(sp: u64, sched_top: u64) -> ! {
     ADOPT.push(0, Adopt::Suspended { sp, sched_top });
     percpu::this().in_drain.store(0, Ordering::Relaxed);
-    sched::sched_loop()
+    sched::enter_loop()
 }
 
 /// A scheduler context to adopt at the loop top.
@@ -368,10 +386,10 @@ fn adopt(ctx: &UserContext, st: ActState) -> ! {
     // 30 s here: the thread waited for a spinlock whose holder's record was left in the queue,
     // with no timer armed. So: the records are deferred work (a lock wait's `check_pending`,
     // a hold's release or the loop top drains them), and this vCPU's timer ends the slice.
-    if super::drain::loop_work() {
+    if loop_work() {
         Pending::Upcall.defer();
     }
-    crate::timer::tick_by(cpu::rdtsc().saturating_add(crate::config::slice_ticks()));
+    crate::alarm::tick_by(cpu::rdtsc().saturating_add(crate::config::slice_ticks()));
     // SAFETY: scheduler context (InSched = 1); the frame was built above.
     unsafe { context::jump_to_frame(sp) }
 }

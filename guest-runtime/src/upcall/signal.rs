@@ -9,6 +9,14 @@ pub static LAST_SIGNAL: AtomicU64 = AtomicU64::new(0);
 
 static SIGNAL_HANDLER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 static USER_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+/// What prints the runtime's state before the default SIGNAL action exits (`stats::dump`, set
+/// once at start-up: the dump reads the upcall queues this module is below).
+static DUMP: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Sets what the default SIGNAL action prints the runtime's state with (start-up).
+pub(crate) fn set_dump(dump: fn()) {
+    DUMP.store(dump as *mut (), Ordering::Release);
+}
 
 /// Installs the handler for host signals (SIGNAL upcalls): it runs in a new thread named
 /// "signal". Without one the guest prints the signal and exits with 128 + its number.
@@ -26,7 +34,12 @@ pub(super) fn signal(signo: u64) {
     let handler = SIGNAL_HANDLER.load(Ordering::Acquire);
     if handler.is_null() {
         println!("activm-rt: signal {signo}, exiting");
-        crate::stats::dump();
+        let dump = DUMP.load(Ordering::Acquire);
+        if !dump.is_null() {
+            // SAFETY: only `set_dump` stores non-null values, all `fn()`.
+            let dump = unsafe { core::mem::transmute::<*mut (), fn()>(dump) };
+            dump();
+        }
         activm_stub::exit(128 + signo as i32);
     }
     // SAFETY: only `set_signal_handler` stores non-null values, all `fn(u32)`.

@@ -12,12 +12,13 @@ use activm_stub::protocol::shared::{
 use activm_stub::sync::SpinLock;
 use activm_stub::{preempt, IrqFrame};
 
-use super::entry::{in_unsafe_window, OUR_VECTORS};
-use super::sa::{activations_enabled, area};
-use super::state::{ActState, TABLE};
+use super::entry::OUR_VECTORS;
 use super::VECTOR_SIM;
+use crate::activation::sa::{activations_enabled, area};
+use crate::activation::state::{ActState, TABLE};
 use crate::arch::cpu::{self, Word};
 use crate::arch::{context, rseq, UserContext, UPCALL_IRQ};
+use crate::sched::in_unsafe_window;
 use crate::{percpu, sched};
 
 static LOCK: SpinLock<()> = SpinLock::new(());
@@ -224,14 +225,6 @@ pub fn kick_all() {
     drop(hold);
 }
 
-/// The simulated VMM's interrupt.
-pub fn on_sim(frame: &mut IrqFrame) {
-    on_interrupt(frame);
-    if sched::irq_prologue(frame) {
-        sched::safepoint();
-    }
-}
-
 /// Interrupt context on vCPU `me`, before the handler's own work: captures the interrupted
 /// thread if a request asks for it. Does not return if it does.
 pub(super) fn on_interrupt(frame: &IrqFrame) {
@@ -324,5 +317,5 @@ extern "C" fn after_capture() -> ! {
         }
     }
     r.done.store(true, Ordering::Release);
-    sched::sched_loop()
+    sched::enter_loop()
 }

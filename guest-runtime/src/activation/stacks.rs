@@ -78,12 +78,12 @@ static ACT_STACKS: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
 static NR_ACT_STACKS: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether `at` lies on the activation stack whose top is `top` (a boot stack's top part counts).
-pub(super) fn on_act_stack(top: u64, at: u64) -> bool {
+pub(crate) fn on_act_stack(top: u64, at: u64) -> bool {
     top != 0 && at < top && at >= top.saturating_sub(ACT_STACK_SIZE as u64)
 }
 
 /// The top of the activation stack `sp` lies on, if it lies on one.
-pub(super) fn act_stack_top_of(sp: u64) -> Option<u64> {
+pub(crate) fn act_stack_top_of(sp: u64) -> Option<u64> {
     let n = NR_ACT_STACKS.load(Ordering::Acquire).min(ACT_STACKS.len());
     ACT_STACKS[..n]
         .iter()
@@ -116,7 +116,7 @@ pub fn release_act_stack(top: u64) {
 /// Keeps the shared stack pool full (the VMM takes one per new activation). New stacks are
 /// allocated with no lock held. Not on the path that continues lock holders (it may wait for
 /// the pool lock and the heap lock).
-pub(super) fn refill_pool() {
+pub(crate) fn refill_pool() {
     if !sa::activations_enabled() {
         return;
     }
@@ -161,7 +161,7 @@ pub(super) fn refill_pool() {
 /// ended (blocked, preempted) before their drain's end one after another, the spares filled up
 /// while the pool ran dry, and once every vCPU was blocked or waiting for a stack nobody was
 /// left to produce: the VMM stopped the guest after a second.
-pub(super) fn produce_spares() {
+pub(crate) fn produce_spares() {
     if !sa::activations_enabled() {
         return;
     }
@@ -199,7 +199,7 @@ fn pool_target() -> u32 {
 }
 
 /// Whether the shared stack pool holds less than half of [`pool_target`] (cheap: two loads).
-pub(super) fn pool_low() -> bool {
+pub(crate) fn pool_low() -> bool {
     if !sa::activations_enabled() {
         return false;
     }
@@ -212,7 +212,7 @@ pub(super) fn pool_low() -> bool {
 }
 
 /// A free activation stack from the spares (never allocates nor locks: upcall paths).
-pub(super) fn take_spare_stack() -> Option<u64> {
+pub(crate) fn take_spare_stack() -> Option<u64> {
     take_spare()
 }
 

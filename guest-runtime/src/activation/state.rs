@@ -12,22 +12,22 @@ use crate::percpu;
 /// What a vCPU's words said when its activation ended.
 #[derive(Clone, Copy, Debug)]
 #[allow(dead_code)]
-pub(super) struct ActState {
-    pub(super) activation: u32,
-    pub(super) vcpu: u32,
-    pub(super) current: u64,
-    pub(super) hold: u64,
-    pub(super) in_sched: bool,
-    pub(super) sched_idle: bool,
+pub(crate) struct ActState {
+    pub(crate) activation: u32,
+    pub(crate) vcpu: u32,
+    pub(crate) current: u64,
+    pub(crate) hold: u64,
+    pub(crate) in_sched: bool,
+    pub(crate) sched_idle: bool,
     /// The activation's scheduler stack, still owned by this state (0: already given back).
-    pub(super) sched_top: u64,
+    pub(crate) sched_top: u64,
 }
 
 /// States filed by new activations (and BLOCKED records), keyed by activation id.
-pub(super) static TABLE: Bag<ActState, 256> = Bag::new();
+pub(crate) static TABLE: Bag<ActState, 256> = Bag::new();
 
 /// Files the state of the activation a vCPU had before (its new activation took the vCPU).
-pub(super) fn file_old_state(vcpu: u32, old: &OldWords) {
+pub(crate) fn file_old_state(vcpu: u32, old: &OldWords) {
     if old.activation == 0 || old.activation & CLAIMING != 0 {
         return;
     }
@@ -56,7 +56,7 @@ fn own_stack(st: ActState) -> ActState {
 
 /// Takes the state of `activation` (on `vcpu`): from the table, or straight from the vCPU's
 /// words if its next activation has not started. `None`: not available yet.
-pub(super) fn take_state(activation: u32, vcpu: u32) -> Option<ActState> {
+pub(crate) fn take_state(activation: u32, vcpu: u32) -> Option<ActState> {
     if let Some(st) = TABLE.take_key(u64::from(activation)) {
         return Some(st);
     }
@@ -92,6 +92,6 @@ pub(super) fn take_state(activation: u32, vcpu: u32) -> Option<ActState> {
 }
 
 /// Calls `f` with every filed state (diagnostics).
-pub(super) fn for_each_filed(f: impl FnMut(&ActState)) {
+pub(crate) fn for_each_filed(f: impl FnMut(&ActState)) {
     TABLE.for_each_item(f);
 }

@@ -11,7 +11,7 @@ use activm_stub::preempt;
 /// 000 section 6) and allocate nothing (it may hold the heap lock). Each slot goes FREE ->
 /// WRITING -> FULL -> READING -> FREE, claimed by compare-and-swap; a slot also carries a key
 /// (an activation id, or 0) so takers can look for an item without claiming others.
-pub(super) struct Bag<T, const N: usize> {
+pub(crate) struct Bag<T, const N: usize> {
     state: [AtomicU8; N],
     key: [AtomicU64; N],
     items: [UnsafeCell<MaybeUninit<T>>; N],
@@ -28,7 +28,7 @@ const SLOT_FULL: u8 = 2;
 const SLOT_READING: u8 = 3;
 
 impl<T: Copy, const N: usize> Bag<T, N> {
-    pub(super) const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Bag {
             state: [const { AtomicU8::new(SLOT_FREE) }; N],
             key: [const { AtomicU64::new(0) }; N],
@@ -37,11 +37,11 @@ impl<T: Copy, const N: usize> Bag<T, N> {
         }
     }
 
-    pub(super) fn len(&self) -> u32 {
+    pub(crate) fn len(&self) -> u32 {
         self.len.load(Ordering::Acquire)
     }
 
-    pub(super) fn push(&self, key: u64, item: T) {
+    pub(crate) fn push(&self, key: u64, item: T) {
         let _hold = preempt::Hold::new();
         for i in 0..N {
             if self.state[i]
@@ -84,7 +84,7 @@ impl<T: Copy, const N: usize> Bag<T, N> {
     }
 
     /// Takes an item filed under `key`.
-    pub(super) fn take_key(&self, key: u64) -> Option<T> {
+    pub(crate) fn take_key(&self, key: u64) -> Option<T> {
         let hold = preempt::Hold::new();
         let mut found = None;
         for i in 0..N {
@@ -128,7 +128,7 @@ impl<T: Copy, const N: usize> Bag<T, N> {
     /// Takes the first item in a slot at or after `from`, with that slot's index. A pass that
     /// goes on from the index after the one returned visits every item it started with once,
     /// even if items are pushed back meanwhile (they may land in slots already passed).
-    pub(super) fn pop_from(&self, from: usize) -> Option<(usize, T)> {
+    pub(crate) fn pop_from(&self, from: usize) -> Option<(usize, T)> {
         if self.len() == 0 {
             return None;
         }
@@ -147,7 +147,7 @@ impl<T: Copy, const N: usize> Bag<T, N> {
     }
 
     /// Takes any item.
-    pub(super) fn pop(&self) -> Option<T> {
+    pub(crate) fn pop(&self) -> Option<T> {
         if self.len() == 0 {
             return None;
         }
@@ -166,7 +166,7 @@ impl<T: Copy, const N: usize> Bag<T, N> {
     }
 
     /// Calls `f` on every item (diagnostics, once things are quiet).
-    pub(super) fn for_each_item(&self, mut f: impl FnMut(&T)) {
+    pub(crate) fn for_each_item(&self, mut f: impl FnMut(&T)) {
         for i in 0..N {
             if self.state[i].load(Ordering::Acquire) == SLOT_FULL {
                 // SAFETY: a FULL slot holds an initialized item; diagnostics only, read when

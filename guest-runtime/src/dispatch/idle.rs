@@ -1,69 +1,14 @@
 //! Idling: an idle vCPU spins a while looking for work, then halts (or, with activations, gives
 //! its processor back); new work wakes a halted vCPU with a reschedule IPI.
 
-use core::sync::atomic::{fence, AtomicU64, Ordering};
+use core::sync::atomic::Ordering;
 
-use activm_stub::preempt;
-
-use super::queue::{global_len, watch_next, NEXT_POLL_NS};
-use super::Pending;
+use crate::activation::{cost, sa};
+use crate::alarm;
 use crate::arch::cpu::{self, Word};
-use crate::arch::{rseq, RESCHEDULE_IRQ};
-use crate::{config, percpu, timer, upcall};
-
-/// The idle vCPUs, on a line of their own (every spawn and wake-up reads it; idle vCPUs write
-/// it): `spinning` looking for work, `halted` (or about to halt), a bit per vCPU.
-struct IdleBits {
-    spinning: AtomicU64,
-    halted: AtomicU64,
-}
-static IDLE: percpu::Line<IdleBits> = percpu::Line(IdleBits {
-    spinning: AtomicU64::new(0),
-    halted: AtomicU64::new(0),
-});
-pub(super) static SPINNING: &AtomicU64 = &IDLE.0.spinning;
-pub(super) static HALTED: &AtomicU64 = &IDLE.0.halted;
-
-/// If vCPUs are halted and none is spinning, wakes one with a reschedule IPI (Go's `wakep`).
-pub fn wake_idle_vcpu() {
-    if percpu::nr_vcpus() == 1 {
-        return;
-    }
-    fence(Ordering::SeqCst);
-    wake_idle_vcpu_after_rmw();
-}
-
-/// [`wake_idle_vcpu`] after the work was published by a SeqCst read-modify-write (a full
-/// barrier already: no fence needed).
-pub(super) fn wake_idle_vcpu_after_rmw() {
-    if percpu::nr_vcpus() == 1 {
-        return;
-    }
-    if SPINNING.load(Ordering::SeqCst) != 0 {
-        return;
-    }
-    let me = 1u64 << activm_stub::vcpu_id();
-    let halted = HALTED.load(Ordering::SeqCst) & !me;
-    if halted == 0 {
-        // Nobody here to wake: if vCPUs gave their processors back idle, ask for them again,
-        // unless the waker is this vCPU's scheduler (no thread current): it runs the work
-        // next, and asks itself if more waits behind it (`sched_loop`). Asking here made a
-        // server that woke its own sleeper take a second processor from a batch guest for
-        // every request (`cargo xtask bench latency`).
-        if cpu::get(Word::Current) != 0 {
-            upcall::want_processors();
-        }
-        return;
-    }
-    let v = halted.trailing_zeros();
-    let bit = 1u64 << v;
-    if HALTED.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
-        let hold = preempt::Hold::new();
-        cpu::send_ipi(percpu::of(v).apic_id, RESCHEDULE_IRQ);
-        percpu::bump(&percpu::this().counters.ipis_sent);
-        drop(hold);
-    }
-}
+use crate::arch::rseq;
+use crate::sched::{global_len, watch_next, Pending, HALTED, NEXT_POLL_NS, SPINNING};
+use crate::{blk, blk_async, config, net, percpu, timer};
 
 /// Whether anything could give this vCPU work (looks only; takes nothing).
 fn work_visible() -> bool {
@@ -72,10 +17,10 @@ fn work_visible() -> bool {
 
 /// [`work_visible`] but for deferred interrupt work.
 pub(crate) fn work_queued() -> bool {
-    if upcall::queue_nonempty()
+    if sa::queue_nonempty()
         || timer::sleepers_due()
-        || crate::blk::completions_ready()
-        || crate::net::completions_ready()
+        || blk::completions_ready()
+        || net::completions_ready()
     {
         return true;
     }
@@ -90,8 +35,8 @@ pub(crate) fn work_queued() -> bool {
 /// Nothing to run: spin a while looking, then halt until an interrupt. Nothing is in flight
 /// here (`Word::SchedIdle` = 1): a context the VMM takes in this function is simply dropped.
 pub(super) fn idle() {
-    upcall::backlog_cleared();
-    crate::net::ring_deferred_doorbell(true);
+    sa::backlog_cleared();
+    net::ring_deferred_doorbell(true);
     let me = activm_stub::vcpu_id();
     let bit = 1u64 << me;
     cpu::set(Word::SchedIdle, 1);
@@ -103,8 +48,8 @@ pub(super) fn idle() {
     // a tenth of a processor here: `cargo xtask bench latency`).
     // Requests the VMM looks for only at exits (`blk_async::submissions_unseen`): the halt's
     // exit takes them, so halting at once starts them sooner than spinning first.
-    let spin = if (yield_until_sleeper().is_some() && upcall::is_warm(me))
-        || crate::blk_async::submissions_unseen()
+    let spin = if (yield_until_sleeper().is_some() && sa::is_warm(me))
+        || blk_async::submissions_unseen()
     {
         0
     } else {
@@ -148,14 +93,14 @@ pub(super) fn idle() {
     }
     HALTED.fetch_or(bit, Ordering::SeqCst);
     SPINNING.fetch_and(!bit, Ordering::AcqRel);
-    upcall::set_idle(me, true);
+    sa::set_idle(me, true);
     if !work_visible() && watch_next(cpu::rdtsc()).is_none() {
         // Only sleepers, none due soon, and the VMM gives the processor back for them: yield it
         // now (Shenango's idle core goes back at once; the VMM grants one again in time).
         if let Some(wake_ns) = yield_until_sleeper() {
-            upcall::set_idle(me, false);
+            sa::set_idle(me, false);
             HALTED.fetch_and(!bit, Ordering::AcqRel);
-            upcall::yield_idle_vcpu(me, wake_ns);
+            sa::yield_idle_vcpu(me, wake_ns, work_queued);
             cpu::set(Word::SchedIdle, 0);
             return;
         }
@@ -163,13 +108,13 @@ pub(super) fn idle() {
         // which brings it back for the first completion (or declines when nobody else wants
         // it: then halt, below).
         if let Some(wake_ns) = yield_for_io() {
-            upcall::set_idle(me, false);
+            sa::set_idle(me, false);
             HALTED.fetch_and(!bit, Ordering::AcqRel);
-            upcall::yield_idle_vcpu_for_io(me, wake_ns);
-            upcall::set_idle(me, true);
+            sa::yield_idle_vcpu_for_io(me, wake_ns, work_queued);
+            sa::set_idle(me, true);
             HALTED.fetch_or(bit, Ordering::SeqCst);
             if work_visible() || watch_next(cpu::rdtsc()).is_some() {
-                upcall::set_idle(me, false);
+                sa::set_idle(me, false);
                 HALTED.fetch_and(!bit, Ordering::AcqRel);
                 cpu::set(Word::SchedIdle, 0);
                 return;
@@ -183,13 +128,13 @@ pub(super) fn idle() {
         let yield_after = config::idle_yield_ticks();
         let may_yield = yield_after != 0
             && config::use_halt()
-            && upcall::activations_enabled()
+            && sa::activations_enabled()
             && !timer::has_sleepers()
-            && !crate::blk::requests_in_flight()
-            && !crate::net::waits_armed();
+            && !blk::requests_in_flight()
+            && !net::waits_armed();
         let halted_at = cpu::rdtsc();
         if may_yield {
-            timer::arm_idle_deadline(halted_at + yield_after);
+            alarm::arm_idle_deadline(halted_at + yield_after);
         }
         percpu::bump(&percpu::this().counters.halts);
         if config::use_halt() {
@@ -210,18 +155,18 @@ pub(super) fn idle() {
             && watch_next(cpu::rdtsc()).is_none()
             && !timer::has_sleepers()
         {
-            upcall::set_idle(me, false);
+            sa::set_idle(me, false);
             HALTED.fetch_and(!bit, Ordering::AcqRel);
             // `SchedIdle` stays set until the yield: if the VMM takes the processor first, the
             // context it hands over must be dropped as an idle scheduler's, never adopted (an
             // adopter would run the `sa_yield` and give its own activation away).
-            upcall::yield_idle_vcpu(me, 0);
+            sa::yield_idle_vcpu(me, 0, work_queued);
             // Returns only if the VMM kept the processor here (or the queue has records).
             cpu::set(Word::SchedIdle, 0);
             return;
         }
     }
-    upcall::set_idle(me, false);
+    sa::set_idle(me, false);
     HALTED.fetch_and(!bit, Ordering::AcqRel);
     cpu::set(Word::SchedIdle, 0);
 }
@@ -231,19 +176,18 @@ pub(super) fn idle() {
 fn yield_until_sleeper() -> Option<u64> {
     if config::idle_yield_ticks() == 0
         || !config::use_halt()
-        || !upcall::yield_wake_supported()
-        || crate::blk::requests_in_flight()
-        || upcall::yield_declined_lately()
+        || !sa::yield_wake_supported()
+        || blk::requests_in_flight()
+        || sa::yield_declined_lately()
     {
         return None;
     }
     let gap = timer::ns_until_earliest()?;
     // The warm vCPU wakes the sleepers: the others give their processors back, untimed.
-    if !upcall::is_warm(activm_stub::vcpu_id()) {
+    if !sa::is_warm(activm_stub::vcpu_id()) {
         return Some(0);
     }
-    (gap >= upcall::cost::yield_min_gap_ns())
-        .then(|| gap.saturating_sub(upcall::cost::yield_lead_ns()).max(1))
+    (gap >= cost::yield_min_gap_ns()).then(|| gap.saturating_sub(cost::yield_lead_ns()).max(1))
 }
 
 /// With block requests in flight and nothing else to wait for but sleepers, on a VMM that
@@ -252,28 +196,20 @@ fn yield_until_sleeper() -> Option<u64> {
 fn yield_for_io() -> Option<u64> {
     if config::idle_yield_ticks() == 0
         || !config::use_halt()
-        || !upcall::io_yield_supported()
-        || !crate::blk::requests_in_flight()
-        || crate::net::waits_armed()
+        || !sa::io_yield_supported()
+        || !blk::requests_in_flight()
+        || net::waits_armed()
     {
         return None;
     }
     // The warm vCPU takes the completions and wakes the sleepers: the others give their
     // processors back, untimed.
-    if !upcall::is_warm(activm_stub::vcpu_id()) {
+    if !sa::is_warm(activm_stub::vcpu_id()) {
         return Some(0);
     }
     match timer::ns_until_earliest() {
-        Some(gap) if gap < upcall::cost::yield_min_gap_ns() => None,
-        Some(gap) => Some(gap.saturating_sub(upcall::cost::yield_lead_ns()).max(1)),
+        Some(gap) if gap < cost::yield_min_gap_ns() => None,
+        Some(gap) => Some(gap.saturating_sub(cost::yield_lead_ns()).max(1)),
         None => Some(0),
     }
-}
-
-/// Forgets vCPU `vcpu`'s idle bits (its activation is gone).
-pub fn clear_idle_bits(vcpu: u32) {
-    let bit = 1u64 << vcpu;
-    SPINNING.fetch_and(!bit, Ordering::AcqRel);
-    HALTED.fetch_and(!bit, Ordering::AcqRel);
-    upcall::set_idle(vcpu, false);
 }

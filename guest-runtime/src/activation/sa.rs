@@ -3,15 +3,13 @@
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use activm_stub::protocol::hypercall::{Hypercall, HC_UNSUPPORTED, SA_YIELD_DECLINED};
+use activm_stub::protocol::hypercall::{Hypercall, SA_YIELD_DECLINED};
 use activm_stub::protocol::shared::{
     SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_IO, SHARED_FEATURE_YIELD_WAKE,
 };
 
-use super::stacks;
 use crate::arch::cpu::{self, Word};
-use crate::arch::entry;
-use crate::{percpu, sched};
+use crate::percpu;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static SHARED: AtomicU64 = AtomicU64::new(0);
@@ -22,16 +20,16 @@ pub fn activations_enabled() -> bool {
 }
 
 /// Whether the shared area is known (diagnostics).
-pub(super) fn mapped() -> bool {
+pub(crate) fn mapped() -> bool {
     SHARED.load(Ordering::Relaxed) != 0
 }
 
-pub(super) fn header() -> &'static SharedHeader {
+pub(crate) fn header() -> &'static SharedHeader {
     // SAFETY: the shared area's first page is the header, mapped for the guest's lifetime.
     unsafe { &*(SHARED.load(Ordering::Relaxed) as *const SharedHeader) }
 }
 
-pub(super) fn area(vcpu: u32) -> &'static VcpuArea {
+pub(crate) fn area(vcpu: u32) -> &'static VcpuArea {
     let at = SHARED.load(Ordering::Relaxed)
         + activm_stub::protocol::shared::vcpu_area_offset(vcpu as usize) as u64;
     // SAFETY: vCPU `vcpu`'s area of the shared area (checked against nr_vcpus by callers).
@@ -97,33 +95,14 @@ pub fn queue_nonempty() -> bool {
     a.queue_head.load(Ordering::Acquire) != a.queue_tail.load(Ordering::Relaxed)
 }
 
-pub(super) fn hypercall(nr: Hypercall, a0: u64) -> u64 {
+pub(crate) fn hypercall(nr: Hypercall, a0: u64) -> u64 {
     // SAFETY: the sa_* calls take numbers or the address of a function of this image.
     unsafe { activm_stub::hypercall::raw(nr as u64, a0, 0, 0, 0) }
 }
 
-/// vCPU 0, once every vCPU runs its scheduler: registers the activation entry, fills the stack
-/// pool and enables upcalls, unless the VMM does not offer them (`--no-activations`) or the
-/// guest said `--rt-sa=off`. Returns whether they are on.
-pub fn enable() -> bool {
-    if !crate::config::use_sa() {
-        return false;
-    }
-    let entry = entry::entry_address();
-    if hypercall(Hypercall::SaRegister, entry) == HC_UNSUPPORTED {
-        return false;
-    }
-    ENABLED.store(true, Ordering::Release);
-    stacks::refill_pool();
-    hypercall(Hypercall::SaSetConcurrency, u64::from(percpu::nr_vcpus()));
-    header()
-        .requested_concurrency
-        .store(percpu::nr_vcpus(), Ordering::Release);
-    if hypercall(Hypercall::SaEnable, 0) == HC_UNSUPPORTED {
-        ENABLED.store(false, Ordering::Release);
-        return false;
-    }
-    true
+/// Records whether the VMM delivers upcalls (`activation::enable`).
+pub(crate) fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Release);
 }
 
 /// Asks the VMM to give this guest `n` processors (`sa_setconcurrency`); returns the previous
@@ -177,12 +156,13 @@ pub fn yield_wake_supported() -> bool {
 /// wait in its queue or it is the only vCPU running and no wake-up is asked for (`wake_ns` 0;
 /// else the VMM starts a new activation `wake_ns` later at the latest, for a sleeper). The
 /// activation ends there; the next NEWPROC on this vCPU names it and its stack is recycled
-/// then (see `drain::new_proc`). Returns if it did not yield.
-pub fn yield_idle_vcpu(me: u32, wake_ns: u64) {
+/// then (see `drain::new_proc`). Returns if it did not yield. `work_queued` says whether
+/// anything could give this vCPU work (the scheduler's look, `dispatch::idle::work_queued`).
+pub fn yield_idle_vcpu(me: u32, wake_ns: u64, work_queued: impl Fn() -> bool) {
     if wake_ns == 0 && granted_vcpus() < 2 {
         return;
     }
-    if give_back(me, wake_ns) == SA_YIELD_DECLINED {
+    if give_back(me, wake_ns, work_queued) == SA_YIELD_DECLINED {
         DECLINED_AT.store(cpu::rdtsc().max(1), Ordering::Relaxed);
     }
 }
@@ -207,24 +187,25 @@ pub fn yield_declined_lately() -> bool {
     let declined = DECLINED_AT.load(Ordering::Relaxed);
     declined != 0
         && granted_vcpus() <= 1
-        && cpu::rdtsc().saturating_sub(declined) < crate::timer::ns_to_ticks(DECLINED_FOR_NS)
+        && cpu::rdtsc().saturating_sub(declined) < crate::percpu::ns_to_ticks(DECLINED_FOR_NS)
 }
 
 /// Scheduler of a vCPU idle while block requests are in flight (`SHARED_FEATURE_YIELD_IO`):
 /// offers its processor to the VMM, to be back when a completion is due or after `wake_ns`
-/// (0: no sleeper). Returns if it did not yield; the caller halts then.
-pub fn yield_idle_vcpu_for_io(me: u32, wake_ns: u64) {
+/// (0: no sleeper). Returns if it did not yield; the caller halts then. `work_queued`: as in
+/// [`yield_idle_vcpu`].
+pub fn yield_idle_vcpu_for_io(me: u32, wake_ns: u64, work_queued: impl Fn() -> bool) {
     if yield_declined_lately() {
         return;
     }
-    if give_back(me, wake_ns) == SA_YIELD_DECLINED {
+    if give_back(me, wake_ns, work_queued) == SA_YIELD_DECLINED {
         DECLINED_AT.store(cpu::rdtsc().max(1), Ordering::Relaxed);
     }
 }
 
 /// `sa_yield(wake_ns)` unless records wait or work appeared; the hypercall's result (0 if not
 /// made).
-fn give_back(me: u32, wake_ns: u64) -> u64 {
+fn give_back(me: u32, wake_ns: u64, work_queued: impl Fn() -> bool) -> u64 {
     if !activations_enabled() || queue_nonempty() {
         return 0;
     }
@@ -233,7 +214,7 @@ fn give_back(me: u32, wake_ns: u64) -> u64 {
     // A waker that published work before seeing this bit found no idle vCPU and did not ask
     // for processors (`want_processors`): look once more now that the bit is visible (both
     // sides store, then load, with a full barrier between).
-    if sched::work_queued() {
+    if work_queued() {
         YIELDED.fetch_and(!bit, Ordering::AcqRel);
         return 0;
     }
@@ -283,7 +264,7 @@ pub fn want_processors() {
                 .compare_exchange(0, now, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                crate::timer::tick_by(now + delay);
+                crate::alarm::tick_by(now + delay);
             }
             return;
         }
@@ -292,7 +273,7 @@ pub fn want_processors() {
         }
     }
     let last = LAST_ASK.load(Ordering::Relaxed);
-    if now.saturating_sub(last) < crate::timer::ns_to_ticks(ASK_INTERVAL_NS)
+    if now.saturating_sub(last) < crate::percpu::ns_to_ticks(ASK_INTERVAL_NS)
         || LAST_ASK
             .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
             .is_err()
@@ -318,7 +299,7 @@ pub fn granted_vcpus() -> u32 {
 }
 
 /// A new activation started on vCPU `vcpu`: it no longer counts as given back.
-pub(super) fn note_new_activation(vcpu: u32) {
+pub(crate) fn note_new_activation(vcpu: u32) {
     super::cost::note_new_activation(vcpu);
     YIELDED.fetch_and(!(1u64 << vcpu.min(63)), Ordering::AcqRel);
 }
