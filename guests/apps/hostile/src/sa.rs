@@ -272,42 +272,57 @@ fn consume_second(frame: &mut IrqFrame) {
 
 /// vCPU 0 sends vCPU 1 one USER upcall; vCPU 1 takes its interrupt but leaves the record in
 /// the queue. The VMM's upcall watchdog must raise the interrupt again (within its 5 ms bound
-/// and a quantum), else the record would wait for ever.
+/// and a quantum), else the record would wait for ever. Beside a neighbour the vCPUs lose their
+/// contexts to preemption (never resumed here): a new activation goes back to its vCPU's part.
 fn consumes_late(vcpu: u32) -> ! {
     together(
         vcpu,
-        || enable(0, consume_second, 4),
-        || {
-            let ms = tsc_khz();
-            if this_vcpu() == 0 {
-                // vCPU 1 must run to be sent a USER upcall: until it does, sa_preempt refuses.
-                let deadline = rdtsc() + 5_000 * ms;
-                while !(V1_WAITS.load(Ordering::Acquire) && raw(Hypercall::SaPreempt, 1, 0, 0) == 0)
-                    && rdtsc() < deadline
-                {
-                    pause();
-                }
-                let deadline = rdtsc() + 5_000 * ms;
-                while INTERRUPTS.load(Ordering::Acquire) < 2 && rdtsc() < deadline {
-                    pause();
-                }
-                let n = INTERRUPTS.load(Ordering::Acquire);
-                refused(
-                    "consumes-late",
-                    n >= 2,
-                    format_args!(
-                        "upcall interrupts on vCPU 1 with its record left: {}",
-                        n.min(2)
-                    ),
-                )
-            }
-            V1_WAITS.store(true, Ordering::Release);
-            loop {
-                pause();
-            }
-        },
+        || enable(consumes_late_entry as *const () as u64, consume_second, 4),
+        consumes_late_part,
     )
 }
+
+/// New activations of `consumes-late`: setup is done (see [`together`]); back to the part.
+extern "C" fn consumes_late_entry(_vcpu: u64, _activation: u64) -> ! {
+    READY.store(true, Ordering::Release);
+    consumes_late_part()
+}
+
+/// vCPU 0 sends the USER upcall once vCPU 1 runs, waits for the second interrupt and reports;
+/// vCPU 1 waits.
+fn consumes_late_part() -> ! {
+    if this_vcpu() != 0 {
+        V1_WAITS.store(true, Ordering::Release);
+        loop {
+            pause();
+        }
+    }
+    let ms = tsc_khz();
+    // vCPU 1 must run to be sent a USER upcall: until it does, sa_preempt refuses.
+    let deadline = rdtsc() + 5_000 * ms;
+    while !SENT.load(Ordering::Acquire) && rdtsc() < deadline {
+        if V1_WAITS.load(Ordering::Acquire) && raw(Hypercall::SaPreempt, 1, 0, 0) == 0 {
+            SENT.store(true, Ordering::Release);
+        }
+        pause();
+    }
+    let deadline = rdtsc() + 5_000 * ms;
+    while INTERRUPTS.load(Ordering::Acquire) < 2 && rdtsc() < deadline {
+        pause();
+    }
+    let n = INTERRUPTS.load(Ordering::Acquire);
+    refused(
+        "consumes-late",
+        n >= 2,
+        format_args!(
+            "upcall interrupts on vCPU 1 with its record left: {}",
+            n.min(2)
+        ),
+    )
+}
+
+/// The USER upcall was sent (`consumes-late`).
+static SENT: AtomicBool = AtomicBool::new(false);
 
 /// vCPU 1 runs its loop (`consumes-late`).
 static V1_WAITS: AtomicBool = AtomicBool::new(false);
