@@ -65,22 +65,32 @@ impl<T: Copy, const N: usize> Bag<T, N> {
     }
 
     fn take_at(&self, i: usize) -> Option<T> {
-        if self.state[i]
+        // SAFETY: claimed just now.
+        self.claim(i).then(|| unsafe { self.read_out(i) })
+    }
+
+    /// Makes slot `i` ours (FULL to READING), if it holds an item.
+    fn claim(&self, i: usize) -> bool {
+        self.state[i]
             .compare_exchange(
                 SLOT_FULL,
                 SLOT_READING,
                 Ordering::Acquire,
                 Ordering::Relaxed,
             )
-            .is_err()
-        {
-            return None;
-        }
-        // SAFETY: FULL means written and published; the slot is ours (READING).
+            .is_ok()
+    }
+
+    /// Moves the item out of slot `i` and frees the slot.
+    ///
+    /// # Safety
+    /// The caller claimed slot `i` ([`Self::claim`]) and has not read it out since.
+    unsafe fn read_out(&self, i: usize) -> T {
+        // SAFETY: claimed from FULL, so written and published; the slot is ours (READING).
         let item = unsafe { (*self.items[i].get()).assume_init_read() };
         self.len.fetch_sub(1, Ordering::AcqRel);
         self.state[i].store(SLOT_FREE, Ordering::Release);
-        Some(item)
+        item
     }
 
     /// Takes an item filed under `key`.
@@ -103,26 +113,15 @@ impl<T: Copy, const N: usize> Bag<T, N> {
     }
 
     fn take_if_key(&self, i: usize, key: u64) -> Option<T> {
-        if self.state[i]
-            .compare_exchange(
-                SLOT_FULL,
-                SLOT_READING,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
+        if !self.claim(i) {
             return None;
         }
         if self.key[i].load(Ordering::Relaxed) != key {
             self.state[i].store(SLOT_FULL, Ordering::Release);
             return None;
         }
-        // SAFETY: FULL means written and published; the slot is ours (READING).
-        let item = unsafe { (*self.items[i].get()).assume_init_read() };
-        self.len.fetch_sub(1, Ordering::AcqRel);
-        self.state[i].store(SLOT_FREE, Ordering::Release);
-        Some(item)
+        // SAFETY: claimed above, not read out.
+        Some(unsafe { self.read_out(i) })
     }
 
     /// Takes the first item in a slot at or after `from`, with that slot's index. A pass that

@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use protocol::net::NET_TX_BYTES;
 
+use super::opts::{int_option, set_int_option};
 use super::{errno, Net, Table};
 use crate::memory::GuestRam;
 
@@ -126,32 +127,9 @@ impl Net {
 /// Lets `fd`'s send buffer take `bytes` more than it holds now (twice that, for the kernel's
 /// bookkeeping per buffer); never shrinks it. The kernel caps it at `net.core.wmem_max`.
 fn grow_send_buffer(fd: RawFd, bytes: usize) {
-    let get = || {
-        let mut size: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `size` and `len` are live and sized for SO_SNDBUF's int.
-        let r = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                (&mut size as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        (r == 0).then_some(size)
-    };
-    let set = |size: libc::c_int| {
-        // SAFETY: `size` is a live int, the option's type.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                (&size as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
+    let get = || int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUF).ok();
+    let set = |size| {
+        let _ = set_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, size);
     };
     // Linux reports twice the size it was given, and doubles what it is given.
     let Some(now) = get() else { return };
