@@ -163,6 +163,88 @@ fn run_ops(extra: &[&str]) -> Result<(), Failed> {
     tree.outside_unchanged()
 }
 
+/// `std-fs slow 20` on 2 vCPUs and 1 processor: a 4 MiB file the host wrote and evicted from
+/// its page cache is read, then a file is appended to and fsynced 20 times. The cold read and
+/// every fsync wait for the host with the vCPU blocked in the VMM (`--stats`: file calls that
+/// blocked it); with activations each is told by a BLOCKED and an UNBLOCKED record, and the
+/// data is exact.
+fn run_slow(extra: &[&str]) -> Result<(), Failed> {
+    const SYNCS: u64 = 20;
+    let tree = Tree::new("std-fs-slow")?;
+    let cold: Vec<u8> = (0..4u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let path = tree.root.join("mnt/cold.bin");
+    let file = std::fs::File::create(&path)?;
+    std::io::Write::write_all(&mut &file, &cold)?;
+    file.sync_all()?;
+    // SAFETY: advice on a descriptor we own; clean pages leave the page cache.
+    let advice = unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    check(advice == 0, "posix_fadvise(DONTNEED) failed")?;
+    drop(file);
+    let hash = cold
+        .iter()
+        .fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    let mounts = tree.mounts();
+    let mut base = vec!["--pcpus", "1", "--stats"];
+    base.extend_from_slice(extra);
+    let options = tree.options(&mounts, &base);
+    let run = activm_run(
+        &std_guest("std-fs")?,
+        &options,
+        &["slow", &SYNCS.to_string()],
+    )?
+    .expect_code(0)?;
+    // Less the timing line (the console carries stderr too).
+    let stdout: String = run
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with("slow calls:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    expect_stdout(
+        &stdout,
+        &format!(
+            "cold: {} bytes, hash {hash:x}\nfsync: {SYNCS} of {SYNCS}\n",
+            cold.len()
+        ),
+    )?;
+    let lines: String = (0..SYNCS).map(|i| format!("line {i}\n")).collect();
+    tree.holds("mnt/synced.txt", &lines)?;
+    let blocked = run
+        .stderr
+        .lines()
+        .find_map(|l| l.split("slow file calls (vCPU blocked)=").nth(1))
+        .and_then(|n| n.split_whitespace().next()?.parse::<u64>().ok())
+        .ok_or_else(|| format!("no file-call count in --stats\n{}", run.stderr))?;
+    // The fsyncs, and at least the cold read's first call.
+    check(
+        blocked > SYNCS,
+        &format!("{blocked} file calls blocked the vCPU, wanted more than {SYNCS}"),
+    )?;
+    let upcalls = |name| super::upcall_count(&run.stderr, name).unwrap_or(0);
+    let (b, u) = (upcalls("BLOCKED"), upcalls("UNBLOCKED"));
+    if extra.contains(&"--no-activations") {
+        check(
+            b == 0 && u == 0,
+            &format!("oblivious: BLOCKED={b} UNBLOCKED={u}"),
+        )?;
+    } else {
+        check(
+            b >= blocked && u == b,
+            &format!("{blocked} blocked file calls but BLOCKED={b} UNBLOCKED={u}"),
+        )?;
+    }
+    tree.outside_unchanged()
+}
+
 fn run_escape(extra: &[&str]) -> Result<(), Failed> {
     let tree = Tree::new("std-fs-escape")?;
     let mnt = tree.root.join("mnt");
@@ -197,6 +279,10 @@ pub(crate) fn tests() -> Vec<Trial> {
         Trial::test("std_files_ops", || run_ops(&[])),
         Trial::test("std_files_ops_no_activations", || {
             run_ops(&["--no-activations"])
+        }),
+        Trial::test("std_files_slow_calls_block_the_vcpu", || run_slow(&[])),
+        Trial::test("std_files_slow_calls_block_the_vcpu_no_activations", || {
+            run_slow(&["--no-activations"])
         }),
         Trial::test("std_files_escape_suite", || run_escape(&[])),
         // openat2 beneath the mount holds without Landlock and seccomp too.

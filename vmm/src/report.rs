@@ -134,9 +134,10 @@ fn render_stats(guest: &Guest) -> String {
     );
     let _ = write!(
         out,
-        "\nblocked with a new activation on the same vCPU={} UNBLOCKED left pending without an interrupt (every running vCPU busy)={}",
+        "\nblocked with a new activation on the same vCPU={} UNBLOCKED left pending without an interrupt (every running vCPU busy)={} slow file calls (vCPU blocked)={}",
         n(&s.blocked_reentered),
-        n(&s.quiet_unblocked)
+        n(&s.quiet_unblocked),
+        n(&s.file_calls_blocked)
     );
     let _ = write!(
         out,

@@ -31,6 +31,9 @@ pub struct GuestStats {
     pub blocked_reentered: AtomicU64,
     /// UNBLOCKED records left pending, without the upcall interrupt (every running vCPU busy).
     pub quiet_unblocked: AtomicU64,
+    /// File calls (`fs_read` the page cache could not serve, `fs_fsync`) whose vCPU blocked in
+    /// the VMM while the host did them.
+    pub file_calls_blocked: AtomicU64,
     /// Kicks of running vCPUs whose queue kept records untaken for `UPCALL_WATCH_BOUND`.
     pub upcall_watch_kicks: AtomicU64,
     /// Upcall interrupts sent again with those kicks.

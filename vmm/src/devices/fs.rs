@@ -1,6 +1,8 @@
 //! Files for the guest (`protocol::fs`, the `fs_*` hypercalls): the guest's descriptor table
-//! and one handler per call, each run synchronously inside the exit on the vCPU's thread
-//! (fast on a page-cache hit). Paths go through [`super::fs_path`], which keeps every access
+//! and one handler per call, run inside the exit on the vCPU's thread. A call that may wait
+//! for the host (a read the page cache cannot serve, an `fsync`) comes back as a [`SlowCall`]
+//! instead, which the vCPU runs blocked in the VMM, holding no processor (BLOCKED /
+//! UNBLOCKED with activations, `vcpu/handoff.rs`). Paths go through [`super::fs_path`], which keeps every access
 //! beneath a mount's host directory. Every guest address is checked against guest RAM at or
 //! above the image base; a bad one is `Err` (a protocol violation), a bad path an errno.
 
@@ -18,6 +20,58 @@ use crate::memory::{GuestRam, Plan};
 
 /// An `fs_*` result: `Ok(value)` for the guest (`>= 0`, or `-errno`), `Err` a violation.
 type FsResult = Result<i64, String>;
+
+/// A started file call: its value for the guest now, or the part that may wait for the host.
+#[derive(Debug)]
+pub enum Answer {
+    Now(i64),
+    Slow(SlowCall),
+}
+
+/// A file call that may wait for the host, run by a vCPU blocked in the VMM (its arguments
+/// were checked when it started).
+#[derive(Debug)]
+pub struct SlowCall {
+    /// Kept open by this call even if the guest closes its descriptor meanwhile.
+    file: Arc<OpenFile>,
+    op: SlowOp,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum SlowOp {
+    /// `len` bytes into guest RAM at `gpa`, from the file's position.
+    Read {
+        gpa: u64,
+        len: u64,
+    },
+    Fsync,
+}
+
+impl SlowCall {
+    /// Run it, waiting as long as the host takes: the guest's value (`>= 0`, or `-errno`).
+    pub fn perform(&self, mem: &GuestMem) -> i64 {
+        match self.op {
+            SlowOp::Read { gpa, len } => read_into(mem, &self.file, gpa, len),
+            // SAFETY: fsync on a descriptor this call holds open.
+            SlowOp::Fsync => host(unsafe { libc::fsync(self.file.fd.as_raw_fd()) }.into()),
+        }
+    }
+}
+
+/// An ordinary `read` of `len` bytes at the file's position into guest RAM at `gpa` (checked
+/// when the call started): the count, or `-errno`.
+fn read_into(mem: &GuestMem, file: &OpenFile, gpa: u64, len: u64) -> i64 {
+    let mut buf = vec![0u8; len as usize];
+    // SAFETY: `buf` is `len` writable bytes.
+    let n = unsafe { libc::read(file.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return neg(last_errno());
+    }
+    match mem.write(gpa, &buf[..n as usize]) {
+        Ok(()) => n as i64,
+        Err(_) => neg(libc::EFAULT),
+    }
+}
 
 /// One open guest descriptor.
 #[derive(Debug)]
@@ -104,12 +158,34 @@ impl FileSystem {
         })
     }
 
-    /// Run the `fs_*` call `kind` with the raw arguments `a`.
+    /// Run the `fs_*` call `kind` with the raw arguments `a` to its end, slow or not.
     pub fn call(&self, mem: &GuestMem, kind: Hypercall, a: [u64; 4]) -> FsResult {
+        Ok(match self.start(mem, kind, a)? {
+            Answer::Now(value) => value,
+            Answer::Slow(slow) => slow.perform(mem),
+        })
+    }
+
+    /// Start the `fs_*` call `kind`: its value, or what is left of it if that may wait.
+    pub fn start(&self, mem: &GuestMem, kind: Hypercall, a: [u64; 4]) -> Result<Answer, String> {
+        match kind {
+            Hypercall::FsRead => self.read(mem, a[0], a[1], a[2]),
+            Hypercall::FsFsync => Ok(match self.get(a[0]) {
+                Some(file) => Answer::Slow(SlowCall {
+                    file,
+                    op: SlowOp::Fsync,
+                }),
+                None => Answer::Now(neg(libc::EBADF)),
+            }),
+            _ => self.call_now(mem, kind, a).map(Answer::Now),
+        }
+    }
+
+    /// The calls done inside the exit.
+    fn call_now(&self, mem: &GuestMem, kind: Hypercall, a: [u64; 4]) -> FsResult {
         match kind {
             Hypercall::FsOpen => self.fs_open(mem, a[0], a[1] as u32, (a[1] >> 32) as u32),
             Hypercall::FsClose => Ok(self.close(a[0])),
-            Hypercall::FsRead => self.read(mem, a[0], a[1], a[2]),
             Hypercall::FsWrite => self.write(mem, a[0], a[1], a[2]),
             Hypercall::FsSeek => Ok(self.with_fd(a[0], |f| {
                 if a[2] > FS_SEEK_END {
@@ -140,10 +216,6 @@ impl FileSystem {
                 })
             }
             Hypercall::FsRename => self.rename(mem, a[0], a[1]),
-            Hypercall::FsFsync => Ok(self.with_fd(a[0], |f| {
-                // SAFETY: fsync on a descriptor we own.
-                host(unsafe { libc::fsync(f.fd.as_raw_fd()) }.into())
-            })),
             other => Err(format!("{} is not a file call", other.name())),
         }
     }
@@ -239,19 +311,34 @@ impl FileSystem {
         Ok(self.install(OpenFile { fd, read_only }))
     }
 
-    fn read(&self, mem: &GuestMem, fd: u64, gpa: u64, len: u64) -> FsResult {
+    /// A read the page cache serves at once is done here (`RWF_NOWAIT`, at the file's
+    /// position); one that would wait for the disk is left to [`SlowCall::perform`].
+    fn read(&self, mem: &GuestMem, fd: u64, gpa: u64, len: u64) -> Result<Answer, String> {
         io_len(len)?;
         mem.check(gpa, len)?;
-        self.with_fd_mem(fd, |f| {
-            let mut buf = vec![0u8; len as usize];
-            // SAFETY: `buf` is `len` writable bytes.
-            let n = unsafe { libc::read(f.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 {
-                return Ok(neg(last_errno()));
-            }
-            mem.write(gpa, &buf[..n as usize])?;
-            Ok(n as i64)
-        })
+        let Some(file) = self.get(fd) else {
+            return Ok(Answer::Now(neg(libc::EBADF)));
+        };
+        let mut buf = vec![0u8; len as usize];
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: `iov` describes `buf`, `len` writable bytes; offset -1 is the file's position.
+        let n = unsafe { libc::preadv2(file.fd.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
+        if n < 0 {
+            return Ok(match last_errno() {
+                libc::EAGAIN => Answer::Slow(SlowCall {
+                    file,
+                    op: SlowOp::Read { gpa, len },
+                }),
+                // RWF_NOWAIT unsupported on this filesystem: an ordinary read, here.
+                libc::EOPNOTSUPP => Answer::Now(read_into(mem, &file, gpa, len)),
+                errno => Answer::Now(neg(errno)),
+            });
+        }
+        mem.write(gpa, &buf[..n as usize])?;
+        Ok(Answer::Now(n as i64))
     }
 
     fn write(&self, mem: &GuestMem, fd: u64, gpa: u64, len: u64) -> FsResult {

@@ -14,6 +14,8 @@ use crate::activation::Event;
 use crate::allocator::Release;
 use crate::arch::current::{self as arch, abi::UserContext};
 use crate::devices::blk::Pending;
+use crate::devices::fs::GuestMem;
+use crate::devices::Blocking;
 use crate::vm::Outcome;
 
 impl VcpuThread {
@@ -190,13 +192,10 @@ impl VcpuThread {
     /// A request left with only the device's latency (its data moved in the exit) takes the
     /// short way when `may_reenter`: [`VcpuThread::reenter_while_blocked`]. Returns whether
     /// this vCPU runs a new activation now (the run loop goes on running it).
-    pub(super) fn block_on_request(&mut self, pending: Pending, may_reenter: bool) -> bool {
-        let Some(disk) = &self.guest.disk else {
-            unreachable!("only device requests block")
-        };
+    pub(super) fn block_on_request(&mut self, blocking: Blocking, may_reenter: bool) -> bool {
         let handing_over = self.guest.acts.enabled() && arch::at_user_level(&self.fd);
-        if let (true, true, Pending::Latency { result, due }) =
-            (handing_over, may_reenter, &pending)
+        if let (true, true, Blocking::Disk(Pending::Latency { result, due })) =
+            (handing_over, may_reenter, &blocking)
         {
             return self.reenter_while_blocked(*result, *due);
         }
@@ -217,7 +216,22 @@ impl VcpuThread {
             self.guest
                 .post_pending(Event::new(UpcallKind::Blocked, activation, self.index, 0));
         }
-        let result = disk.finish(&self.guest.ram, &pending, &self.control.stop_requested);
+        let result = match &blocking {
+            Blocking::Disk(pending) => match &self.guest.disk {
+                Some(disk) => disk.finish(&self.guest.ram, pending, &self.control.stop_requested),
+                None => unreachable!("a disk request without a disk"),
+            },
+            Blocking::File(slow) => {
+                self.guest
+                    .stats
+                    .file_calls_blocked
+                    .fetch_add(1, Ordering::Relaxed);
+                slow.perform(&GuestMem {
+                    ram: &self.guest.ram,
+                    plan: &self.guest.plan,
+                }) as u64
+            }
+        };
         self.trace_state("blocked", false);
         arch::set_hypercall_result(&mut self.fd, result);
         if self.control.stop_requested.load(Ordering::Acquire) {

@@ -14,7 +14,8 @@ use crate::allocator::Slot;
 use crate::arch::current as arch;
 use crate::devices::blk::Request;
 use crate::devices::blk_async::queue::AsyncQueue;
-use crate::devices::fs::GuestMem;
+use crate::devices::fs::{Answer, GuestMem};
+use crate::devices::Blocking;
 use crate::hypercall::{Call, Malformed};
 use crate::memory::{GuestRam, Plan};
 use crate::vm::Outcome;
@@ -140,14 +141,16 @@ impl VcpuThread {
             .map_err(|why| self.violation(format!("malformed hypercall {}: {why}", kind.name())))
     }
 
-    /// A file call (`devices/fs.rs`), done inside the exit; `Err` there is a violation.
+    /// A file call (`devices/fs.rs`): done inside the exit, or the vCPU blocks on its slow
+    /// part; `Err` there is a violation.
     fn fs(&self, kind: Hypercall, args: [u64; 4]) -> Handled {
         let mem = GuestMem {
             ram: &self.guest.ram,
             plan: &self.guest.plan,
         };
-        match self.guest.files.call(&mem, kind, args) {
-            Ok(result) => Ok(result as u64),
+        match self.guest.files.start(&mem, kind, args) {
+            Ok(Answer::Now(result)) => Ok(result as u64),
+            Ok(Answer::Slow(slow)) => Err(ExitAction::Block(Blocking::File(slow))),
             Err(why) => Err(self.violation(format!("malformed hypercall {}: {why}", kind.name()))),
         }
     }
@@ -328,7 +331,9 @@ impl VcpuThread {
         match disk.check(&self.guest.plan, &req) {
             Err(why) => Err(self.violation(format!("malformed hypercall {}: {why}", kind.name()))),
             Ok(Err(code)) => Ok(code),
-            Ok(Ok(())) => disk.start(&self.guest.ram, &req).map_err(ExitAction::Block),
+            Ok(Ok(())) => disk
+                .start(&self.guest.ram, &req)
+                .map_err(|p| ExitAction::Block(Blocking::Disk(p))),
         }
     }
 

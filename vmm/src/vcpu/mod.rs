@@ -24,7 +24,7 @@ use kvm_ioctls::VcpuFd;
 
 use crate::activation::NewActivation;
 use crate::arch::current as arch;
-use crate::devices::blk::Pending;
+use crate::devices::Blocking;
 use crate::guest::Guest;
 use crate::kick::KickTimer;
 pub use crate::kick::{install_kick_handler, VcpuControl, EXIT_HYPERCALL, EXIT_KICK, EXIT_OTHER};
@@ -45,9 +45,10 @@ pub enum ExitAction {
     Stop,
     /// The whole guest is done.
     Finish(Outcome),
-    /// A device request that must wait longer than the disk's inline wait: the vCPU blocks in
-    /// the VMM (`handoff.rs`); the load's result is set when the request completes.
-    Block(Pending),
+    /// A device request that must wait longer than the disk's inline wait, or a file call
+    /// that waits for the host: the vCPU blocks in the VMM (`handoff.rs`); the load's result
+    /// is set when the request completes.
+    Block(Blocking),
 }
 
 /// How many times a vCPU caught at CPL0 is run forward before it is descheduled without a

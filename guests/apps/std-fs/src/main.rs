@@ -1,7 +1,10 @@
 //! std::fs inside activm mounts. `ops`: create, write, read, seek, stat, readdir, mkdir,
 //! rename, unlink in /data (a writable mount) and reads in /ro (a read-only one). `escape
 //! OUTSIDE`: attempts to reach files outside the mount (OUTSIDE is the host directory beside
-//! it), each printed as `refused (errno N)` or `ESCAPED`. The host checks its side.
+//! it), each printed as `refused (errno N)` or `ESCAPED`. The host checks its side. `slow N`:
+//! reads /data/cold.bin (which the host evicted from its page cache) and appends to and
+//! fsyncs a file N times, while another thread computes: the calls that wait for the host
+//! block the vCPU in the VMM, holding no processor.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -257,18 +260,61 @@ fn escape(outside: &str) {
     println!("done");
 }
 
+fn slow(n: usize) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let done = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut x = 1u64;
+            let mut rounds = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                for _ in 0..1000 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                }
+                rounds += 1;
+            }
+            std::hint::black_box(x);
+            rounds
+        })
+    };
+    let started = std::time::Instant::now();
+    let bytes = fs::read("/data/cold.bin").unwrap();
+    let hash = bytes
+        .iter()
+        .fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    println!("cold: {} bytes, hash {hash:x}", bytes.len());
+    let mut f = File::create("/data/synced.txt").unwrap();
+    let mut synced = 0;
+    for i in 0..n {
+        writeln!(f, "line {i}").unwrap();
+        // SAFETY: the descriptor of an open file.
+        if unsafe { sys_fsync(std::os::hermit::io::AsRawFd::as_raw_fd(&f)) } == 0 {
+            synced += 1;
+        }
+    }
+    println!("fsync: {synced} of {n}");
+    let elapsed = started.elapsed();
+    done.store(true, Ordering::Relaxed);
+    let rounds = worker.join().unwrap();
+    // The other thread's progress meanwhile (timing: the test leaves this line out).
+    eprintln!("slow calls: {elapsed:?}, the computing thread: {rounds} rounds");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("ops") => ops(),
         Some("escape") => escape(args.get(2).expect("escape OUTSIDE")),
+        Some("slow") => slow(args.get(2).and_then(|n| n.parse().ok()).expect("slow N")),
         Some("bad-pointer") => {
             // SAFETY: deliberately not a string of this program: the VMM stops the guest.
             let r = unsafe { sys_open(0x10 as *const c_char, 0, 0) };
             println!("bad pointer: {r}");
         }
         _ => {
-            eprintln!("usage: std-fs ops | escape OUTSIDE | bad-pointer");
+            eprintln!("usage: std-fs ops | escape OUTSIDE | slow N | bad-pointer");
             std::process::exit(2);
         }
     }
