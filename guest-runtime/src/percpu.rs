@@ -397,6 +397,13 @@ pub fn nr_vcpus() -> u32 {
     NR_VCPUS.load(Ordering::Relaxed)
 }
 
+/// Whether this guest has one vCPU, for its whole life (the count is fixed at boot, and 1
+/// before `init` while only vCPU 0 runs): no other processor can touch a word concurrently.
+#[inline(always)]
+pub fn one_vcpu() -> bool {
+    nr_vcpus() == 1
+}
+
 /// TSC frequency.
 #[inline]
 pub fn tsc_khz() -> u64 {

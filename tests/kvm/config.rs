@@ -78,6 +78,41 @@ pub(super) fn toml_tests() -> Vec<Trial> {
             }
             Ok(())
         }),
+        Trial::test("toml_one_vcpu_guests_share_a_processor", || {
+            // Two rt-tests guests of one vCPU each on one processor, under --chaos: each is
+            // preempted thousands of times (PREEMPTED / NEWPROC on its only vCPU) while its
+            // threads hammer mutexes whose uncontended lock and unlock skip the bus lock on a
+            // one-vCPU guest (`sync/mutex.rs`); every count stays exact.
+            let dir = TempDir::new("toml-one-vcpu")?;
+            dir.link_guest("rt-tests")?;
+            let guest = |name: &str| {
+                format!(
+                    "[[guest]]\nimage = \"rt-tests\"\nname = \"{name}\"\nvcpus = 1\n\
+                     args = [\"chaos-soak\", \"4\"]\n\n"
+                )
+            };
+            let file = dir.file(
+                "one-vcpu.toml",
+                &format!(
+                    "pcpus = 1\ntimeout = {GUEST_TIMEOUT_SECS}\nstats = true\nchaos = 3\n\n{}{}",
+                    guest("a"),
+                    guest("b")
+                ),
+            )?;
+            let run = activm(&[file.as_os_str()])?.expect_code(0)?;
+            for who in ["a", "b"] {
+                let ok = format!("[{who}] chaos-soak: ok (4 s:");
+                let preempted = guest_upcall_count(&run.stderr, who, "PREEMPTED").unwrap_or(0);
+                if !run.stdout.contains(&ok) || preempted < 100 {
+                    return Err(format!(
+                        "guest {who}: {preempted} PREEMPTED\n--- stdout\n{}--- stderr\n{}",
+                        run.stdout, run.stderr
+                    )
+                    .into());
+                }
+            }
+            Ok(())
+        }),
         Trial::test("toml_activation_guest_beside_a_flush_storm", || {
             // Issues 12 and 13: rt-demo (activations, 2 vCPUs) beside a guest whose vCPUs block
             // in the VMM all the time (iobench storm on the blocking path: 8 threads writing and flushing, every

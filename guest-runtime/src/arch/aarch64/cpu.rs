@@ -182,3 +182,17 @@ pub fn print_interrupt_state() {
         ctl,
     );
 }
+
+/// Compares `word` with `old` and, if equal, stores `new`, with no ordering against other
+/// vCPUs (a relaxed read-modify-write: still atomic against this vCPU's interrupts and
+/// preemption, as an exception return clears the exclusive monitor): only for a guest with one
+/// vCPU. A compiler barrier on both sides.
+#[inline(always)]
+pub fn cas_one_vcpu(word: &core::sync::atomic::AtomicU32, old: u32, new: u32) -> bool {
+    core::sync::atomic::compiler_fence(Ordering::SeqCst);
+    let done = word
+        .compare_exchange(old, new, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok();
+    core::sync::atomic::compiler_fence(Ordering::SeqCst);
+    done
+}

@@ -140,3 +140,24 @@ pub fn print_interrupt_state() {
         state(UPCALL_IRQ),
     );
 }
+
+/// Compares `word` with `old` and, if equal, stores `new`: `cmpxchg` **without** the `lock`
+/// prefix, a third of a locked one's cost. One instruction, so atomic against this vCPU's
+/// interrupts and preemption, but not against another vCPU: only for a guest with one vCPU. A
+/// compiler barrier on both sides (the assembly may touch any memory).
+#[inline(always)]
+pub fn cas_one_vcpu(word: &core::sync::atomic::AtomicU32, old: u32, new: u32) -> bool {
+    let seen: u32;
+    // SAFETY: `word` is a live, aligned `u32`; `cmpxchg` reads and writes only it, `eax` and
+    // the flags. No other vCPU exists to race with (the caller's contract).
+    unsafe {
+        core::arch::asm!(
+            "cmpxchg dword ptr [{word}], {new:e}",
+            word = in(reg) word.as_ptr(),
+            new = in(reg) new,
+            inout("eax") old => seen,
+            options(nostack),
+        );
+    }
+    seen == old
+}
