@@ -1,10 +1,10 @@
 //! The `std` guests (guests/apps/std-*, built for `guests/aarch64-activm-std.json`) on arm64
 //! KVM: the same programs and the same exact outputs as on x86_64 (tests/kvm/std_guests.rs).
 
-use super::case::{stdout_of, Case};
+use super::case::{stdout_of, upcalls, Case};
 
 /// The std guests the cases run (copied into the initramfs).
-pub(super) const STD_APPS: &[&str] = &["std-demo", "std-rayon", "std-crossbeam-tests"];
+pub(super) const STD_APPS: &[&str] = &["std-demo", "std-rayon", "std-crossbeam-tests", "std-fs"];
 
 /// `std-demo --exit 3`'s whole stdout on `vcpus` vCPUs (the same file checks both arches).
 fn std_demo_output(vcpus: u32) -> String {
@@ -52,6 +52,23 @@ fn clock_agrees(output: &str) -> Result<(), String> {
     } else {
         Err(format!(
             "guest wall clock {guest} s, machine {machine} s: more than 120 s apart"
+        ))
+    }
+}
+
+/// At least the 5 fsyncs blocked the vCPU, each told by a BLOCKED and an UNBLOCKED record.
+fn slow_calls_blocked(output: &str) -> Result<(), String> {
+    let blocked = output
+        .lines()
+        .find_map(|l| l.split("slow file calls (vCPU blocked)=").nth(1))
+        .and_then(|n| n.split_whitespace().next()?.parse::<u64>().ok())
+        .ok_or("no slow file-call count in --stats")?;
+    let (b, u) = (upcalls(output, "BLOCKED"), upcalls(output, "UNBLOCKED"));
+    if blocked >= 5 && b == Some(blocked) && u == b {
+        Ok(())
+    } else {
+        Err(format!(
+            "{blocked} slow file calls, BLOCKED {b:?}, UNBLOCKED {u:?}"
         ))
     }
 }
@@ -111,6 +128,19 @@ pub(super) fn cases() -> Vec<Case> {
             ],
         )
         .checked(clock_agrees),
+    );
+    // Slow file calls block the vCPU (tests/kvm/std_files.rs): on the initramfs's tmpfs every
+    // read hits the page cache, so the 5 fsyncs are what blocks, each a BLOCKED / UNBLOCKED.
+    cases.push(
+        Case::new(
+            "std-fs-slow",
+            "mkdir -p /tmp/fsmnt && dd if=/dev/zero of=/tmp/fsmnt/cold.bin bs=4096 count=16 \
+             2>/dev/null && /activm run /guests/std-fs --vcpus 2 --pcpus 1 --stats --timeout 120 \
+             --mount /tmp/fsmnt:/data -- slow 5",
+            0,
+            &["cold: 65536 bytes", "fsync: 5 of 5"],
+        )
+        .checked(slow_calls_blocked),
     );
     // crossbeam-channel's test suite on 2 vCPUs: libtest's summary, 0 failed.
     let (command, result) = crossbeam_run("--vcpus 2");
