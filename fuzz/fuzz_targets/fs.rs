@@ -35,9 +35,35 @@ const STEPS: usize = 48;
 
 /// Path pieces the fuzzer strings together (besides raw bytes).
 const PIECES: &[&[u8]] = &[
-    b"/data", b"/data/", b"/data/ro", b"/", b"..", b".", b"//", b"/..", b"sub", b"f", b"a.txt",
-    b"up", b"updir", b"canlink", b"abs", b"root", b"etc", b"dangling", b"deep", b"selfloop",
-    b"inner", b"fifo", b"outside", b"canary", b"new", b"r.txt", b"back", b"rsub", b"/ro",
+    b"/data",
+    b"/data/",
+    b"/data/ro",
+    b"/",
+    b"..",
+    b".",
+    b"//",
+    b"/..",
+    b"sub",
+    b"f",
+    b"a.txt",
+    b"up",
+    b"updir",
+    b"canlink",
+    b"abs",
+    b"root",
+    b"etc",
+    b"dangling",
+    b"deep",
+    b"selfloop",
+    b"inner",
+    b"fifo",
+    b"outside",
+    b"canary",
+    b"new",
+    b"r.txt",
+    b"back",
+    b"rsub",
+    b"/ro",
 ];
 
 struct World {
@@ -207,9 +233,15 @@ fn arg(world: &World, input: &mut Input, last_fd: u64) -> u64 {
         5 => {
             let bits = input.u8() as u32;
             let mut flags = bits & FS_O_ACCMODE;
-            for (i, f) in [FS_O_CREAT, FS_O_EXCL, FS_O_TRUNC, FS_O_APPEND, FS_O_DIRECTORY]
-                .into_iter()
-                .enumerate()
+            for (i, f) in [
+                FS_O_CREAT,
+                FS_O_EXCL,
+                FS_O_TRUNC,
+                FS_O_APPEND,
+                FS_O_DIRECTORY,
+            ]
+            .into_iter()
+            .enumerate()
             {
                 if bits & (4 << i) != 0 {
                     flags |= f;
@@ -230,7 +262,11 @@ fn arg(world: &World, input: &mut Input, last_fd: u64) -> u64 {
 fn check_stat(world: &World, gpa: u64, what: &str) {
     let st: FsStat = world.guest.ram.read_struct(gpa).expect("stat in RAM");
     let outside = st.dev == world.dev && world.forbidden.contains(&st.ino);
-    assert!(!outside, "{what} reached inode {} outside the mounts", st.ino);
+    assert!(
+        !outside,
+        "{what} reached inode {} outside the mounts",
+        st.ino
+    );
     assert!(
         st.mode & libc::S_IFMT == libc::S_IFLNK || st.dev == world.dev,
         "{what} reached another filesystem (dev {:#x})",
@@ -380,8 +416,15 @@ fn check_host(world: &World, full: bool) {
         assert_eq!(outside, ["canary"], "outside's listing");
     }
     let image = world.guest.plan.image.start;
-    let low = world.guest.ram.read_bytes(image - LOW_GUARD, LOW_GUARD).unwrap();
-    assert!(low.iter().all(|&b| b == 0xa5), "RAM below the image written");
+    let low = world
+        .guest
+        .ram
+        .read_bytes(image - LOW_GUARD, LOW_GUARD)
+        .unwrap();
+    assert!(
+        low.iter().all(|&b| b == 0xa5),
+        "RAM below the image written"
+    );
 }
 
 fuzz_target!(|data: &[u8]| {

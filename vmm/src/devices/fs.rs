@@ -498,3 +498,7 @@ fn stat_into(mem: &GuestMem, fd: &OwnedFd, out: u64) -> FsResult {
         .map_err(|e| e.to_string())?;
     Ok(0)
 }
+
+#[cfg(test)]
+#[path = "fs_tests.rs"]
+mod tests;
