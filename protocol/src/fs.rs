@@ -39,7 +39,8 @@ pub const FS_O_DIRECTORY: u32 = 0o200000;
 pub const FS_O_ALL: u32 =
     FS_O_ACCMODE | FS_O_CREAT | FS_O_EXCL | FS_O_TRUNC | FS_O_APPEND | FS_O_DIRECTORY;
 
-/// `fs_open`'s second argument: the flags and the creation mode (permission bits).
+/// `fs_open`'s second argument: the flags and the creation mode (permission bits: the VMM keeps
+/// `0o777` of it, never setuid, setgid or sticky).
 pub const fn fs_open_arg(flags: u32, mode: u32) -> u64 {
     ((mode as u64) << 32) | flags as u64
 }

@@ -105,7 +105,7 @@ wire_enum! {
         FsStat = 70 => "fs_stat",
         /// `fs_getdents(fd, gpa, len) -> bytes of dirent64 records`.
         FsGetdents = 71 => "fs_getdents",
-        /// `fs_mkdir(path, mode) -> 0`.
+        /// `fs_mkdir(path, mode) -> 0` (the mode's permission bits, `0o777`).
         FsMkdir = 72 => "fs_mkdir",
         /// `fs_unlink(path, FS_UNLINK_FILE | FS_UNLINK_DIR) -> 0`.
         FsUnlink = 73 => "fs_unlink",

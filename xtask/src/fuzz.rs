@@ -18,6 +18,7 @@ pub const TARGETS: &[&str] = &[
     "ctl",
     "blk",
     "net_tx",
+    "fs",
 ];
 
 /// The largest input libFuzzer makes for `target`. `net_tx`'s steps make system calls, and a

@@ -18,6 +18,11 @@ use crate::config::MountConfig;
 use crate::error::Error;
 use crate::memory::{GuestRam, Plan};
 
+/// The mode bits a guest may give what it creates: permissions only. Never setuid, setgid or
+/// sticky: the VMM may run as root, and a setuid file in a host directory is a way up for
+/// whoever else can reach that directory.
+const GUEST_MODE: u32 = 0o777;
+
 /// An `fs_*` result: `Ok(value)` for the guest (`>= 0`, or `-errno`), `Err` a violation.
 type FsResult = Result<i64, String>;
 
@@ -201,8 +206,9 @@ impl FileSystem {
             Hypercall::FsStat => self.stat(mem, a[0], a[1], a[2]),
             Hypercall::FsGetdents => self.getdents(mem, a[0], a[1], a[2]),
             Hypercall::FsMkdir => self.in_parent(mem, a[0], |dir, name| {
+                let mode = a[1] as u32 & GUEST_MODE;
                 // SAFETY: a directory descriptor and a NUL-terminated name without `/`.
-                unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), (a[1] & 0o7777) as u32) }
+                unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) }
             }),
             Hypercall::FsUnlink => {
                 let flags = if a[1] == FS_UNLINK_DIR {
@@ -299,7 +305,10 @@ impl FileSystem {
         // Never block on a FIFO's open, never take a terminal; only files and directories stay
         // (O_NONBLOCK changes nothing for those).
         host_flags |= libc::O_NONBLOCK | libc::O_NOCTTY;
-        let fd = match resolved.mount.open_beneath(&resolved.rel, host_flags, mode) {
+        let fd = match resolved
+            .mount
+            .open_beneath(&resolved.rel, host_flags, mode & GUEST_MODE)
+        {
             Ok(fd) => fd,
             Err(errno) => return Ok(neg(errno)),
         };
@@ -489,3 +498,7 @@ fn stat_into(mem: &GuestMem, fd: &OwnedFd, out: u64) -> FsResult {
         .map_err(|e| e.to_string())?;
     Ok(0)
 }
+
+#[cfg(test)]
+#[path = "fs_tests.rs"]
+mod tests;

@@ -172,6 +172,7 @@ impl Mounts {
             .iter()
             .map(Mount::open)
             .collect::<Result<Vec<_>, _>>()?;
+        refuse_read_only_inside_writable(configs)?;
         mounts.sort_by_key(|m| std::cmp::Reverse(m.config.guest.len()));
         Ok(Mounts(mounts))
     }
@@ -192,6 +193,31 @@ impl Mounts {
             })
             .ok_or(libc::ENOENT)
     }
+}
+
+/// A read-only mount whose host directory lies inside a read-write mount's is refused: the
+/// guest would write it through the other mount (`/data/./ro/x` is the read-write mount's
+/// `ro/x`, since a guest path picks its mount by its spelling).
+fn refuse_read_only_inside_writable(configs: &[MountConfig]) -> Result<(), Error> {
+    let real = |c: &MountConfig| {
+        std::fs::canonicalize(&c.host)
+            .map_err(|e| Error::Config(format!("--mount {}: {e}", c.host.display())))
+    };
+    for ro in configs.iter().filter(|c| c.read_only) {
+        for rw in configs.iter().filter(|c| !c.read_only) {
+            if real(ro)?.starts_with(real(rw)?) {
+                return Err(Error::Config(format!(
+                    "--mount {}:{}:ro lies inside the read-write mount {}:{}, through which \
+                     the guest could write it",
+                    ro.host.display(),
+                    ro.guest,
+                    rw.host.display(),
+                    rw.guest
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -221,5 +247,39 @@ mod tests {
             rel(b"/data/../etc"),
             Ok(("/data".into(), b"../etc".to_vec()))
         );
+    }
+
+    /// A read-only mount inside a read-write one would be writable through it
+    /// (`/data/./ro/x`): refused at setup; the other way round is fine.
+    #[test]
+    fn a_read_only_mount_inside_a_writable_one_is_refused() {
+        let dir = vmm_sys_util::tempdir::TempDir::new_with_prefix("/tmp/activm-mounts").unwrap();
+        let inner = dir.as_path().join("ro");
+        std::fs::create_dir(&inner).unwrap();
+        let cfg = |host: &std::path::Path, guest: &str, read_only| MountConfig {
+            host: host.to_path_buf(),
+            guest: guest.into(),
+            read_only,
+        };
+        let nested = [
+            cfg(dir.as_path(), "/data", false),
+            cfg(&inner, "/data/ro", true),
+        ];
+        let err = Mounts::open(&nested).unwrap_err().to_string();
+        assert!(err.contains("lies inside the read-write mount"), "{err}");
+        // Spelled with `..` on the host side, still inside.
+        let dotted = inner.join("..").join("ro");
+        let nested = [cfg(&dotted, "/r", true), cfg(dir.as_path(), "/w", false)];
+        assert!(Mounts::open(&nested).is_err());
+        let fine = [
+            cfg(dir.as_path(), "/data", true),
+            cfg(&inner, "/data/ro", false),
+        ];
+        assert!(Mounts::open(&fine).is_ok());
+        let both_ro = [
+            cfg(dir.as_path(), "/data", true),
+            cfg(&inner, "/data/ro", true),
+        ];
+        assert!(Mounts::open(&both_ro).is_ok());
     }
 }
