@@ -22,7 +22,8 @@ fn free_udp_port() -> Result<u16, Failed> {
 /// "echo-me" from a second socket to the published port after 300 ms and checks the answer.
 fn echo(sock: UdpSocket, published: SocketAddr) -> Result<(), String> {
     let e = |e: std::io::Error| e.to_string();
-    sock.set_read_timeout(Some(Duration::from_secs(60))).map_err(e)?;
+    sock.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(e)?;
     let mut buf = [0u8; 256];
     loop {
         let (n, from) = sock.recv_from(&mut buf).map_err(e)?;
@@ -36,7 +37,9 @@ fn echo(sock: UdpSocket, published: SocketAddr) -> Result<(), String> {
             b"serve" => {
                 std::thread::sleep(Duration::from_millis(300));
                 let other = UdpSocket::bind("127.0.0.1:0").map_err(e)?;
-                other.set_read_timeout(Some(Duration::from_secs(60))).map_err(e)?;
+                other
+                    .set_read_timeout(Some(Duration::from_secs(60)))
+                    .map_err(e)?;
                 other.send_to(b"echo-me", published).map_err(e)?;
                 let (n, from) = other.recv_from(&mut buf).map_err(e)?;
                 if &buf[..n] != b"echo-me" || from != published {
@@ -110,9 +113,13 @@ pub fn tests() -> Vec<Trial> {
         Trial::test("net_udp_echo_both_ways_truncation_and_wait", echo_both_ways),
         Trial::test("net_udp_reaches_nothing_unpublished", || {
             // No flags: the server's bind is refused.
-            activm_run(&std_guest("std-udp")?, &[], &["53", "127.0.0.1:9", "127.0.0.1:9"])?
-                .expect_code(1)?
-                .stdout_has("std-udp: bind server: Permission denied")?;
+            activm_run(
+                &std_guest("std-udp")?,
+                &[],
+                &["53", "127.0.0.1:9", "127.0.0.1:9"],
+            )?
+            .expect_code(1)?
+            .stdout_has("std-udp: bind server: Permission denied")?;
             // A TCP publish of the same port does not publish UDP; and without a UDP
             // allowance no port 0 either.
             let publish_tcp = format!("{}:53", free_udp_port()?);

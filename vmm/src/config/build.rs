@@ -220,7 +220,8 @@ fn net_config(guest: &GuestSpec) -> Result<super::NetConfig, (Key, String)> {
         net.add_publish(s).map_err(|e| (Key::Publish, e))?;
     }
     for s in &guest.allow_connect {
-        net.add_allow_connect(s).map_err(|e| (Key::AllowConnect, e))?;
+        net.add_allow_connect(s)
+            .map_err(|e| (Key::AllowConnect, e))?;
     }
     Ok(net)
 }

@@ -585,7 +585,13 @@ fn listen(table: &mut Table, s: usize) -> u64 {
 }
 
 fn is_datagram(table: &Table, s: usize) -> bool {
-    matches!(&table.socks[s], Some(Sock { kind: Kind::Datagram(_), .. }))
+    matches!(
+        &table.socks[s],
+        Some(Sock {
+            kind: Kind::Datagram(_),
+            ..
+        })
+    )
 }
 
 fn zeroed_sockaddr() -> libc::sockaddr_in {

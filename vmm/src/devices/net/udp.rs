@@ -156,7 +156,10 @@ impl Net {
         op: u64,
         args: [u64; 4],
     ) -> Result<u64, String> {
-        if !matches!(table.socks[s].as_ref().map(|k| &k.kind), Some(Kind::Datagram(_))) {
+        if !matches!(
+            table.socks[s].as_ref().map(|k| &k.kind),
+            Some(Kind::Datagram(_))
+        ) {
             return Ok(neg(libc::EINVAL));
         }
         if op == NET_OP_UDP_CONNECT {
@@ -178,8 +181,7 @@ impl Net {
         }
         let peer_gpa = a3;
         if peer_gpa != 0
-            && (peer_gpa < image_start
-                || peer_gpa.checked_add(8).is_none_or(|e| e > ram.size()))
+            && (peer_gpa < image_start || peer_gpa.checked_add(8).is_none_or(|e| e > ram.size()))
         {
             return Err(format!("peer address {peer_gpa:#x} is not in guest RAM"));
         }
@@ -294,7 +296,8 @@ impl Net {
         let fd = sock.fd.as_ref().expect("bound").as_raw_fd();
         let sa = sockaddr(addr);
         // SAFETY: `fd` is a UDP socket this table owns; `sa` is a valid sockaddr_in.
-        let r = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), SOCKADDR_LEN) };
+        let r =
+            unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), SOCKADDR_LEN) };
         if r < 0 {
             return neg(errno());
         }
@@ -327,5 +330,117 @@ pub(super) fn release(table: &mut Table, d: &Dgram, fd: OwnedFd, local: u64) {
     };
     if r == 0 {
         table.udp.pool.push((fd, local));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{Plan, StackSlots};
+
+    fn plan() -> Plan {
+        let stacks = StackSlots::new(60 * 1024, Some(40), 64 << 20).unwrap();
+        Plan::new(
+            1,
+            64 << 20,
+            0x20_0000..0x30_0000,
+            0x20_0100,
+            16,
+            0x20_0000,
+            stacks,
+        )
+        .unwrap()
+    }
+
+    fn packed(addr: std::net::SocketAddr) -> u64 {
+        let std::net::SocketAddr::V4(a) = addr else {
+            panic!("IPv4")
+        };
+        pack_addr(u32::from(*a.ip()), a.port())
+    }
+
+    #[test]
+    fn datagrams_are_checked_truncated_and_allowed_only_where_told() {
+        let (plan, ram) = (plan(), GuestRam::new(64 << 20).unwrap());
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let peer_addr = packed(peer.local_addr().unwrap());
+        let config = NetConfig {
+            allow_connect_udp: vec![match peer.local_addr().unwrap() {
+                std::net::SocketAddr::V4(a) => a,
+                _ => unreachable!(),
+            }],
+            ..NetConfig::default()
+        };
+        let net = Net::open(&config).unwrap();
+        let call = |op, s: u64, a1, a2, a3| net.call(&ram, &plan, [net_arg(op, s), a1, a2, a3]);
+        let udp = call(NET_OP_SOCKET, 0, NET_KIND_UDP, 0, 0).unwrap();
+        let tcp = call(NET_OP_SOCKET, 0, NET_KIND_TCP, 0, 0).unwrap();
+        let buf = 0x40_0000u64;
+        let no_wait = NET_NO_WAIT << 32;
+        assert_eq!(call(NET_OP_BIND, udp, 0, 0, 0), Ok(0));
+        let (ip, port) = unpack_addr(call(NET_OP_SOCKNAME, udp, 0, 0, 0).unwrap());
+        assert_eq!((ip, port != 0), (0x7f00_0001, true));
+        // Kinds, sizes and guest addresses.
+        let sendto = NET_OP_UDP_SENDTO;
+        assert_eq!(
+            call(sendto, tcp, buf, 4 | no_wait, peer_addr),
+            Ok(neg(libc::EINVAL))
+        );
+        let too_big = (NET_UDP_MAX + 1) | no_wait;
+        assert_eq!(
+            call(sendto, udp, buf, too_big, peer_addr),
+            Ok(neg(libc::EMSGSIZE))
+        );
+        assert!(call(sendto, udp, (64 << 20) - 2, 4 | no_wait, peer_addr).is_err());
+        assert!(call(sendto, udp, 0x1000, 4 | no_wait, peer_addr).is_err());
+        let elsewhere = pack_addr(0x7f00_0001, 9);
+        assert_eq!(
+            call(sendto, udp, buf, 4 | no_wait, elsewhere),
+            Ok(neg(libc::EACCES))
+        );
+        assert_eq!(
+            call(sendto, udp, buf, 4 | no_wait, 0),
+            Ok(neg(libc::EDESTADDRREQ))
+        );
+        ram.write_bytes(buf, b"ping").unwrap();
+        assert_eq!(call(sendto, udp, buf, 4 | no_wait, peer_addr), Ok(4));
+        let mut got = [0u8; 16];
+        let (n, from) = peer.recv_from(&mut got).unwrap();
+        assert_eq!(
+            (&got[..n], packed(from)),
+            (&b"ping"[..], pack_addr(ip, port))
+        );
+        // A datagram larger than the buffer: truncated, the rest dropped.
+        peer.send_to(b"0123456789", from).unwrap();
+        peer.send_to(b"next", from).unwrap();
+        let recv = NET_OP_UDP_RECVFROM;
+        let out = buf + 64;
+        assert!(call(recv, udp, buf, 4 | no_wait, 0x1000).is_err());
+        assert!(call(recv, udp, buf, 4 | no_wait, (64 << 20) - 4).is_err());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(call(NET_OP_UDP_PEEKFROM, udp, buf, 2 | no_wait, out), Ok(2));
+        assert_eq!(call(recv, udp, buf, 4 | no_wait, out), Ok(4));
+        assert_eq!(ram.read_bytes(buf, 4).unwrap(), b"0123");
+        assert_eq!(ram.read_u64(out).unwrap(), peer_addr);
+        assert_eq!(call(recv, udp, buf, 16 | no_wait, 0), Ok(4));
+        assert_eq!(ram.read_bytes(buf, 4).unwrap(), b"next");
+        assert_eq!(call(recv, udp, buf, 16 | no_wait, 0), Ok(neg(libc::EAGAIN)));
+        // connect: the default peer.
+        assert_eq!(
+            call(NET_OP_UDP_CONNECT, udp, elsewhere, 0, 0),
+            Ok(neg(libc::EACCES))
+        );
+        assert_eq!(call(NET_OP_UDP_CONNECT, udp, peer_addr, 0, 0), Ok(0));
+        assert_eq!(call(NET_OP_PEERNAME, udp, 0, 0, 0), Ok(peer_addr));
+        assert_eq!(call(sendto, udp, buf, 4 | no_wait, 0), Ok(4));
+        assert_eq!(peer.recv(&mut got).unwrap(), 4);
+        // TCP's operations refuse a UDP socket; close gives the port back to the pool.
+        assert_eq!(call(NET_OP_LISTEN, udp, 1, 0, 0), Ok(neg(libc::EINVAL)));
+        assert_eq!(
+            call(NET_OP_CONNECT, udp, peer_addr, NET_NO_WAIT, 0),
+            Ok(neg(libc::EINVAL))
+        );
+        assert_eq!(call(NET_OP_CLOSE, udp, 0, 0, 0), Ok(0));
+        assert_eq!(net.lock().udp.pool.len(), POOL);
     }
 }
