@@ -120,7 +120,11 @@ pub extern "C" fn sys_socket(domain: i32, kind: i32, _protocol: i32) -> i32 {
     }
     if kind & 0xf == SOCK_DGRAM {
         let r = done(udp::socket(kind & SOCK_NONBLOCK != 0));
-        return if r < 0 { r as i32 } else { SOCKET_FD_BASE + r as i32 };
+        return if r < 0 {
+            r as i32
+        } else {
+            SOCKET_FD_BASE + r as i32
+        };
     }
     if kind & 0xf != SOCK_STREAM {
         return fail(EPROTONOSUPPORT);
