@@ -28,6 +28,7 @@ pub mod socket;
 mod socket_call;
 pub mod socket_rx;
 pub mod socket_tx;
+pub mod socket_udp;
 pub mod sys;
 pub mod thread;
 

@@ -4,11 +4,13 @@
 //! (`activm_rt::net::call`) until the VMM reports the host socket ready, unless the socket is
 //! non-blocking (`set_nonblocking`: `-EAGAIN`). Errors are the VMM's Linux errno values; what
 //! the guest may reach is the VMM's decision (`--publish`, `--allow-connect`; else `EACCES`).
+//! UDP sockets (`SOCK_DGRAM`) branch off to `socket_udp.rs` at the top of each call.
 
 use activm_stub::protocol::net::*;
 
 use crate::errno::{fail, EBADF, EINVAL};
 use crate::socket_call::{net, nonblocking, set_nonblocking, waiting};
+use crate::socket_udp::{self as udp, is_udp};
 
 /// The first socket descriptor (below: the standard streams and files).
 pub const SOCKET_FD_BASE: i32 = 1 << 20;
@@ -20,6 +22,7 @@ const ENOPROTOOPT: i32 = 92;
 /// hermit-abi's constants (`hermit_abi::AF_INET` ...), which differ from Linux's.
 const AF_INET: i32 = 3;
 const SOCK_STREAM: i32 = 1;
+const SOCK_DGRAM: i32 = 2;
 const SOCK_NONBLOCK: i32 = 0o4000;
 const IPPROTO_TCP: i32 = 6;
 const TCP_NODELAY: i32 = 1;
@@ -109,11 +112,19 @@ pub extern "C" fn sys_network_init() -> i32 {
     0
 }
 
-/// `int sys_socket(int domain, int type, int protocol)`: IPv4 TCP only.
+/// `int sys_socket(int domain, int type, int protocol)`: IPv4 TCP and UDP.
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_socket(domain: i32, kind: i32, _protocol: i32) -> i32 {
     if domain != AF_INET {
         return fail(EAFNOSUPPORT);
+    }
+    if kind & 0xf == SOCK_DGRAM {
+        let r = done(udp::socket(kind & SOCK_NONBLOCK != 0));
+        return if r < 0 {
+            r as i32
+        } else {
+            SOCKET_FD_BASE + r as i32
+        };
     }
     if kind & 0xf != SOCK_STREAM {
         return fail(EPROTONOSUPPORT);
@@ -180,6 +191,12 @@ pub unsafe extern "C" fn sys_accept(fd: i32, addr: *mut u8, addrlen: *mut u32) -
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_connect(fd: i32, name: *const u8, namelen: u32) -> i32 {
     let s = socket_or_ebadf!(fd);
+    if is_udp(s) {
+        return match read_addr(name, namelen) {
+            Ok(addr) => done(udp::connect(s, addr)) as i32,
+            Err(e) => fail(e),
+        };
+    }
     let r = match read_addr(name, namelen) {
         Ok(addr) => done(waiting(s, |tag| net(NET_OP_CONNECT, s, addr, tag, 0))) as i32,
         Err(e) => return fail(e),
@@ -198,6 +215,12 @@ pub unsafe extern "C" fn sys_connect(fd: i32, name: *const u8, namelen: u32) -> 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_recv(fd: i32, buf: *mut u8, len: usize, flags: i32) -> isize {
     let s = socket_or_ebadf!(fd);
+    if is_udp(s) {
+        let mut peer = 0;
+        // SAFETY: the caller's contract.
+        return done(unsafe { udp::recv_from(s, buf, len, flags & MSG_PEEK != 0, &mut peer) })
+            as isize;
+    }
     // SAFETY: the caller's contract.
     let buffered =
         unsafe { crate::socket_rx::recv(s, buf, len, flags & MSG_PEEK != 0, nonblocking(s)) };
@@ -227,6 +250,15 @@ pub unsafe extern "C" fn sys_recvfrom(
     addr: *mut u8,
     addrlen: *mut u32,
 ) -> isize {
+    if let Some(s) = number(fd).filter(|&s| is_udp(s)) {
+        let mut peer = 0;
+        // SAFETY: the caller's contract.
+        let r = done(unsafe { udp::recv_from(s, buf, len, flags & MSG_PEEK != 0, &mut peer) });
+        if r >= 0 {
+            write_addr(peer, addr, addrlen);
+        }
+        return r as isize;
+    }
     // SAFETY: the caller's contract.
     let r = unsafe { sys_recv(fd, buf, len, flags) };
     if r >= 0 {
@@ -243,6 +275,10 @@ pub unsafe extern "C" fn sys_recvfrom(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_send(fd: i32, mem: *const u8, len: usize, _flags: i32) -> isize {
     let s = socket_or_ebadf!(fd);
+    if is_udp(s) {
+        // SAFETY: the caller's contract.
+        return done(unsafe { udp::send_to(s, mem, len, 0) }) as isize;
+    }
     // SAFETY: the caller's contract.
     if let Some(r) = unsafe { crate::socket_tx::send(s, mem, len, nonblocking(s)) } {
         return done(r) as isize;
@@ -252,19 +288,31 @@ pub unsafe extern "C" fn sys_send(fd: i32, mem: *const u8, len: usize, _flags: i
     })) as isize
 }
 
-/// `isize sys_sendto(...)`: `sys_send` (connected sockets only).
+/// `isize sys_sendto(...)`: a UDP datagram to `to` (null: the connected peer); on a TCP
+/// socket `sys_send`.
 ///
 /// # Safety
-/// As `sys_send`.
+/// As `sys_send`; `to` null or `tolen` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_sendto(
     fd: i32,
     mem: *const u8,
     len: usize,
     flags: i32,
-    _to: *const u8,
-    _tolen: u32,
+    to: *const u8,
+    tolen: u32,
 ) -> isize {
+    if let Some(s) = number(fd).filter(|&s| is_udp(s)) {
+        let addr = match to.is_null() {
+            true => 0,
+            false => match read_addr(to, tolen) {
+                Ok(addr) => addr,
+                Err(e) => return fail(e) as isize,
+            },
+        };
+        // SAFETY: the caller's contract.
+        return done(unsafe { udp::send_to(s, mem, len, addr) }) as isize;
+    }
     // SAFETY: the caller's contract.
     unsafe { sys_send(fd, mem, len, flags) }
 }
@@ -289,6 +337,9 @@ pub extern "C" fn sys_shutdown_socket(fd: i32, how: i32) -> i32 {
 /// Closes socket `fd` (`sys_close` of a socket descriptor).
 pub fn close(fd: i32) -> i32 {
     let s = socket_or_ebadf!(fd);
+    if is_udp(s) {
+        return done(udp::close(s)) as i32;
+    }
     if !nonblocking(s) {
         // A non-blocking close returns at once: the VMM sends what is left after it.
         crate::socket_tx::drain(s);

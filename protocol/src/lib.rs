@@ -37,7 +37,7 @@ pub use wire::UnknownWireValue;
 /// one exception: fields appended to [`boot::BootInfo`] behind a new `BOOT_FLAG_*` bit (the
 /// guest reads them only when the VMM sets the bit, so an older VMM of the same version still
 /// boots a newer guest, and a newer VMM an older guest).
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// The largest number of vCPUs a guest may have.
 pub const MAX_VCPUS: usize = 64;

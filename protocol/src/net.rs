@@ -69,8 +69,27 @@ pub const NET_OP_TX_FLUSH: u64 = 16;
 /// it drains). Returns 0.
 pub const NET_OP_TX_FLUSH_ALL: u64 = 17;
 
+/// `udp_sendto(s, gpa, len | tag << 32, addr)`: one datagram of `len` bytes (at most
+/// [`NET_UDP_MAX`], else `-EMSGSIZE`) to the packed `addr`, or to the connected peer if `addr`
+/// is 0 (`-EDESTADDRREQ` if none); the bytes sent. A UDP socket only (else `-EINVAL`). ABI 6.
+pub const NET_OP_UDP_SENDTO: u64 = 18;
+/// `udp_recvfrom(s, gpa, len | tag << 32, peer_gpa)`: takes one datagram, its first `len`
+/// bytes into `gpa` (the rest is dropped, as Linux does); the bytes copied. The sender's
+/// packed address is written as a `u64` at `peer_gpa` (if not 0). ABI 6.
+pub const NET_OP_UDP_RECVFROM: u64 = 19;
+/// `udp_peekfrom(s, gpa, len | tag << 32, peer_gpa)`: [`NET_OP_UDP_RECVFROM`] without taking
+/// the datagram. ABI 6.
+pub const NET_OP_UDP_PEEKFROM: u64 = 20;
+/// `udp_connect(s, addr)`: the default peer of `udp_sendto` with `addr` 0; from then on only
+/// its datagrams are received. Never waits. ABI 6.
+pub const NET_OP_UDP_CONNECT: u64 = 21;
+
 /// `socket`'s kind: a TCP stream.
 pub const NET_KIND_TCP: u64 = 1;
+/// `socket`'s kind: a UDP socket (ABI 6).
+pub const NET_KIND_UDP: u64 = 2;
+/// The largest UDP datagram over IPv4 (65,535 - 8 - 20 bytes).
+pub const NET_UDP_MAX: u64 = 65_507;
 /// Options of `setopt` / `getopt`.
 pub const NET_OPT_NODELAY: u64 = 1;
 pub const NET_OPT_ERROR: u64 = 2;
@@ -303,6 +322,16 @@ mod tests {
         assert_eq!(offset_of!(NetTx, waiter), 132);
         assert_eq!(offset_of!(NetTx, data), 192);
         assert_eq!(size_of::<NetTx>(), 192 + NET_TX_BYTES);
+        assert_eq!(
+            (
+                NET_OP_UDP_SENDTO,
+                NET_OP_UDP_RECVFROM,
+                NET_OP_UDP_PEEKFROM,
+                NET_OP_UDP_CONNECT
+            ),
+            (18, 19, 20, 21)
+        );
+        assert_eq!((NET_KIND_TCP, NET_KIND_UDP, NET_UDP_MAX), (1, 2, 65_507));
         assert_eq!(pack_addr(0x7f00_0001, 6379), 0x7f00_0001_18eb);
         assert_eq!(unpack_addr(0x7f00_0001_18eb), (0x7f00_0001, 6379));
         assert_eq!(

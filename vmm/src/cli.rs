@@ -141,15 +141,17 @@ pub(crate) struct RunArgs {
     pub(crate) io_inline_wait: u64,
     /// Publish a guest port: a guest listening on GUESTPORT is reached at 127.0.0.1:HOSTPORT
     /// (repeatable; with several guests, the first guest's). Guests reach nothing otherwise.
-    #[arg(long, value_name = "HOSTPORT:GUESTPORT")]
+    /// A `/udp` suffix publishes a UDP port (`5353:53/udp`).
+    #[arg(long, value_name = "HOSTPORT:GUESTPORT[/udp]")]
     pub(crate) publish: Vec<String>,
     /// Set an environment variable in every guest (repeatable; std's `env::var` reads it).
     /// Guests see only these: nothing of activm's own environment. Arguments and environment
     /// share one 4096-byte block.
     #[arg(long, value_name = "KEY=VALUE", value_parser = config::parse_env)]
     pub(crate) env: Vec<config::EnvVar>,
-    /// Let the guest connect to this loopback HOST:PORT (repeatable; the first guest's).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Let the guest connect to this loopback HOST:PORT (repeatable; the first guest's). With
+    /// `/udp`: let it send datagrams there (`127.0.0.1:9000/udp`).
+    #[arg(long, value_name = "HOST:PORT[/udp]")]
     pub(crate) allow_connect: Vec<String>,
     /// Stop the guests after this many seconds (exit status 124).
     #[arg(long, value_name = "SECONDS")]

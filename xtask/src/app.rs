@@ -55,6 +55,7 @@ pub(crate) const STD_APPS: &[&str] = &[
     "std-rayon",
     "std-threadbench",
     "std-kv",
+    "std-udp",
 ];
 
 /// The std guests of this repository that are a libtest binary: (guests/apps/NAME, its test

@@ -213,23 +213,15 @@ pub fn build(
     })
 }
 
-/// The guest's `publish` and `allow_connect` entries, parsed.
+/// The guest's `publish` and `allow_connect` entries, parsed (`/udp` entries apart).
 fn net_config(guest: &GuestSpec) -> Result<super::NetConfig, (Key, String)> {
-    use super::{parse_allow_connect, parse_publish, NetConfig};
-    let publish = guest
-        .publish
-        .iter()
-        .map(|s| parse_publish(s))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| (Key::Publish, e))?;
-    let allow_connect = guest
-        .allow_connect
-        .iter()
-        .map(|s| parse_allow_connect(s))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| (Key::AllowConnect, e))?;
-    Ok(NetConfig {
-        publish,
-        allow_connect,
-    })
+    let mut net = super::NetConfig::default();
+    for s in &guest.publish {
+        net.add_publish(s).map_err(|e| (Key::Publish, e))?;
+    }
+    for s in &guest.allow_connect {
+        net.add_allow_connect(s)
+            .map_err(|e| (Key::AllowConnect, e))?;
+    }
+    Ok(net)
 }

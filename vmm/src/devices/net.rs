@@ -32,6 +32,7 @@ mod poll;
 mod rx;
 pub mod thread;
 mod tx;
+mod udp;
 mod unseen;
 use crate::config::NetConfig;
 use opts::{so_error, sockopt};
@@ -50,6 +51,8 @@ enum Kind {
     Listener { guest_port: u16, listening: bool },
     /// A non-blocking connect in progress or done.
     Stream,
+    /// A UDP socket (`udp.rs`); its host socket once bound.
+    Datagram(udp::Dgram),
 }
 
 #[derive(Debug)]
@@ -84,6 +87,8 @@ struct Table {
     tx_socks: Vec<usize>,
     /// Closed streams whose last bytes are still being sent.
     lingering: linger::Lingering,
+    /// Host UDP sockets no guest socket holds.
+    udp: udp::UdpPorts,
 }
 
 /// A guest's sockets.
@@ -110,7 +115,10 @@ const MAX_IO: u64 = 1 << 20;
 impl Net {
     /// Binds the published listeners (before the sandbox) and makes the epoll instance.
     pub fn open(config: &NetConfig) -> io::Result<Net> {
-        let mut table = Table::default();
+        let mut table = Table {
+            udp: udp::open_ports(config)?,
+            ..Table::default()
+        };
         for &(host, guest) in &config.publish {
             let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, host))
                 .map_err(|e| {
@@ -193,7 +201,11 @@ impl Net {
             return Ok(neg(libc::EBADF));
         }
         let result = match op {
+            NET_OP_BIND if is_datagram(&table, s) => self.udp_bind(&mut table, s, args[1]),
             NET_OP_BIND => self.bind(&mut table, s, args[1]),
+            NET_OP_UDP_SENDTO..=NET_OP_UDP_CONNECT => {
+                self.udp_call(ram, image_start, &mut table, s, op, args)?
+            }
             NET_OP_LISTEN => listen(&mut table, s),
             NET_OP_ACCEPT => self.accept(ram, image_start, &mut table, s, args)?,
             NET_OP_RX_SETUP => self.rx_setup(ram, image_start, &mut table, s, args[1])?,
@@ -227,7 +239,7 @@ impl Net {
     }
 
     fn socket(&self, table: &mut Table, kind: u64) -> u64 {
-        if kind != NET_KIND_TCP {
+        if kind != NET_KIND_TCP && kind != NET_KIND_UDP {
             return neg(libc::EAFNOSUPPORT);
         }
         if self.config.is_empty() {
@@ -244,7 +256,10 @@ impl Net {
         };
         table.generation = table.generation.wrapping_add(1);
         table.socks[index] = Some(Sock {
-            kind: Kind::Fresh,
+            kind: match kind {
+                NET_KIND_UDP => Kind::Datagram(udp::Dgram::default()),
+                _ => Kind::Fresh,
+            },
             fd: None,
             generation: table.generation,
             local: 0,
@@ -549,6 +564,8 @@ impl Net {
                 if let Some(entry) = table.listeners.get_mut(&guest_port) {
                     entry.1 = Some(fd);
                 }
+            } else if let Kind::Datagram(ref d) = sock.kind {
+                udp::release(table, d, fd, sock.local);
             } else if !unsent.is_empty() {
                 self.linger(table, fd, unsent);
             }
@@ -565,6 +582,16 @@ fn listen(table: &mut Table, s: usize) -> u64 {
         }
         _ => neg(libc::EINVAL),
     }
+}
+
+fn is_datagram(table: &Table, s: usize) -> bool {
+    matches!(
+        &table.socks[s],
+        Some(Sock {
+            kind: Kind::Datagram(_),
+            ..
+        })
+    )
 }
 
 fn zeroed_sockaddr() -> libc::sockaddr_in {

@@ -1,0 +1,151 @@
+//! UDP for std guests (`devices/net/udp.rs`): guests/apps/std-udp against a host echo socket
+//! of the test's own, both ways (the guest sends to an `--allow-connect .../udp` address; the
+//! test's second socket sends to a `--publish .../udp` port and gets the answer), with
+//! truncation, `peek_from`, a non-blocking `recv`, a refused `send_to`, and a `recv_from` that
+//! waits on 1 vCPU while another guest thread computes. Without the flags every bind is
+//! `EACCES`; bad flag values are usage errors (status 2).
+
+use std::net::{SocketAddr, UdpSocket};
+use std::process::Command;
+use std::time::Duration;
+
+use libtest_mimic::{Failed, Trial};
+
+use super::{activm_run, std_guests::std_guest, ACTIVM};
+
+/// A UDP port nobody uses now.
+fn free_udp_port() -> Result<u16, Failed> {
+    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The test's echo socket: answers the guest's client as `std-udp` expects; on "serve" sends
+/// "echo-me" from a second socket to the published port after 300 ms and checks the answer.
+fn echo(sock: UdpSocket, published: SocketAddr) -> Result<(), String> {
+    let e = |e: std::io::Error| e.to_string();
+    sock.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(e)?;
+    let mut buf = [0u8; 256];
+    loop {
+        let (n, from) = sock.recv_from(&mut buf).map_err(e)?;
+        match &buf[..n] {
+            b"ping" => sock.send_to(b"pong:ping", from).map(drop).map_err(e)?,
+            b"hello" => {
+                sock.send_to(b"pong:hello", from).map_err(e)?;
+                sock.send_to(b"second", from).map(drop).map_err(e)?;
+            }
+            b"peek" => sock.send_to(b"pong:peek", from).map(drop).map_err(e)?,
+            b"serve" => {
+                std::thread::sleep(Duration::from_millis(300));
+                let other = UdpSocket::bind("127.0.0.1:0").map_err(e)?;
+                other
+                    .set_read_timeout(Some(Duration::from_secs(60)))
+                    .map_err(e)?;
+                other.send_to(b"echo-me", published).map_err(e)?;
+                let (n, from) = other.recv_from(&mut buf).map_err(e)?;
+                if &buf[..n] != b"echo-me" || from != published {
+                    return Err(format!("the server answered {:?} from {from}", &buf[..n]));
+                }
+                return Ok(());
+            }
+            other => return Err(format!("unexpected datagram {other:?}")),
+        }
+    }
+}
+
+fn echo_both_ways() -> Result<(), Failed> {
+    let sock = UdpSocket::bind("127.0.0.1:0")?;
+    let echo_addr = sock.local_addr()?;
+    let host_port = free_udp_port()?;
+    let published: SocketAddr = format!("127.0.0.1:{host_port}").parse()?;
+    let other = format!("127.0.0.1:{}", free_udp_port()?);
+    let echo_thread = std::thread::spawn(move || echo(sock, published));
+    let run = activm_run(
+        &std_guest("std-udp")?,
+        &[
+            "--vcpus",
+            "1",
+            "--publish",
+            &format!("{host_port}:53/udp"),
+            "--allow-connect",
+            &format!("{echo_addr}/udp"),
+        ],
+        &["53", &echo_addr.to_string(), &other],
+    )?
+    .expect_code(0)?;
+    for line in [
+        "std-udp: server on 0.0.0.0:53",
+        "std-udp: client port is set: true",
+        "std-udp: pong:ping from the echo: true",
+        "std-udp: connected to the echo: true",
+        "std-udp: truncated to 4: pong",
+        "std-udp: next datagram: second",
+        "std-udp: peeked pong:peek from the echo: true, then took pong:peek",
+        "std-udp: non-blocking recv: Err(WouldBlock)",
+        "std-udp: send_to elsewhere: Err(\"Permission denied (os error 13)\")",
+        "std-udp: server got echo-me; computed during the wait: true",
+        "std-udp: done",
+    ] {
+        if !run.stdout.lines().any(|l| l == line) {
+            return Err(format!("stdout lacks {line:?}\n--- stdout\n{}", run.stdout).into());
+        }
+    }
+    echo_thread
+        .join()
+        .map_err(|_| "the echo thread panicked")??;
+    Ok(())
+}
+
+fn usage_error(flag: &str, value: &str, says: &str) -> Result<(), Failed> {
+    let out = Command::new(ACTIVM)
+        .arg("run")
+        .arg(std_guest("std-udp")?)
+        .args([flag, value])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(2) || !err.contains(says) {
+        return Err(format!("{flag} {value}: {:?}: {err}", out.status.code()).into());
+    }
+    Ok(())
+}
+
+pub fn tests() -> Vec<Trial> {
+    vec![
+        Trial::test("net_udp_echo_both_ways_truncation_and_wait", echo_both_ways),
+        Trial::test("net_udp_reaches_nothing_unpublished", || {
+            // No flags: the server's bind is refused.
+            activm_run(
+                &std_guest("std-udp")?,
+                &[],
+                &["53", "127.0.0.1:9", "127.0.0.1:9"],
+            )?
+            .expect_code(1)?
+            .stdout_has("std-udp: bind server: Permission denied")?;
+            // A TCP publish of the same port does not publish UDP; and without a UDP
+            // allowance no port 0 either.
+            let publish_tcp = format!("{}:53", free_udp_port()?);
+            let publish_udp = format!("{}:53/udp", free_udp_port()?);
+            activm_run(
+                &std_guest("std-udp")?,
+                &["--publish", &publish_tcp],
+                &["53", "127.0.0.1:9", "127.0.0.1:9"],
+            )?
+            .expect_code(1)?
+            .stdout_has("std-udp: bind server: Permission denied")?;
+            activm_run(
+                &std_guest("std-udp")?,
+                &["--publish", &publish_udp, "--allow-connect", "127.0.0.1:9"],
+                &["53", "127.0.0.1:9", "127.0.0.1:9"],
+            )?
+            .expect_code(1)?
+            .stdout_has("std-udp: bind client: Permission denied")?;
+            Ok(())
+        }),
+        Trial::test("net_udp_flags_are_checked", || {
+            usage_error("--publish", "5353:53/sctp", "must be tcp or udp")?;
+            usage_error("--publish", "0:53/udp", "is not a port")?;
+            usage_error("--allow-connect", "10.0.0.1:9000/udp", "only loopback")?;
+            usage_error("--allow-connect", "127.0.0.1/udp", "is not HOST:PORT")?;
+            Ok(())
+        }),
+    ]
+}
