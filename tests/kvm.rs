@@ -36,6 +36,8 @@ mod durability;
 mod inputs;
 #[path = "kvm/net.rs"]
 mod net;
+#[path = "kvm/net_opts.rs"]
+mod net_opts;
 #[path = "kvm/security.rs"]
 mod security;
 #[path = "kvm/std_api.rs"]
@@ -263,6 +265,7 @@ fn main() {
     trials.extend(std_env::tests());
     trials.extend(std_files::tests());
     trials.extend(net::tests());
+    trials.extend(net_opts::tests());
     trials.extend(timeline::tests());
     trials.extend(hang::tests());
     if let Err(why) = kvm_usable() {
