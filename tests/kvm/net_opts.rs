@@ -2,7 +2,8 @@
 //! src/netopts.rs) against a peer played by this test: `localhost`, read and write timeouts
 //! (timings as lower bounds only, measured in the guest), a 1 ms read timeout racing 200 bytes
 //! sent a few hundred microseconds apart, `try_clone` from two threads, `connect_timeout` to a
-//! listening and to a refused port. With and without activations.
+//! listening and to a refused port, `poll` of a listener that times out twice (the VMM's `poll`
+//! and `cancel`) and then sees a connection. With and without activations, and on one vCPU.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -23,7 +24,7 @@ fn expect_line(r: &mut BufReader<TcpStream>, want: &str) -> Result<(), String> {
 
 /// The peer: answers each request of the guest's cases, then stops reading (the write timeout
 /// case). Returns the streams, to be dropped after the guest exited.
-fn peer(listener: TcpListener) -> Result<Vec<TcpStream>, String> {
+fn peer(listener: TcpListener, published: u16) -> Result<Vec<TcpStream>, String> {
     let e = |e: std::io::Error| e.to_string();
     let (a, _) = listener.accept().map_err(e)?;
     a.set_read_timeout(Some(Duration::from_secs(60))).map_err(e)?;
@@ -46,25 +47,30 @@ fn peer(listener: TcpListener) -> Result<Vec<TcpStream>, String> {
     let mut rc = BufReader::new(c.try_clone().map_err(e)?);
     expect_line(&mut rc, "second")?;
     (&c).write_all(b"second-ok\n").map_err(e)?;
+    expect_line(&mut r, "listen")?;
+    let d = TcpStream::connect(("127.0.0.1", published)).map_err(e)?;
     expect_line(&mut r, "stall")?;
-    Ok(vec![a, c])
+    Ok(vec![a, c, d])
 }
 
 fn net_opts(options: &'static [&'static str]) -> Result<(), Failed> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
     let refused = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let peer = std::thread::spawn(move || peer(listener));
+    let published = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let peer = std::thread::spawn(move || peer(listener, published));
+    let publish = format!("{published}:7000");
     let allow = [
         format!("127.0.0.1:{port}"),
         format!("127.0.0.1:{refused}"),
     ];
     let mut args: Vec<&str> = options.to_vec();
     args.extend(["--allow-connect", &allow[0], "--allow-connect", &allow[1]]);
+    args.extend(["--publish", &publish]);
     let run = activm_run(
         &std_guest("std-kv")?,
         &args,
-        &["netopts", &port.to_string(), &refused.to_string()],
+        &["netopts", &port.to_string(), &refused.to_string(), "7000"],
     )?;
     // A guest that failed leaves the peer waiting: its output says why.
     run.expect_code(0)?
@@ -75,6 +81,7 @@ fn net_opts(options: &'static [&'static str]) -> Result<(), Failed> {
         .stdout_has("netopts: try_clone: the clone's thread read pong")?
         .stdout_has("netopts: connect_timeout connected")?
         .stdout_has("netopts: connect_timeout refused: Connection refused")?
+        .stdout_has("netopts: poll of a listener: 0 twice after >= 150 ms, then POLLIN")?
         .stdout_has("netopts: write timed out (WouldBlock) after >= 300 ms")?
         .stdout_has("netopts: done")?;
     let streams = peer.join().map_err(|_| "the peer thread panicked")?;

@@ -26,7 +26,8 @@ mod netopts;
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("netopts") {
         let port = |i| std::env::args().nth(i).and_then(|p| p.parse().ok()).unwrap_or(0);
-        netopts::run(port(2), port(3));
+        let listen = std::env::args().nth(4).and_then(|p| p.parse().ok());
+        netopts::run(port(2), port(3), listen);
         return;
     }
     if std::env::args().nth(1).as_deref() == Some("ping") {

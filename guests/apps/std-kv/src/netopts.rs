@@ -36,7 +36,7 @@ fn timed_out(e: &io::Error) -> bool {
     matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
-pub fn run(port: u16, refused: u16) {
+pub fn run(port: u16, refused: u16, listen_port: Option<u16>) {
     if "nosuchhost.invalid:80".to_socket_addrs().is_ok() {
         fail("nosuchhost.invalid resolved");
     }
@@ -135,6 +135,10 @@ pub fn run(port: u16, refused: u16) {
         other => fail(&format!("connect_timeout to a closed port: {other:?}")),
     }
 
+    if let Some(guest_port) = listen_port {
+        poll_listener(&a, guest_port);
+    }
+
     // A write timeout against a peer that stopped reading.
     check((&a).write_all(b"stall\n"), "write stall");
     let t = Duration::from_millis(300);
@@ -169,4 +173,53 @@ pub fn run(port: u16, refused: u16) {
     println!("netopts: done");
     // Exit without waiting for the stalled stream's ring to drain.
     std::process::exit(0);
+}
+
+unsafe extern "C" {
+    fn sys_poll(fds: *mut PollFd, nfds: usize, timeout: i32) -> i32;
+}
+
+/// hermit-abi's `pollfd`.
+#[repr(C)]
+struct PollFd {
+    fd: i32,
+    events: i16,
+    revents: i16,
+}
+
+fn poll_in(l: &std::net::TcpListener, ms: i32) -> (i32, i16) {
+    use std::os::hermit::io::AsRawFd;
+    let mut p = PollFd {
+        fd: l.as_raw_fd(),
+        events: 1,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { sys_poll(&mut p, 1, ms) };
+    (r, p.revents)
+}
+
+/// `poll(POLLIN)` on a listener (the VMM's `poll` and, at the deadline, `cancel`): twice
+/// nothing within 150 ms, then the peer's connection (asked for on `a`).
+fn poll_listener(a: &TcpStream, guest_port: u16) {
+    let l = check(
+        std::net::TcpListener::bind(("0.0.0.0", guest_port)),
+        "bind the published port",
+    );
+    for _ in 0..2 {
+        let start = Instant::now();
+        let (r, revents) = poll_in(&l, 150);
+        let ms = start.elapsed().as_millis();
+        if r != 0 || revents != 0 || ms < 150 {
+            fail(&format!("poll of an idle listener: {r} {revents:#x} after {ms} ms"));
+        }
+    }
+    check((&*a).write_all(b"listen\n"), "write listen");
+    let (r, revents) = poll_in(&l, 10_000);
+    if r != 1 || revents & 1 == 0 {
+        fail(&format!("poll of a listener with a connection: {r} {revents:#x}"));
+    }
+    let (conn, _) = check(l.accept(), "accept after poll");
+    drop(conn);
+    println!("netopts: poll of a listener: 0 twice after >= 150 ms, then POLLIN");
 }
