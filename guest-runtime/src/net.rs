@@ -52,7 +52,8 @@ static FREE_TAGS: [AtomicU64; WORDS] = [ALL_FREE; WORDS];
 
 #[allow(clippy::declare_interior_mutable_const)]
 const NO_THREAD: AtomicPtr<tcb::Tcb> = AtomicPtr::new(ptr::null_mut());
-pub(crate) static WAITERS: [AtomicPtr<tcb::Tcb>; NET_RING_CAPACITY] = [NO_THREAD; NET_RING_CAPACITY];
+pub(crate) static WAITERS: [AtomicPtr<tcb::Tcb>; NET_RING_CAPACITY] =
+    [NO_THREAD; NET_RING_CAPACITY];
 
 static CONSUMER: SpinLock<()> = SpinLock::new(());
 

@@ -46,9 +46,13 @@ pub(crate) fn claim_report(t: &Tcb) -> bool {
             // Claimed already: never twice for one wait.
             _ => return false,
         };
-        if t
-            .timed
-            .compare_exchange(from, timer::TIMED_NOTIFIED, Ordering::AcqRel, Ordering::Acquire)
+        if t.timed
+            .compare_exchange(
+                from,
+                timer::TIMED_NOTIFIED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_ok()
         {
             return wake;

@@ -391,13 +391,14 @@ pub unsafe extern "C" fn sys_setsockopt(
         (IPPROTO_TCP, TCP_NODELAY) => {
             done(net(NET_OP_SETOPT, s, NET_OPT_NODELAY, first as u64, 0)) as i32
         }
-        // SAFETY: `optlen` readable bytes at `optval` (the caller's contract).
-        (SOL_SOCKET, SO_RCVTIMEO | SO_SNDTIMEO) => match unsafe {
-            crate::socket_timeout::set(s, optname, optval, optlen)
-        } {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        },
+        (SOL_SOCKET, SO_RCVTIMEO | SO_SNDTIMEO) => {
+            // SAFETY: `optlen` readable bytes at `optval` (the caller's contract).
+            let set = unsafe { crate::socket_timeout::set(s, optname, optval, optlen) };
+            match set {
+                Ok(()) => 0,
+                Err(e) => fail(e),
+            }
+        }
         (SOL_SOCKET, _) => 0,
         _ => fail(ENOPROTOOPT),
     }

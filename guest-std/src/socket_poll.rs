@@ -105,8 +105,8 @@ pub unsafe extern "C" fn sys_poll(fds: *mut PollFd, nfds: usize, timeout: i32) -
         }
         return fail(ENOSYS);
     };
-    let deadline = (timeout > 0)
-        .then(|| activm_rt::net_deadline::deadline_in_ns(timeout as u64 * 1_000_000));
+    let deadline =
+        (timeout > 0).then(|| activm_rt::net_deadline::deadline_in_ns(timeout as u64 * 1_000_000));
     let wait = timeout != 0;
     // One direction is waited for: writing if asked (a connect in progress), else reading.
     let (events, own) = if pfd.events & POLLOUT != 0 {

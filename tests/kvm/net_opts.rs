@@ -15,7 +15,8 @@ use super::{activm_run, std_guests::std_guest};
 
 fn expect_line(r: &mut BufReader<TcpStream>, want: &str) -> Result<(), String> {
     let mut l = String::new();
-    r.read_line(&mut l).map_err(|e| format!("waiting for {want:?}: {e}"))?;
+    r.read_line(&mut l)
+        .map_err(|e| format!("waiting for {want:?}: {e}"))?;
     if l.trim_end() != want {
         return Err(format!("the guest sent {l:?}, not {want:?}"));
     }
@@ -27,7 +28,8 @@ fn expect_line(r: &mut BufReader<TcpStream>, want: &str) -> Result<(), String> {
 fn peer(listener: TcpListener, published: u16) -> Result<Vec<TcpStream>, String> {
     let e = |e: std::io::Error| e.to_string();
     let (a, _) = listener.accept().map_err(e)?;
-    a.set_read_timeout(Some(Duration::from_secs(60))).map_err(e)?;
+    a.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(e)?;
     let mut r = BufReader::new(a.try_clone().map_err(e)?);
     let mut w = a.try_clone().map_err(e)?;
     expect_line(&mut r, "go")?;
@@ -43,7 +45,8 @@ fn peer(listener: TcpListener, published: u16) -> Result<Vec<TcpStream>, String>
     expect_line(&mut r, "again")?;
     w.write_all(b"again-ok\n").map_err(e)?;
     let (c, _) = listener.accept().map_err(e)?;
-    c.set_read_timeout(Some(Duration::from_secs(60))).map_err(e)?;
+    c.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(e)?;
     let mut rc = BufReader::new(c.try_clone().map_err(e)?);
     expect_line(&mut rc, "second")?;
     (&c).write_all(b"second-ok\n").map_err(e)?;
@@ -60,10 +63,7 @@ fn net_opts(options: &'static [&'static str]) -> Result<(), Failed> {
     let published = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let peer = std::thread::spawn(move || peer(listener, published));
     let publish = format!("{published}:7000");
-    let allow = [
-        format!("127.0.0.1:{port}"),
-        format!("127.0.0.1:{refused}"),
-    ];
+    let allow = [format!("127.0.0.1:{port}"), format!("127.0.0.1:{refused}")];
     let mut args: Vec<&str> = options.to_vec();
     args.extend(["--allow-connect", &allow[0], "--allow-connect", &allow[1]]);
     args.extend(["--publish", &publish]);
@@ -74,7 +74,9 @@ fn net_opts(options: &'static [&'static str]) -> Result<(), Failed> {
     )?;
     // A guest that failed leaves the peer waiting: its output says why.
     run.expect_code(0)?
-        .stdout_has(&format!("netopts: localhost:{port} connected to 127.0.0.1:{port}"))?
+        .stdout_has(&format!(
+            "netopts: localhost:{port} connected to 127.0.0.1:{port}"
+        ))?
         .stdout_has("netopts: read timed out (WouldBlock) after >= 200 ms")?
         .stdout_has("netopts: read in time")?
         .stdout_has("netopts: race: 200 bytes in order")?
@@ -91,9 +93,10 @@ fn net_opts(options: &'static [&'static str]) -> Result<(), Failed> {
 
 pub fn tests() -> Vec<Trial> {
     vec![
-        Trial::test("std_net_opts_timeouts_clone_connect_timeout_localhost", || {
-            net_opts(&["--vcpus", "2"])
-        }),
+        Trial::test(
+            "std_net_opts_timeouts_clone_connect_timeout_localhost",
+            || net_opts(&["--vcpus", "2"]),
+        ),
         Trial::test("std_net_opts_without_activations", || {
             net_opts(&["--vcpus", "2", "--no-activations"])
         }),

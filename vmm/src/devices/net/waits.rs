@@ -49,8 +49,8 @@ impl Net {
         if unsafe { libc::ppoll(&mut pfd, 1, &zero, std::ptr::null()) } < 0 {
             return Ok(neg(errno()));
         }
-        let ready = (pfd.revents & (libc::POLLIN | libc::POLLOUT | libc::POLLERR | libc::POLLHUP))
-            as u64;
+        let ready =
+            (pfd.revents & (libc::POLLIN | libc::POLLOUT | libc::POLLERR | libc::POLLHUP)) as u64;
         if ready != 0 {
             return Ok(ready);
         }
@@ -66,7 +66,9 @@ impl Net {
     /// come), `-ENOENT` if it is not armed there (its report is in the ring or on its way).
     pub(super) fn cancel(&self, table: &mut Table, s: usize, tag: u64) -> Result<u64, String> {
         if tag >= NET_RING_CAPACITY as u64 {
-            return Err(format!("cancel of tag {tag}, not below {NET_RING_CAPACITY}"));
+            return Err(format!(
+                "cancel of tag {tag}, not below {NET_RING_CAPACITY}"
+            ));
         }
         let tag = tag as u32;
         let sock = table.socks[s].as_mut().expect("checked");
