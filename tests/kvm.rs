@@ -36,6 +36,8 @@ mod durability;
 mod inputs;
 #[path = "kvm/net.rs"]
 mod net;
+#[path = "kvm/net_opts.rs"]
+mod net_opts;
 #[path = "kvm/net_udp.rs"]
 mod net_udp;
 #[path = "kvm/security.rs"]
@@ -266,6 +268,7 @@ fn main() {
     trials.extend(std_files::tests());
     trials.extend(net::tests());
     trials.extend(net_udp::tests());
+    trials.extend(net_opts::tests());
     trials.extend(timeline::tests());
     trials.extend(hang::tests());
     if let Err(why) = kvm_usable() {

@@ -52,12 +52,13 @@ static FREE_TAGS: [AtomicU64; WORDS] = [ALL_FREE; WORDS];
 
 #[allow(clippy::declare_interior_mutable_const)]
 const NO_THREAD: AtomicPtr<tcb::Tcb> = AtomicPtr::new(ptr::null_mut());
-static WAITERS: [AtomicPtr<tcb::Tcb>; NET_RING_CAPACITY] = [NO_THREAD; NET_RING_CAPACITY];
+pub(crate) static WAITERS: [AtomicPtr<tcb::Tcb>; NET_RING_CAPACITY] =
+    [NO_THREAD; NET_RING_CAPACITY];
 
 static CONSUMER: SpinLock<()> = SpinLock::new(());
 
 /// Registers the ring once; whether waits are possible.
-fn ring_ready() -> bool {
+pub(crate) fn ring_ready() -> bool {
     loop {
         match STATE.load(Ordering::Acquire) {
             READY => return true,
@@ -79,7 +80,7 @@ fn ring_ready() -> bool {
     }
 }
 
-fn take_tag() -> Option<u32> {
+pub(crate) fn take_tag() -> Option<u32> {
     for (w, word) in FREE_TAGS.iter().enumerate() {
         let mut free = word.load(Ordering::Relaxed);
         while free != 0 {
@@ -98,7 +99,7 @@ fn take_tag() -> Option<u32> {
     None
 }
 
-fn free_tag(tag: u32) {
+pub(crate) fn free_tag(tag: u32) {
     FREE_TAGS[tag as usize / 64].fetch_or(1 << (tag % 64), Ordering::Release);
 }
 
@@ -299,6 +300,9 @@ pub(crate) fn poll_completions() {
         // SAFETY: the thread waits for this very report (its tag is not free), so its TCB is
         // live until it is woken; nothing touches it after the wake.
         let t = unsafe { &*thread };
+        if !crate::net_deadline::claim_report(t) {
+            continue; // its deadline's timer woke it; it sees the claim (`net_deadline`)
+        }
         if local {
             if t.wake_owned() {
                 sched::make_runnable(t, false);

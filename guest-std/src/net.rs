@@ -19,19 +19,13 @@ macro_rules! enosys {
 }
 
 enosys!(
-    // Descriptors (files are in `crate::fs`).
-    sys_dup,
+    // Descriptors (files are in `crate::fs`; socket `dup` and `poll` in `crate::socket_dup`
+    // and `crate::socket_poll`).
     sys_fcntl,
-    sys_poll,
     sys_eventfd,
-    // Name resolution (numeric addresses need none).
-    sys_getaddrinfo,
+    // Name resolution: `getaddrinfo` is in `crate::socket_names`.
     sys_getaddrbyname,
 );
-
-/// `void sys_freeaddrinfo(addrinfo *)`: nothing to free (`sys_getaddrinfo` never succeeds).
-#[unsafe(no_mangle)]
-pub extern "C" fn sys_freeaddrinfo(_ai: *mut u8) {}
 
 /// `int sys_ioctl(int s, int cmd, void *argp)`: `FIONBIO` on sockets; `-ENOSYS` otherwise.
 ///

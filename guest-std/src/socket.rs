@@ -9,7 +9,7 @@
 use activm_stub::protocol::net::*;
 
 use crate::errno::{fail, EBADF, EINVAL};
-use crate::socket_call::{net, nonblocking, set_nonblocking, waiting};
+use crate::socket_call::{net, nonblocking, set_nonblocking, waiting, waiting_until};
 use crate::socket_udp::{self as udp, is_udp};
 
 /// The first socket descriptor (below: the standard streams and files).
@@ -28,8 +28,7 @@ const IPPROTO_TCP: i32 = 6;
 const TCP_NODELAY: i32 = 1;
 const SOL_SOCKET: i32 = 4095;
 const SO_ERROR: i32 = 0x1007;
-const SO_RCVTIMEO: i32 = 0x1006;
-const SO_SNDTIMEO: i32 = 0x1005;
+use crate::socket_timeout::{SO_RCVTIMEO, SO_SNDTIMEO};
 const MSG_PEEK: i32 = 1;
 const FIONBIO: i32 = 0x8008667eu32 as i32;
 
@@ -44,13 +43,18 @@ struct SockaddrIn {
     zero: [u8; 8],
 }
 
-/// Whether `fd` names a socket.
+/// Whether `fd` lies in the socket descriptors' range (copies from `dup` included).
 pub fn is_socket(fd: i32) -> bool {
-    (SOCKET_FD_BASE..SOCKET_FD_BASE + NET_MAX_SOCKETS as i32).contains(&fd)
+    crate::socket_dup::in_range(fd)
 }
 
 fn number(fd: i32) -> Option<u64> {
-    is_socket(fd).then(|| (fd - SOCKET_FD_BASE) as u64)
+    crate::socket_dup::resolve(fd)
+}
+
+/// The socket number descriptor `fd` names (`None`: not an open socket descriptor).
+pub fn socket_number(fd: i32) -> Option<u64> {
+    number(fd)
 }
 
 /// `-errno` results become the thread's `errno` too.
@@ -134,6 +138,7 @@ pub extern "C" fn sys_socket(domain: i32, kind: i32, _protocol: i32) -> i32 {
         return r as i32;
     }
     set_nonblocking(r as u64, kind & SOCK_NONBLOCK != 0);
+    crate::socket_timeout::reset(r as u64);
     SOCKET_FD_BASE + r as i32
 }
 
@@ -167,9 +172,12 @@ pub unsafe extern "C" fn sys_accept(fd: i32, addr: *mut u8, addrlen: *mut u32) -
     let mut peer = 0u64;
     let peer_gpa = &mut peer as *mut u64 as u64;
     let area = crate::socket_rx::new_area();
-    let r = done(waiting(s, |tag| {
-        net(NET_OP_ACCEPT, s, tag, peer_gpa, area as u64)
-    }));
+    let deadline = crate::socket_timeout::deadline(s, true);
+    let r = done(waiting_until(
+        s,
+        |tag| net(NET_OP_ACCEPT, s, tag, peer_gpa, area as u64),
+        deadline,
+    ));
     if r < 0 {
         // SAFETY: no socket took the buffer.
         unsafe { crate::socket_rx::free_area(area) };
@@ -180,6 +188,7 @@ pub unsafe extern "C" fn sys_accept(fd: i32, addr: *mut u8, addrlen: *mut u32) -
     }
     crate::socket_tx::set_up(r as u64);
     set_nonblocking(r as u64, false);
+    crate::socket_timeout::reset(r as u64);
     write_addr(peer, addr, addrlen);
     SOCKET_FD_BASE + r as i32
 }
@@ -198,9 +207,14 @@ pub unsafe extern "C" fn sys_connect(fd: i32, name: *const u8, namelen: u32) -> 
         };
     }
     let r = match read_addr(name, namelen) {
-        Ok(addr) => done(waiting(s, |tag| net(NET_OP_CONNECT, s, addr, tag, 0))) as i32,
+        Ok(addr) => waiting(s, |tag| net(NET_OP_CONNECT, s, addr, tag, 0)),
         Err(e) => return fail(e),
     };
+    if r == -11 && nonblocking(s) {
+        // Under way: `poll(POLLOUT)` says when (std's `connect_timeout`).
+        return crate::socket_poll::connect_started(s);
+    }
+    let r = done(r) as i32;
     if r == 0 {
         crate::socket_rx::set_up(s);
         crate::socket_tx::set_up(s);
@@ -221,9 +235,11 @@ pub unsafe extern "C" fn sys_recv(fd: i32, buf: *mut u8, len: usize, flags: i32)
         return done(unsafe { udp::recv_from(s, buf, len, flags & MSG_PEEK != 0, &mut peer) })
             as isize;
     }
+    let deadline = crate::socket_timeout::deadline(s, true);
+    let peeking = flags & MSG_PEEK != 0;
     // SAFETY: the caller's contract.
     let buffered =
-        unsafe { crate::socket_rx::recv(s, buf, len, flags & MSG_PEEK != 0, nonblocking(s)) };
+        unsafe { crate::socket_rx::recv(s, buf, len, peeking, nonblocking(s), deadline) };
     if let Some(r) = buffered {
         return done(r) as isize;
     }
@@ -232,9 +248,11 @@ pub unsafe extern "C" fn sys_recv(fd: i32, buf: *mut u8, len: usize, flags: i32)
     } else {
         0
     };
-    done(waiting(s, |tag| {
-        net(NET_OP_RECV, s, buf as u64, len as u64, tag | peek)
-    })) as isize
+    done(waiting_until(
+        s,
+        |tag| net(NET_OP_RECV, s, buf as u64, len as u64, tag | peek),
+        deadline,
+    )) as isize
 }
 
 /// `isize sys_recvfrom(...)`: `sys_recv`, with the peer's address.
@@ -279,13 +297,16 @@ pub unsafe extern "C" fn sys_send(fd: i32, mem: *const u8, len: usize, _flags: i
         // SAFETY: the caller's contract.
         return done(unsafe { udp::send_to(s, mem, len, 0) }) as isize;
     }
+    let deadline = crate::socket_timeout::deadline(s, false);
     // SAFETY: the caller's contract.
-    if let Some(r) = unsafe { crate::socket_tx::send(s, mem, len, nonblocking(s)) } {
+    if let Some(r) = unsafe { crate::socket_tx::send(s, mem, len, nonblocking(s), deadline) } {
         return done(r) as isize;
     }
-    done(waiting(s, |tag| {
-        net(NET_OP_SEND, s, mem as u64, len as u64, tag)
-    })) as isize
+    done(waiting_until(
+        s,
+        |tag| net(NET_OP_SEND, s, mem as u64, len as u64, tag),
+        deadline,
+    )) as isize
 }
 
 /// `isize sys_sendto(...)`: a UDP datagram to `to` (null: the connected peer); on a TCP
@@ -337,6 +358,9 @@ pub extern "C" fn sys_shutdown_socket(fd: i32, how: i32) -> i32 {
 /// Closes socket `fd` (`sys_close` of a socket descriptor).
 pub fn close(fd: i32) -> i32 {
     let s = socket_or_ebadf!(fd);
+    if !crate::socket_dup::release(fd, s) {
+        return 0; // another descriptor still names the socket
+    }
     if is_udp(s) {
         return done(udp::close(s)) as i32;
     }
@@ -347,6 +371,7 @@ pub fn close(fd: i32) -> i32 {
     // Detached first: once the VMM closed it, an `accept` may reuse the number at once.
     let area = crate::socket_rx::detach(s);
     let tx = crate::socket_tx::detach(s);
+    crate::socket_poll::forget(s);
     let r = done(net(NET_OP_CLOSE, s, 0, 0, 0)) as i32;
     if r == 0 {
         // SAFETY: the VMM closed the socket: it uses its buffer and ring no more.
@@ -394,7 +419,8 @@ pub unsafe extern "C" fn sys_getsockname(fd: i32, name: *mut u8, namelen: *mut u
 }
 
 /// `int sys_setsockopt(int s, int level, int optname, const void *optval, socklen_t optlen)`:
-/// `TCP_NODELAY`; zero (no) timeouts; other `SOL_SOCKET` options are accepted and ignored.
+/// `TCP_NODELAY`; `SO_RCVTIMEO`/`SO_SNDTIMEO` (`socket_timeout`); other `SOL_SOCKET` options
+/// are accepted and ignored.
 ///
 /// # Safety
 /// `optval` points to `optlen` readable bytes.
@@ -417,12 +443,11 @@ pub unsafe extern "C" fn sys_setsockopt(
             done(net(NET_OP_SETOPT, s, NET_OPT_NODELAY, first as u64, 0)) as i32
         }
         (SOL_SOCKET, SO_RCVTIMEO | SO_SNDTIMEO) => {
-            // SAFETY: a timeval is `optlen` (16) readable bytes.
-            let bytes = unsafe { core::slice::from_raw_parts(optval, optlen as usize) };
-            if bytes.iter().all(|&b| b == 0) {
-                0
-            } else {
-                fail(ENOPROTOOPT)
+            // SAFETY: `optlen` readable bytes at `optval` (the caller's contract).
+            let set = unsafe { crate::socket_timeout::set(s, optname, optval, optlen) };
+            match set {
+                Ok(()) => 0,
+                Err(e) => fail(e),
             }
         }
         (SOL_SOCKET, _) => 0,
@@ -451,7 +476,13 @@ pub unsafe extern "C" fn sys_getsockopt(
     let value = match (level, optname) {
         (IPPROTO_TCP, TCP_NODELAY) => net(NET_OP_GETOPT, s, NET_OPT_NODELAY, 0, 0),
         (SOL_SOCKET, SO_ERROR) => net(NET_OP_GETOPT, s, NET_OPT_ERROR, 0, 0),
-        (SOL_SOCKET, SO_RCVTIMEO | SO_SNDTIMEO) => 0,
+        (SOL_SOCKET, SO_RCVTIMEO | SO_SNDTIMEO) => {
+            // SAFETY: `room` writable bytes at `optval`.
+            let n = unsafe { crate::socket_timeout::get(s, optname, optval, room) };
+            // SAFETY: the caller's `optlen`.
+            unsafe { *optlen = n as u32 };
+            return 0;
+        }
         _ => return fail(ENOPROTOOPT),
     };
     if value < 0 {

@@ -7,7 +7,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use activm_stub::hypercall;
 use activm_stub::protocol::hypercall::Hypercall;
-use activm_stub::protocol::net::{net_arg, NET_MAX_SOCKETS, NET_NO_WAIT};
+use activm_stub::protocol::net::{net_arg, NET_MAX_SOCKETS, NET_NO_WAIT, NET_OP_CANCEL};
 
 /// Non-blocking sockets, one bit per socket number.
 static NONBLOCKING: [AtomicU64; NET_MAX_SOCKETS / 64] =
@@ -43,4 +43,21 @@ pub fn waiting(s: u64, mut op: impl FnMut(u64) -> i64) -> i64 {
     }
     // SAFETY: `op` makes the `net` call with buffers its caller keeps live until we return.
     unsafe { activm_rt::net::call(|tag| op(tag) as u64) as i64 }
+}
+
+/// [`waiting`] with a deadline (TSC; `None`: none): `-EAGAIN` once it passed. A wait still
+/// armed then is taken back (`cancel`), so no report of it comes later.
+pub fn waiting_until(s: u64, mut op: impl FnMut(u64) -> i64, deadline: Option<u64>) -> i64 {
+    let Some(deadline) = deadline else {
+        return waiting(s, op);
+    };
+    if nonblocking(s) {
+        return op(NET_NO_WAIT);
+    }
+    let cancel = |tag: u32| net(NET_OP_CANCEL, s, u64::from(tag), 0, 0) == 0;
+    // SAFETY: as in `waiting`.
+    match unsafe { activm_rt::net_deadline::call_until(|tag| op(tag) as u64, cancel, deadline) } {
+        Some(r) => r as i64,
+        None => -11,
+    }
 }

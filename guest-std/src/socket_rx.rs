@@ -83,11 +83,19 @@ impl Drop for Reading {
 }
 
 /// `recv` on `s` through its buffer: `None` if it has none (the caller makes the `recv` call),
-/// else the byte count, 0 at the end of the stream, or `-errno`.
+/// else the byte count, 0 at the end of the stream, or `-errno` (`-EAGAIN` once `deadline`,
+/// the receive timeout's, passed).
 ///
 /// # Safety
 /// `buf` points to `len` writable bytes.
-pub unsafe fn recv(s: u64, buf: *mut u8, len: usize, peek: bool, nonblocking: bool) -> Option<i64> {
+pub unsafe fn recv(
+    s: u64,
+    buf: *mut u8,
+    len: usize,
+    peek: bool,
+    nonblocking: bool,
+    deadline: Option<u64>,
+) -> Option<i64> {
     let area = AREAS[s as usize].load(Ordering::Acquire);
     if area.is_null() {
         return None;
@@ -138,9 +146,42 @@ pub unsafe fn recv(s: u64, buf: *mut u8, len: usize, peek: bool, nonblocking: bo
         if nonblocking {
             return Some(-EAGAIN);
         }
-        activm_rt::net::wait_for(&rx.waiter, || {
+        let ready = || {
             rx.head.load(Ordering::SeqCst) != tail
                 || rx.state.load(Ordering::SeqCst) & (NET_RX_EOF | NET_RX_ERROR) != 0
-        });
+        };
+        if crate::socket_timeout::wait_for(&rx.waiter, ready, deadline) && !ready() {
+            return Some(-EAGAIN);
+        }
+    }
+}
+
+/// Whether `s` receives through a buffer (`poll` then looks there).
+pub fn readable(s: u64) -> Option<()> {
+    (!AREAS[s as usize].load(Ordering::Acquire).is_null()).then_some(())
+}
+
+/// `poll(POLLIN)` on `s`'s buffer: `POLLIN` (with `POLLERR` after an error) once bytes, the
+/// end of the stream or an error are there; 0 if not (`wait`: not before `deadline`).
+pub fn wait_readable(s: u64, deadline: Option<u64>, wait: bool) -> i16 {
+    let area = AREAS[s as usize].load(Ordering::Acquire);
+    if area.is_null() {
+        return 0;
+    }
+    // SAFETY: as in `recv`: the buffer lives while the socket is open.
+    let rx = unsafe { &*area };
+    loop {
+        let tail = rx.tail.load(Ordering::SeqCst);
+        let ready = || {
+            rx.head.load(Ordering::SeqCst) != tail
+                || rx.state.load(Ordering::SeqCst) & (NET_RX_EOF | NET_RX_ERROR) != 0
+        };
+        if ready() {
+            let error = rx.state.load(Ordering::SeqCst) & NET_RX_ERROR != 0;
+            return 0x1 | if error { 0x8 } else { 0 };
+        }
+        if !wait || crate::socket_timeout::wait_for(&rx.waiter, ready, deadline) && !ready() {
+            return 0;
+        }
     }
 }

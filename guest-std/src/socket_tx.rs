@@ -100,11 +100,17 @@ fn ring_doorbell(s: u64) {
 }
 
 /// `send` on `s` through its ring: `None` if it has none (the caller makes the `send` call),
-/// else the bytes queued or `-errno`.
+/// else the bytes queued or `-errno` (`-EAGAIN` once `deadline`, the send timeout's, passed).
 ///
 /// # Safety
 /// `buf` points to `len` readable bytes.
-pub unsafe fn send(s: u64, buf: *const u8, len: usize, nonblocking: bool) -> Option<i64> {
+pub unsafe fn send(
+    s: u64,
+    buf: *const u8,
+    len: usize,
+    nonblocking: bool,
+    deadline: Option<u64>,
+) -> Option<i64> {
     let area = AREAS[s as usize].load(Ordering::Acquire);
     if area.is_null() {
         return None;
@@ -144,9 +150,10 @@ pub unsafe fn send(s: u64, buf: *const u8, len: usize, nonblocking: bool) -> Opt
         if nonblocking {
             return Some(-EAGAIN);
         }
-        activm_rt::net::wait_for(&tx.waiter, || {
-            tx.tail.load(Ordering::SeqCst) != tail || failed(tx).is_some()
-        });
+        let ready = || tx.tail.load(Ordering::SeqCst) != tail || failed(tx).is_some();
+        if crate::socket_timeout::wait_for(&tx.waiter, ready, deadline) && !ready() {
+            return Some(-EAGAIN);
+        }
     }
 }
 
@@ -167,6 +174,39 @@ pub fn drain(s: u64) {
             r if r == -EAGAIN => activm_rt::thread::yield_now(),
             r if r < 0 => return,
             _ => {}
+        }
+    }
+}
+
+/// Whether `s` sends from a ring (`poll` then looks there).
+pub fn room(s: u64) -> Option<()> {
+    (!AREAS[s as usize].load(Ordering::Acquire).is_null()).then_some(())
+}
+
+/// `poll(POLLOUT)` on `s`'s ring: `POLLOUT` (with `POLLERR` after an error) once it has room;
+/// 0 if not (`wait`: not before `deadline`).
+pub fn wait_room(s: u64, deadline: Option<u64>, wait: bool) -> i16 {
+    let area = AREAS[s as usize].load(Ordering::Acquire);
+    if area.is_null() {
+        return 0;
+    }
+    // SAFETY: as in `send`: the ring lives while the socket is open.
+    let tx = unsafe { &*area };
+    loop {
+        if failed(tx).is_some() {
+            return 0x4 | 0x8;
+        }
+        let tail = tx.tail.load(Ordering::SeqCst);
+        if (tx.head.load(Ordering::SeqCst).wrapping_sub(tail) as usize) < NET_TX_BYTES {
+            return 0x4;
+        }
+        if !wait {
+            return 0;
+        }
+        ring_doorbell(s);
+        let ready = || tx.tail.load(Ordering::SeqCst) != tail || failed(tx).is_some();
+        if crate::socket_timeout::wait_for(&tx.waiter, ready, deadline) && !ready() {
+            return 0;
         }
     }
 }

@@ -83,6 +83,15 @@ pub const NET_OP_UDP_PEEKFROM: u64 = 20;
 /// `udp_connect(s, addr)`: the default peer of `udp_sendto` with `addr` 0; from then on only
 /// its datagrams are received. Never waits. ABI 6.
 pub const NET_OP_UDP_CONNECT: u64 = 21;
+/// `poll(s, events, tag)`: `events` one of [`NET_READABLE`] or [`NET_WRITABLE`]; the ready
+/// bits ([`NET_READABLE`] ... [`NET_HANGUP`]) if any, else waits like `recv` (`NET_WAITING`,
+/// the tag reported when the socket is ready; `-EAGAIN` for [`NET_NO_WAIT`]). A direction a
+/// receive buffer or transmit ring serves is `-EINVAL`. Additive: ABI version unchanged.
+pub const NET_OP_POLL: u64 = 24;
+/// `cancel(s, tag)`: takes back a wait armed on `s` under `tag`: 0 if no report will come,
+/// `-ENOENT` if the VMM reported it already (it is in the ring or on its way). A tag out of
+/// range is a protocol violation. Additive: ABI version unchanged.
+pub const NET_OP_CANCEL: u64 = 25;
 
 /// `socket`'s kind: a TCP stream.
 pub const NET_KIND_TCP: u64 = 1;
@@ -316,6 +325,7 @@ mod tests {
             (NET_OP_TX_SETUP, NET_OP_TX_FLUSH, NET_OP_TX_FLUSH_ALL),
             (15, 16, 17)
         );
+        assert_eq!((NET_OP_POLL, NET_OP_CANCEL), (24, 25));
         assert_eq!(offset_of!(NetTx, head), 0);
         assert_eq!(offset_of!(NetTx, tail), 64);
         assert_eq!(offset_of!(NetTx, state), 128);

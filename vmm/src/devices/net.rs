@@ -34,6 +34,7 @@ pub mod thread;
 mod tx;
 mod udp;
 mod unseen;
+mod waits;
 use crate::config::NetConfig;
 use opts::{so_error, sockopt};
 use poll::{epoll_update, post};
@@ -233,6 +234,8 @@ impl Net {
                 peer => peer,
             },
             NET_OP_SETOPT | NET_OP_GETOPT => sockopt(&table, s, op, args[1], args[2]),
+            NET_OP_POLL => self.poll(&mut table, s, args[1], args[2])?,
+            NET_OP_CANCEL => self.cancel(&mut table, s, args[1])?,
             _ => return Err(format!("unknown net operation {op}")),
         };
         Ok(result)

@@ -92,6 +92,8 @@ pub fn extra_calls(kind: ThreadKind) -> &'static [libc::c_long] {
             libc::SYS_setsockopt,
             libc::SYS_getsockopt,
             libc::SYS_epoll_ctl,
+            // A socket's readiness now (`net` op `poll`, zero timeout).
+            libc::SYS_ppoll,
         ],
         ThreadKind::Dispatcher => &[libc::SYS_rt_sigtimedwait],
         ThreadKind::Io => &[libc::SYS_writev],

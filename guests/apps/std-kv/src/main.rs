@@ -7,7 +7,8 @@
 //! Usage: `std-kv [PORT]` (default 6379), listening on 0.0.0.0; `std-kv ping HOST:PORT` is a
 //! client instead: it sends PING to a server there and prints the reply. `std-kv blast HOST:PORT
 //! N M` sends N bytes (`i % 251`) on one connection and closes it non-blocking, then M bytes on
-//! a second connection and exits without closing it (`std::process::exit`).
+//! a second connection and exits without closing it (`std::process::exit`). `std-kv netopts
+//! PORT REFUSED` tries timeouts, `try_clone`, `connect_timeout` and `localhost` (`netopts.rs`).
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
@@ -20,7 +21,15 @@ type Store = Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>;
 const MAX_BULK: usize = 64 << 20;
 const MAX_ARGS: usize = 1 << 20;
 
+mod netopts;
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("netopts") {
+        let port = |i| std::env::args().nth(i).and_then(|p| p.parse().ok()).unwrap_or(0);
+        let listen = std::env::args().nth(4).and_then(|p| p.parse().ok());
+        netopts::run(port(2), port(3), listen);
+        return;
+    }
     if std::env::args().nth(1).as_deref() == Some("ping") {
         let to = std::env::args().nth(2).unwrap_or_default();
         match ping(&to) {
