@@ -158,7 +158,16 @@ pub fn spare_word() -> (&'static core::cell::Cell<*mut u8>, u64) {
 
 /// Gives up the processor to another runnable thread, if there is one.
 pub fn yield_now() {
-    sched::yield_current();
+    // With nothing else runnable a yield returns at once; but reports the VMM left for the
+    // scheduler loop would then wait behind a thread that only yields (a busy vCPU is not
+    // interrupted for them), so such a yield goes through the loop.
+    if !sched::runnable_elsewhere()
+        && (crate::blk::completions_ready() || crate::net::completions_ready())
+    {
+        sched::yield_through_loop();
+    } else {
+        sched::yield_current();
+    }
 }
 
 /// Puts the current thread to sleep for at least `dur`.

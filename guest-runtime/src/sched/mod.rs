@@ -145,6 +145,12 @@ pub fn yield_current() {
     switch_out(current(), Switch::Yield);
 }
 
+/// Yields through the scheduler loop even when no other thread is runnable: its top takes what
+/// the VMM left for it (I/O completions, socket readiness), which may wake another thread.
+pub fn yield_through_loop() {
+    switch_out(current(), Switch::Yield);
+}
+
 /// Puts the current thread at the back of the run queue (a preemption).
 pub fn preempt_current() {
     let me = current();
