@@ -179,7 +179,22 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
     fix_pc(&mut ctx);
     if st.in_sched && nested && !st.sched_idle {
         timeline::record_handled(r, None, RecordAction::Adopted);
-        ADOPT.push(0, Adopt::Context(st, ctx));
+        percpu::trace(
+            percpu::T_ADOPT_QUEUED,
+            (st.hold.min(0xff) << 48) | (context::pc(&ctx) & 0xffff_ffff_ffff),
+        );
+        if st.hold == 0 {
+            ADOPT.push(0, Adopt::Context(st, ctx));
+            return;
+        }
+        // A scheduler holding a spinlock, on top of a scheduler that may be spinning for that
+        // very lock (its waits cannot drain: `safepoint` does nothing in a scheduler), so it
+        // would never reach the loop top that adopts. As for a thread holding one: the
+        // interrupted scheduler gets out of the way, and the fresh one adopts the holder first.
+        // (Found by the six-guest soak: a scheduler preempted in `refill_pool` holding the pool
+        // lock, queued here on top of the vCPU's next scheduler spinning for it, for 40 s.)
+        ADOPT.push(ADOPT_HOLDER, Adopt::Context(st, ctx));
+        suspend_this_scheduler();
         return;
     }
     if st.in_sched {
@@ -322,13 +337,37 @@ enum Adopt {
 
 /// Sized for bursts: every entry is a scheduler context on its own activation stack.
 static ADOPT: Bag<Adopt, 64> = Bag::new();
+/// The key of a scheduler context in [`ADOPT`] that holds preemption holds (a spinlock):
+/// adopted before any other (others may be waiting for its lock).
+const ADOPT_HOLDER: u64 = 1;
+
+/// Prints the scheduler contexts waiting to be adopted (diagnostics, once things are quiet).
+pub(super) fn print_waiting_adoptions() {
+    ADOPT.for_each_item(|a| match a {
+        Adopt::Context(st, ctx) => println!(
+            "activm-rt: to adopt: activation {} (vCPU {}) hold {} current {:#x} pc {:#x} sp {:#x}",
+            st.activation,
+            st.vcpu,
+            st.hold,
+            st.current,
+            context::pc(ctx),
+            context::sp(ctx)
+        ),
+        Adopt::Suspended { sp, sched_top } => {
+            println!("activm-rt: to adopt: a suspended scheduler, sp {sp:#x} stack {sched_top:#x}")
+        }
+    });
+}
 
 /// Loop top: adopts a pending scheduler context, if any (does not return then).
 pub(super) fn adopt_pending() {
     if ADOPT.len() == 0 {
         return;
     }
-    match ADOPT.pop() {
+    // Lock holders first: a suspended scheduler adopted before its lock's holder would spin
+    // for that lock again, never reaching a loop top.
+    let next = ADOPT.take_key(ADOPT_HOLDER).or_else(|| ADOPT.pop());
+    match next {
         Some(Adopt::Context(st, ctx)) => adopt(&ctx, st),
         Some(Adopt::Suspended { sp, sched_top }) => {
             // It was suspended inside a drain (from the upcall handler); set before the switch
