@@ -183,18 +183,7 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
             percpu::T_ADOPT_QUEUED,
             (st.hold.min(0xff) << 48) | (context::pc(&ctx) & 0xffff_ffff_ffff),
         );
-        if st.hold == 0 {
-            ADOPT.push(0, Adopt::Context(st, ctx));
-            return;
-        }
-        // A scheduler holding a spinlock, on top of a scheduler that may be spinning for that
-        // very lock (its waits cannot drain: `safepoint` does nothing in a scheduler), so it
-        // would never reach the loop top that adopts. As for a thread holding one: the
-        // interrupted scheduler gets out of the way, and the fresh one adopts the holder first.
-        // (Found by the six-guest soak: a scheduler preempted in `refill_pool` holding the pool
-        // lock, queued here on top of the vCPU's next scheduler spinning for it, for 40 s.)
-        ADOPT.push(ADOPT_HOLDER, Adopt::Context(st, ctx));
-        suspend_this_scheduler();
+        ADOPT.push(0, Adopt::Context(st, ctx));
         return;
     }
     if st.in_sched {
@@ -337,9 +326,6 @@ enum Adopt {
 
 /// Sized for bursts: every entry is a scheduler context on its own activation stack.
 static ADOPT: Bag<Adopt, 64> = Bag::new();
-/// The key of a scheduler context in [`ADOPT`] that holds preemption holds (a spinlock):
-/// adopted before any other (others may be waiting for its lock).
-const ADOPT_HOLDER: u64 = 1;
 
 /// Prints the scheduler contexts waiting to be adopted (diagnostics, once things are quiet).
 pub(super) fn print_waiting_adoptions() {
@@ -364,10 +350,7 @@ pub(super) fn adopt_pending() {
     if ADOPT.len() == 0 {
         return;
     }
-    // Lock holders first: a suspended scheduler adopted before its lock's holder would spin
-    // for that lock again, never reaching a loop top.
-    let next = ADOPT.take_key(ADOPT_HOLDER).or_else(|| ADOPT.pop());
-    match next {
+    match ADOPT.pop() {
         Some(Adopt::Context(st, ctx)) => adopt(&ctx, st),
         Some(Adopt::Suspended { sp, sched_top }) => {
             // It was suspended inside a drain (from the upcall handler); set before the switch
