@@ -69,6 +69,9 @@ pub const T_TIMER: u64 = 19;
 /// An interrupt whose frame is not on the current thread's stack (nested in a handler that
 /// interrupted an activation entry).
 pub const T_FOREIGN_STACK: u64 = 20;
+/// A busy scheduler context queued for adoption by a nested drain (payload: its hold count
+/// `<< 48` and its pc).
+pub const T_ADOPT_QUEUED: u64 = 21;
 
 /// Records a scheduler event (`kind`, a 56-bit payload) in this vCPU's trace ring.
 /// Tracing stops for good once a diagnostics dump starts (the rings are printed as they were).

@@ -81,10 +81,18 @@ pub(crate) fn check(pc: u64) {
     // The report may never return (its context dropped, or stuck): this vCPU's own timer ends
     // the guest after the grace (the other vCPUs may run threads with no timer armed).
     arm_for_grace(fired);
-    println!(
-        "activm-rt: watchdog: vCPU {} interrupted at pc {pc:#x}",
-        activm_stub::vcpu_id()
-    );
+    if pc == 0 {
+        // From `tick`: a lock waiter (`SpinLock::lock`) or a scheduler loop.
+        println!(
+            "activm-rt: watchdog: vCPU {} in a lock wait or scheduler loop (no interrupt)",
+            activm_stub::vcpu_id()
+        );
+    } else {
+        println!(
+            "activm-rt: watchdog: vCPU {} interrupted at pc {pc:#x}",
+            activm_stub::vcpu_id()
+        );
+    }
     let report = REPORT.load(Ordering::Acquire);
     if !report.is_null() {
         // SAFETY: only `set_report` stores non-null values, all `fn()`.

@@ -121,6 +121,7 @@ pub fn dump() {
         activations_enabled()
     );
     drain::print_waiting_records();
+    recover::print_waiting_adoptions();
     for v in 0..percpu::nr_vcpus() {
         let p = percpu::of(v);
         println!(

@@ -179,6 +179,10 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
     fix_pc(&mut ctx);
     if st.in_sched && nested && !st.sched_idle {
         timeline::record_handled(r, None, RecordAction::Adopted);
+        percpu::trace(
+            percpu::T_ADOPT_QUEUED,
+            (st.hold.min(0xff) << 48) | (context::pc(&ctx) & 0xffff_ffff_ffff),
+        );
         ADOPT.push(0, Adopt::Context(st, ctx));
         return;
     }
@@ -322,6 +326,24 @@ enum Adopt {
 
 /// Sized for bursts: every entry is a scheduler context on its own activation stack.
 static ADOPT: Bag<Adopt, 64> = Bag::new();
+
+/// Prints the scheduler contexts waiting to be adopted (diagnostics, once things are quiet).
+pub(super) fn print_waiting_adoptions() {
+    ADOPT.for_each_item(|a| match a {
+        Adopt::Context(st, ctx) => println!(
+            "activm-rt: to adopt: activation {} (vCPU {}) hold {} current {:#x} pc {:#x} sp {:#x}",
+            st.activation,
+            st.vcpu,
+            st.hold,
+            st.current,
+            context::pc(ctx),
+            context::sp(ctx)
+        ),
+        Adopt::Suspended { sp, sched_top } => {
+            println!("activm-rt: to adopt: a suspended scheduler, sp {sp:#x} stack {sched_top:#x}")
+        }
+    });
+}
 
 /// Loop top: adopts a pending scheduler context, if any (does not return then).
 pub(super) fn adopt_pending() {
