@@ -279,7 +279,7 @@ impl Pcpu {
             apic_id,
             tick: AtomicU64::new(0),
             rng: AtomicU64::new(
-                0x9E37_79B9_7F4A_7C15 ^ ((u64::from(vcpu) + 1) * 0xBF58_476D_1CE4_E5B9),
+                0x9E37_79B9_7F4A_7C15 ^ (u64::from(vcpu) + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
             ),
             slice_start: AtomicU64::new(0),
             seen_next_vcpu: AtomicU32::new(0),

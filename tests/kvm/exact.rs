@@ -29,7 +29,8 @@ impl Setup {
     /// Whether rt-tests must skip `name` here (mirrors its `Needs`).
     fn skips(self, name: &str) -> bool {
         let needs_sim = name.starts_with("upcall-");
-        let needs_activations = matches!(name, "sa-real" | "sa-chaos" | "idle-yield");
+        let needs_activations =
+            matches!(name, "sa-real" | "sa-chaos" | "idle-yield" | "refill-busy");
         let needs_disk = name.starts_with("blk");
         (needs_sim && self.activations)
             || (needs_activations && (!self.activations || self.vcpus < 2))

@@ -65,6 +65,8 @@ pub use crate::activation::sa::{
     some_yielded, want_processors, yield_declined_lately, yield_idle_vcpu, yield_idle_vcpu_for_io,
     yield_wake_supported,
 };
+#[doc(hidden)]
+pub use crate::activation::stacks::refill_pool_beside_a_producer;
 pub use crate::activation::stacks::{
     register_boot_stack, release_act_stack, release_retired_stack, reserve_spare_stacks,
 };

@@ -72,6 +72,7 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("sa-real", Needs::Activations, upcalls::sa_real),
     ("sa-chaos", Needs::Activations, upcalls::sa_chaos),
     ("idle-yield", Needs::Activations, blk::idle_yield),
+    ("refill-busy", Needs::Activations, upcalls::refill_busy),
     ("blk", Needs::Disk, blk::blk),
     ("blk-overlap", Needs::Disk, blk::blk_overlap),
 ];
