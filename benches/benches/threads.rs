@@ -210,9 +210,11 @@ fn main() {
     print_tsc_check(host_tsc_khz);
 }
 
-/// The std column: the NPTL baseline's own code (`baselines/nptl.rs`) built as an activm std
-/// guest (`guests/apps/std-threadbench`, activm-std) on 1 vCPU, beside the activm-rt guest on
-/// 1 vCPU measured above: what `std::thread`/`std::sync` cost over activm-rt's own API.
+/// The std columns: the NPTL baseline's own code (`baselines/nptl.rs`) built as an activm std
+/// guest (`guests/apps/std-threadbench`, activm-std) on 1 and 2 vCPUs, beside the activm-rt guest
+/// on as many vCPUs measured above: what `std::thread`/`std::sync` cost over activm-rt's own API.
+/// Both counts matter: on 1 vCPU activm-rt's uncontended mutex drops the bus lock (runtime.md,
+/// "One vCPU, no bus lock"), which std's own futex mutex code cannot.
 fn print_std_table(root: &Path, rows: &[Row], cells: &[Vec<Cell>]) {
     let elf = root.join("guests/target/x86_64-activm-std/release/std-threadbench");
     println!();
@@ -223,32 +225,44 @@ fn print_std_table(root: &Path, rows: &[Row], cells: &[Vec<Cell>]) {
         );
         return;
     }
-    println!("std on activm (std::thread/std::sync through activm-std), 1 vCPU; std/rt < 1 means std is faster");
+    println!("std on activm (std::thread/std::sync through activm-std); std/rt < 1 means std is faster");
     println!(
-        "{:<38} {:>4} {:>10} {:>10} {:>8}",
-        "op", "unit", "std 1v", "activm 1v", "std/rt"
+        "{:<38} {:>4} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8}",
+        "op", "unit", "std 1v", "activm 1v", "std/rt", "std 2v", "activm 2v", "std/rt"
     );
+    let value = |v: Option<f64>| v.map_or("n/a".to_string(), fmt_value);
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => fmt_ratio(a / b),
+        _ => "n/a".to_string(),
+    };
     for (row, c) in rows
         .iter()
         .zip(cells)
         .filter(|(row, _)| row.unit == Unit::Ns)
     {
-        let std = measure(row, "std 1 vCPU", || {
-            run_guest(&elf, 1, &row.args(), row.limit)
-        });
-        let (std, rt) = (std.ok().map(|s| s.0), c[2].as_ref().ok().map(|s| s.0));
-        let ratio = match (std, rt) {
-            (Some(a), Some(b)) if b > 0.0 => fmt_ratio(a / b),
-            _ => "n/a".to_string(),
-        };
-        let value = |v: Option<f64>| v.map_or("n/a".to_string(), fmt_value);
+        let std: Vec<Option<f64>> = GUEST_VCPUS
+            .iter()
+            .map(|&vcpus| {
+                measure(row, &format!("std {vcpus} vCPU"), || {
+                    run_guest(&elf, vcpus, &row.args(), row.limit)
+                })
+                .ok()
+                .map(|s| s.0)
+            })
+            .collect();
+        let rt: Vec<Option<f64>> = (0..GUEST_VCPUS.len())
+            .map(|i| c[2 + i].as_ref().ok().map(|s| s.0))
+            .collect();
         println!(
-            "{:<38} {:>4} {:>10} {:>10} {:>8}",
+            "{:<38} {:>4} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8}",
             row.label,
             unit_name(row.unit),
-            value(std),
-            value(rt),
-            ratio
+            value(std[0]),
+            value(rt[0]),
+            ratio(std[0], rt[0]),
+            value(std[1]),
+            value(rt[1]),
+            ratio(std[1], rt[1]),
         );
     }
 }
