@@ -225,7 +225,9 @@ fn print_std_table(root: &Path, rows: &[Row], cells: &[Vec<Cell>]) {
         );
         return;
     }
-    println!("std on activm (std::thread/std::sync through activm-std); std/rt < 1 means std is faster");
+    println!(
+        "std on activm (std::thread/std::sync through activm-std); std/rt < 1 means std is faster"
+    );
     println!(
         "{:<38} {:>4} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8}",
         "op", "unit", "std 1v", "activm 1v", "std/rt", "std 2v", "activm 2v", "std/rt"

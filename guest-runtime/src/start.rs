@@ -83,7 +83,7 @@ fn init(main: MainFn) {
     activm_stub::set_exception_handler(fault::on_exception);
     activm_stub::set_panic_context(panic_context);
     preempt::set_release_hook(points::safepoint);
-    preempt::set_wait_hook(crate::watchdog::tick);
+    preempt::set_wait_hook(points::lock_wait);
     // SAFETY: the heap's two sequences are in the restartable-sequence table (`arch::rseq`),
     // which every handler registered above and every resumption of a handed-over context
     // consult first.

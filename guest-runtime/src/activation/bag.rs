@@ -93,6 +93,14 @@ impl<T: Copy, const N: usize> Bag<T, N> {
         item
     }
 
+    /// Whether an item filed under `key` is in the bag (a snapshot).
+    pub(crate) fn has_key(&self, key: u64) -> bool {
+        (0..N).any(|i| {
+            self.state[i].load(Ordering::Acquire) == SLOT_FULL
+                && self.key[i].load(Ordering::Relaxed) == key
+        })
+    }
+
     /// Takes an item filed under `key`.
     pub(crate) fn take_key(&self, key: u64) -> Option<T> {
         let hold = preempt::Hold::new();

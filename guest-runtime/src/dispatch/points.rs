@@ -126,6 +126,18 @@ pub fn safepoint() {
     }
 }
 
+/// A spinlock waiter's hook (every 2^16 spins): the watchdog, and in a scheduler, the processors
+/// a holder's adoption needs. A scheduler spinning for a lock never reaches its loop top, where
+/// preempted scheduler contexts are adopted; if one holding a spinlock waits there (it may hold
+/// this very lock: the six-guest soak's run 147), another vCPU's scheduler must adopt it, so the
+/// guest asks back the processors it gave up (`want_processors`, rate-limited).
+pub fn lock_wait() {
+    crate::watchdog::tick();
+    if cpu::get(Word::InSched) != 0 && upcall::holder_waits_for_adoption() {
+        sa::want_processors();
+    }
+}
+
 /// `switch_in` calls this (C ABI, by name) when work was pending at its commit.
 #[unsafe(no_mangle)]
 extern "C" fn __rt_safepoint() {

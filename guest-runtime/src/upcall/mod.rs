@@ -75,6 +75,7 @@ pub use drain::{
     drain, on_upcall, print_waiting_records, records_waiting, BY_KIND, RECORDS, SEQ_ERRORS,
 };
 pub use recover::loop_work;
+pub(crate) use recover::holder_waits_for_adoption;
 pub(crate) use signal::set_dump;
 pub use signal::{set_signal_handler, set_user_hook, LAST_SIGNAL};
 

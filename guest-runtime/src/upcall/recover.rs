@@ -183,7 +183,9 @@ pub(super) fn resume_context(r: &UpcallRecord, nested: bool) {
             percpu::T_ADOPT_QUEUED,
             (st.hold.min(0xff) << 48) | (context::pc(&ctx) & 0xffff_ffff_ffff),
         );
-        ADOPT.push(0, Adopt::Context(st, ctx));
+        // A holder of a spinlock is adopted before other contexts: they may be waiting for it.
+        let key = if st.hold > 0 { ADOPT_HOLDER } else { 0 };
+        ADOPT.push(key, Adopt::Context(st, ctx));
         return;
     }
     if st.in_sched {
@@ -326,6 +328,14 @@ enum Adopt {
 
 /// Sized for bursts: every entry is a scheduler context on its own activation stack.
 static ADOPT: Bag<Adopt, 64> = Bag::new();
+/// The key of a scheduler context in [`ADOPT`] that holds a spinlock: adopted first.
+const ADOPT_HOLDER: u64 = 1;
+
+/// Whether a scheduler context holding a spinlock waits to be adopted (a scheduler spinning for
+/// a lock then asks for processors: `dispatch::points::lock_wait`).
+pub(crate) fn holder_waits_for_adoption() -> bool {
+    ADOPT.len() != 0 && ADOPT.has_key(ADOPT_HOLDER)
+}
 
 /// Prints the scheduler contexts waiting to be adopted (diagnostics, once things are quiet).
 pub(super) fn print_waiting_adoptions() {
@@ -350,7 +360,9 @@ pub(super) fn adopt_pending() {
     if ADOPT.len() == 0 {
         return;
     }
-    match ADOPT.pop() {
+    // Lock holders first: a scheduler adopted before the holder of the lock it spins for would
+    // spin again, never reaching a loop top.
+    match ADOPT.take_key(ADOPT_HOLDER).or_else(|| ADOPT.pop()) {
         Some(Adopt::Context(st, ctx)) => adopt(&ctx, st),
         Some(Adopt::Suspended { sp, sched_top }) => {
             // It was suspended inside a drain (from the upcall handler); set before the switch
