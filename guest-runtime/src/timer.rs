@@ -19,7 +19,7 @@ use core::sync::atomic::Ordering;
 use core::time::Duration;
 
 use activm_stub::preempt;
-use activm_stub::sync::SpinLock;
+use activm_stub::sync::{SpinGuard, SpinLock};
 
 use crate::alarm::{ensure_armed_by, EARLIEST, SLEEP_EARLY_NS};
 use crate::arch::cpu;
@@ -102,9 +102,23 @@ pub fn sleepers_due() -> bool {
 
 /// Wakes every due sleeper (they become runnable on this vCPU).
 pub fn wake_due() {
+    wake_due_from(SLEEPERS.lock());
+}
+
+/// [`wake_due`] for a scheduler: nothing if the sleepers' lock is taken. A scheduler spins for
+/// no lock it can do without (its holder may be a scheduler context queued for adoption behind
+/// it: docs/activations.md, run 147); the due sleepers keep [`sleepers_due`] true, so the
+/// scheduler loop comes back through its loop top, which adopts.
+pub fn try_wake_due() {
+    if let Some(list) = SLEEPERS.try_lock() {
+        wake_due_from(list);
+    }
+}
+
+fn wake_due_from(list: SpinGuard<'_, Sleepers>) {
     let limit = cpu::rdtsc() + ns_to_ticks(SLEEP_EARLY_NS);
     let due = {
-        let mut list = SLEEPERS.lock();
+        let mut list = list;
         // Cut the due prefix off; keep those whose wake-up the timer claims (a notifier may
         // have claimed a timed waiter first: it is only dropped from the list, not touched
         // again once the lock is released).

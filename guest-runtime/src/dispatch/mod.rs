@@ -60,7 +60,7 @@ pub fn sched_loop() -> ! {
         blk::poll_completions();
         net::poll_completions();
         if Pending::Timer.is_in(pending) || timer::sleepers_due() {
-            timer::wake_due();
+            timer::try_wake_due();
         }
         let (t, inherit) = find_runnable();
         if !t.is_null() {

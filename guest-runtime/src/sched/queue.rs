@@ -56,7 +56,9 @@ fn global_push(t: &Tcb) {
 }
 
 /// Takes up to `max` threads from the global queue: the first is returned, the rest are pushed
-/// on this vCPU's ring.
+/// on this vCPU's ring. A scheduler's: none if the queue's lock is taken (its holder may be a
+/// scheduler context queued for adoption behind this one; the loop comes back through its top,
+/// which adopts, while `global_len` says work waits).
 fn global_pop(max: usize) -> *const Tcb {
     if GLOBAL_LEN.load(Ordering::Acquire) == 0 {
         return core::ptr::null();
@@ -64,7 +66,9 @@ fn global_pop(max: usize) -> *const Tcb {
     let mut batch: [*const Tcb; 32] = [core::ptr::null(); 32];
     let mut n = 0;
     {
-        let mut g = GLOBAL.lock();
+        let Some(mut g) = GLOBAL.try_lock() else {
+            return core::ptr::null();
+        };
         while n < max.min(batch.len()) && !g.head.is_null() {
             let t = g.head;
             // SAFETY: queued TCB; its link belongs to the queue.
