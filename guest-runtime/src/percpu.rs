@@ -246,8 +246,6 @@ pub struct Pcpu {
     pub stacks: [AtomicU32; STACK_CACHE],
     /// TCB cache (null: empty entry), used the same way (`tcb.rs`).
     pub tcbs: [AtomicPtr<Tcb>; TCB_CACHE],
-    /// An activation stack this vCPU's scheduler left (adopting another), to give back later.
-    pub retired_stack: AtomicU64,
     /// Set while this vCPU's scheduler drains its upcall queue.
     pub in_drain: AtomicU32,
     /// Top of this vCPU's alternate exception stack (to re-arm it after a retried `#UD`).
@@ -289,7 +287,6 @@ impl Pcpu {
             steal_next: AtomicU32::new(0),
             stacks: [const { AtomicU32::new(NO_SLOT) }; STACK_CACHE],
             tcbs: [const { AtomicPtr::new(core::ptr::null_mut()) }; TCB_CACHE],
-            retired_stack: AtomicU64::new(0),
             in_drain: AtomicU32::new(0),
             exception_stack: AtomicU64::new(0),
             timer_deferrals: AtomicU32::new(0),

@@ -92,13 +92,14 @@ pub(crate) fn act_stack_top_of(sp: u64) -> Option<u64> {
         .find(|&top| top != 0 && sp < top && sp >= top - ACT_STACK_SIZE as u64 + 16)
 }
 
-/// Scheduler context, at a fresh entry (so not on a retired stack): gives back the stack this
-/// vCPU's scheduler left when it adopted another one.
-pub fn release_retired_stack() {
-    let p = percpu::this();
-    if p.retired_stack.load(Ordering::Relaxed) != 0 {
-        release_act_stack(p.retired_stack.swap(0, Ordering::AcqRel));
-    }
+/// Gives back the stack a scheduler left for the one it adopted, called by the switch itself
+/// once it runs on the adopted stack (`context::jump_to_frame`, `resume_switch_frame`): by the
+/// same context, so never while anything still runs on it. (Given back later by this vCPU's
+/// next switch into its scheduler, as it was, the stack of a scheduler the VMM took between
+/// leaving it and the switch went back to the pool while its context, still on it, waited to be
+/// adopted: resumed on a stack another activation then used, it popped garbage.)
+pub(crate) extern "C" fn release_left_stack(top: u64) {
+    release_act_stack(top);
 }
 
 /// Gives back an activation stack nobody runs on any more (lock-free; the shared pool is

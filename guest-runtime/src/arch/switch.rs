@@ -4,7 +4,7 @@
 
 extern "C" {
     fn __rt_suspend_scheduler(new_top: u64, f: extern "C" fn(u64, u64) -> !);
-    fn __rt_resume_switch_frame(sp: usize) -> !;
+    fn __rt_resume_switch_frame(sp: usize, release: u64) -> !;
     fn __rt_switch_out(t: *mut u8, action: usize, arg: usize);
     fn __rt_switch_in(t: *const u8) -> !;
 }
@@ -49,11 +49,13 @@ pub unsafe fn suspend_scheduler(new_top: u64, f: extern "C" fn(u64, u64) -> !) {
 }
 
 /// Continues a scheduler suspended by [`suspend_scheduler`] (its switch frame at `sp`) as this
-/// vCPU's scheduler.
+/// vCPU's scheduler; once on its stack, gives back `release` (the stack the caller leaves; 0:
+/// none) with `stacks::release_left_stack`.
 ///
 /// # Safety
-/// Scheduler context; `sp` is such a frame on a stack nobody else uses.
-pub unsafe fn resume_switch_frame(sp: usize) -> ! {
+/// Scheduler context; `sp` is such a frame on a stack nobody else uses, with free stack below
+/// it; nothing runs on `release` after the switch.
+pub unsafe fn resume_switch_frame(sp: usize, release: u64) -> ! {
     // SAFETY: as above.
-    unsafe { __rt_resume_switch_frame(sp) }
+    unsafe { __rt_resume_switch_frame(sp, release) }
 }

@@ -24,7 +24,6 @@ use core::sync::atomic::{AtomicPtr, Ordering};
 use activm_stub::preempt;
 use activm_stub::protocol::timeline::SwitchReason;
 
-use crate::activation::stacks;
 use crate::arch::context;
 use crate::arch::cpu::{self, Word};
 use crate::tcb::{self, Tcb};
@@ -227,7 +226,6 @@ pub fn finish_switch(prev: *const Tcb, action: usize, arg: usize) -> (Switch, *c
         }
         Switch::Exit => hand_to = retire(prev),
     }
-    stacks::release_retired_stack();
     (action, hand_to)
 }
 

@@ -68,7 +68,7 @@ pub use crate::activation::sa::{
 #[doc(hidden)]
 pub use crate::activation::stacks::refill_pool_beside_a_producer;
 pub use crate::activation::stacks::{
-    register_boot_stack, release_act_stack, release_retired_stack, reserve_spare_stacks,
+    register_boot_stack, release_act_stack, reserve_spare_stacks,
 };
 pub use crate::sched::in_unsafe_window;
 pub use drain::{

@@ -370,15 +370,14 @@ pub(super) fn adopt_pending() {
             percpu::this().in_drain.store(1, Ordering::Relaxed);
             percpu::trace(percpu::T_ADOPT_SUSPENDED, sp);
             percpu::bump(&percpu::this().counters.adoptions);
+            // This scheduler's own stack is given up, by the switch (see `adopt`).
             let own = cpu::get(Word::SchedTop);
-            let old = percpu::this().retired_stack.swap(own, Ordering::AcqRel);
-            release_act_stack(old);
             cpu::set(Word::SchedTop, sched_top);
             cpu::set(Word::Current, 0);
             cpu::set_hold(0);
             // SAFETY: scheduler context; the frame was saved by `cont_swap` on a stack nobody
-            // else uses (its vCPU was taken away).
-            unsafe { context::resume_switch_frame(sp as usize) }
+            // else uses (its vCPU was taken away); nothing runs on `own` after the switch.
+            unsafe { context::resume_switch_frame(sp as usize, own) }
         }
         None => {}
     }
@@ -386,25 +385,22 @@ pub(super) fn adopt_pending() {
 
 /// Continues another activation's scheduler context as this vCPU's scheduler.
 ///
-/// No upcall drain may nest in here until `SchedTop` names the adopted stack: from the moment
-/// this scheduler's own stack is retired, a nested drain that suspended "this scheduler" (to
-/// continue a lock holder) would leave its frame on that retired stack, which the next switch
-/// into this vCPU's scheduler gives back to the pool while the frame waits to be adopted. So
-/// `in_drain` stays set (it is, when called from a drain) until the jump.
+/// No upcall drain may nest in here until the jump: a nested drain that suspended "this
+/// scheduler" (to continue a lock holder) would leave its frame on the stack the jump gives
+/// back. So `in_drain` stays set (it is, when called from a drain) until then (and an interrupt
+/// whose frame is not on `SchedTop`'s stack defers anyway).
 fn adopt(ctx: &UserContext, st: ActState) -> ! {
     percpu::this().in_drain.store(1, Ordering::Relaxed);
     percpu::trace(percpu::T_ADOPT_CTX, context::pc(ctx));
     percpu::bump(&percpu::this().counters.adoptions);
     sched::clear_idle_bits(st.vcpu);
     // This scheduler's own stack is given up; the adopted one's becomes this vCPU's. The own
-    // one is still in use until the jump: it is retired, and given back by the next fresh
-    // scheduler entry on this vCPU (`release_retired_stack`).
+    // one is in use until the jump, which gives it back once on the adopted stack: if the VMM
+    // takes this context before that, the stack stays with it (`release_left_stack`).
     let own = cpu::get(Word::SchedTop);
     // SAFETY: the context is a scheduler context of this guest taken at CPL3 on its own
     // activation stack, which nobody else uses now.
     let sp = unsafe { context::build_resume_frame(ctx) };
-    let old = percpu::this().retired_stack.swap(own, Ordering::AcqRel);
-    release_act_stack(old);
     cpu::set(Word::SchedTop, st.sched_top);
     cpu::set(Word::Current, st.current);
     cpu::set_hold(st.hold);
@@ -424,6 +420,7 @@ fn adopt(ctx: &UserContext, st: ActState) -> ! {
         Pending::Upcall.defer();
     }
     crate::alarm::tick_by(cpu::rdtsc().saturating_add(crate::config::slice_ticks()));
-    // SAFETY: scheduler context (InSched = 1); the frame was built above.
-    unsafe { context::jump_to_frame(sp) }
+    // SAFETY: scheduler context (InSched = 1); the frame was built above; nothing runs on
+    // `own` after the jump.
+    unsafe { context::jump_to_frame(sp, own) }
 }

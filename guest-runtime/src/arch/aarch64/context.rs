@@ -226,6 +226,10 @@ core::arch::global_asm!(
     ".globl __rt_resume_switch_frame",
     "__rt_resume_switch_frame:",
     "    mov sp, x0",
+    "    mov x20, x0",
+    "    mov x0, x1",
+    "    bl {release}",
+    "    mov sp, x20",
     "    mov x0, #0",
     load_switch_frame_and_ret!(),
     ".popsection",
@@ -237,6 +241,7 @@ core::arch::global_asm!(
     save_tpidr = const SAVE_TPIDR,
     save_fpcr = const SAVE_FPCR,
     save_q = const SAVE_Q,
+    release = sym crate::activation::stacks::release_left_stack,
 );
 
 extern "C" {
@@ -315,17 +320,29 @@ pub unsafe fn build_resume_frame(ctx: &UserContext) -> usize {
 /// Continues the context whose resume frame [`build_resume_frame`] built at `sp`, without
 /// making it a thread (the scheduler adopts a scheduler context handed over by the VMM).
 ///
+/// Once on the frame's stack, gives back `release` (the stack the caller leaves; 0: none) with
+/// `stacks::release_left_stack`.
+///
 /// # Safety
-/// As for [`switch_in`], and `sp` came from [`build_resume_frame`].
-pub unsafe fn jump_to_frame(sp: usize) -> ! {
-    // SAFETY: the caller guarantees a switch frame at sp whose x19 is a trap frame; the
-    // epilogue restores everything from there.
+/// As for [`switch_in`], and `sp` came from [`build_resume_frame`]; nothing runs on `release`
+/// after the switch.
+pub unsafe fn jump_to_frame(sp: usize, release: u64) -> ! {
+    // SAFETY: the caller guarantees a switch frame at sp (16-byte aligned) whose x19 is a trap
+    // frame, and free stack below it (the release call runs there); the epilogue restores
+    // everything from the frame.
     unsafe {
         core::arch::asm!(
+            "mov sp, x0",
+            "mov x20, x0",
+            "mov x0, x1",
+            "bl {release}",
+            "mov x0, x20",
             "ldr x19, [x0, {x19}]",
             "b {resume}",
             in("x0") sp,
+            in("x1") release,
             x19 = const offset_of!(SwitchFrame, x19_28),
+            release = sym crate::activation::stacks::release_left_stack,
             resume = sym __rt_resume_frame,
             options(noreturn),
         )

@@ -179,6 +179,11 @@ core::arch::global_asm!(
     ".globl __rt_resume_switch_frame",
     "__rt_resume_switch_frame:",
     "    mov %rdi, %rsp",
+    "    mov %rdi, %rbx",
+    "    and $-16, %rsp",
+    "    mov %rsi, %rdi",
+    "    call {release}",
+    "    mov %rbx, %rsp",
     "    xor %eax, %eax",
     "    ldmxcsr (%rsp)",
     "    fldcw 4(%rsp)",
@@ -195,6 +200,7 @@ core::arch::global_asm!(
     sched_top = const offset(Word::SchedTop),
     current = const offset(Word::Current),
     pending = const PENDING_OFFSET,
+    release = sym crate::activation::stacks::release_left_stack,
     options(att_syntax),
 );
 
@@ -282,17 +288,30 @@ pub unsafe fn build_resume_frame(ctx: &UserContext) -> usize {
 /// Continues the context whose resume frame [`build_resume_frame`] built at `sp`, without
 /// making it a thread (the scheduler adopts a scheduler context handed over by the VMM).
 ///
+/// Once on the frame's stack, gives back `release` (the stack the caller leaves; 0: none) with
+/// `stacks::release_left_stack`.
+///
 /// # Safety
-/// As for [`switch_in`], and `sp` came from [`build_resume_frame`].
-pub unsafe fn jump_to_frame(sp: usize) -> ! {
-    // SAFETY: the caller guarantees a switch frame at sp whose rbx is a trap frame; the epilogue
-    // restores everything from there.
+/// As for [`switch_in`], and `sp` came from [`build_resume_frame`]; nothing runs on `release`
+/// after the switch.
+pub unsafe fn jump_to_frame(sp: usize, release: u64) -> ! {
+    // SAFETY: the caller guarantees a switch frame at sp whose rbx is a trap frame, and free
+    // stack below it (the release call runs there); the epilogue restores everything from the
+    // frame.
     unsafe {
         core::arch::asm!(
+            "mov rsp, rdi",
+            "mov rbx, rdi",
+            "and rsp, -16",
+            "mov rdi, rsi",
+            "call {release}",
+            "mov rdi, rbx",
             "mov rbx, [rdi + {rbx}]",
             "jmp {resume}",
             in("rdi") sp,
+            in("rsi") release,
             rbx = const offset_of!(SwitchFrame, rbx),
+            release = sym crate::activation::stacks::release_left_stack,
             resume = sym __rt_resume_frame,
             options(noreturn),
         )
