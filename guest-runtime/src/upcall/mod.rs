@@ -67,15 +67,13 @@ pub use crate::activation::sa::{
 };
 #[doc(hidden)]
 pub use crate::activation::stacks::refill_pool_beside_a_producer;
-pub use crate::activation::stacks::{
-    register_boot_stack, release_act_stack, reserve_spare_stacks,
-};
+pub use crate::activation::stacks::{register_boot_stack, release_act_stack, reserve_spare_stacks};
 pub use crate::sched::in_unsafe_window;
 pub use drain::{
     drain, on_upcall, print_waiting_records, records_waiting, BY_KIND, RECORDS, SEQ_ERRORS,
 };
-pub use recover::loop_work;
 pub(crate) use recover::holder_waits_for_adoption;
+pub use recover::loop_work;
 pub(crate) use signal::set_dump;
 pub use signal::{set_signal_handler, set_user_hook, LAST_SIGNAL};
 
