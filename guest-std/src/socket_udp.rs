@@ -1,12 +1,15 @@
 //! UDP sockets (`std::net::UdpSocket`): the `sys_*` calls of a socket made with `SOCK_DGRAM`
 //! go to the VMM's `udp_*` operations (`protocol::net`), one exit per datagram; no receive
-//! buffer or transmit ring. A call that would block parks the thread like TCP's.
+//! buffer or transmit ring. A call that would block parks the thread like TCP's, until the
+//! socket's read or write timeout if it has one (`socket_timeout`: `EAGAIN`, std's
+//! `WouldBlock`, as on Linux).
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use activm_stub::protocol::net::*;
 
-use crate::socket_call::{net, set_nonblocking, waiting};
+use crate::socket_call::{net, set_nonblocking, waiting_until};
+use crate::socket_timeout;
 
 /// UDP sockets, one bit per socket number.
 static UDP: [AtomicU64; NET_MAX_SOCKETS / 64] = [const { AtomicU64::new(0) }; NET_MAX_SOCKETS / 64];
@@ -31,6 +34,7 @@ pub fn socket(nonblocking: bool) -> i64 {
     if r >= 0 {
         mark(r as u64, true);
         set_nonblocking(r as u64, nonblocking);
+        socket_timeout::reset(r as u64);
     }
     r
 }
@@ -48,7 +52,7 @@ pub unsafe fn send_to(s: u64, buf: *const u8, len: usize, addr: u64) -> i64 {
     if len as u64 > NET_UDP_MAX {
         return -90; // EMSGSIZE
     }
-    waiting(s, |tag| {
+    let op = |tag: u64| {
         net(
             NET_OP_UDP_SENDTO,
             s,
@@ -56,7 +60,8 @@ pub unsafe fn send_to(s: u64, buf: *const u8, len: usize, addr: u64) -> i64 {
             len as u64 | tag << 32,
             addr,
         )
-    })
+    };
+    waiting_until(s, op, socket_timeout::deadline(s, false))
 }
 
 /// One datagram into `buf` (truncated to `len`), its sender's packed address in `*peer`.
@@ -71,7 +76,8 @@ pub unsafe fn recv_from(s: u64, buf: *mut u8, len: usize, peek: bool, peer: &mut
     };
     let len = len.min(NET_UDP_MAX as usize) as u64;
     let peer_gpa = peer as *mut u64 as u64;
-    waiting(s, |tag| net(op, s, buf as u64, len | tag << 32, peer_gpa))
+    let call = |tag: u64| net(op, s, buf as u64, len | tag << 32, peer_gpa);
+    waiting_until(s, call, socket_timeout::deadline(s, true))
 }
 
 /// Closes UDP socket `s`.

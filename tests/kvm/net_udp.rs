@@ -34,6 +34,10 @@ fn echo(sock: UdpSocket, published: SocketAddr) -> Result<(), String> {
                 sock.send_to(b"second", from).map(drop).map_err(e)?;
             }
             b"peek" => sock.send_to(b"pong:peek", from).map(drop).map_err(e)?,
+            b"late" => {
+                std::thread::sleep(Duration::from_millis(200));
+                sock.send_to(b"pong:late", from).map(drop).map_err(e)?;
+            }
             b"serve" => {
                 std::thread::sleep(Duration::from_millis(300));
                 let other = UdpSocket::bind("127.0.0.1:0").map_err(e)?;
@@ -80,6 +84,8 @@ fn echo_both_ways() -> Result<(), Failed> {
         "std-udp: truncated to 4: pong",
         "std-udp: next datagram: second",
         "std-udp: peeked pong:peek from the echo: true, then took pong:peek",
+        "std-udp: recv with a 50 ms timeout: Err(WouldBlock), after 50 ms or more: true",
+        "std-udp: after the timeout: pong:late",
         "std-udp: non-blocking recv: Err(WouldBlock)",
         "std-udp: send_to elsewhere: Err(\"Permission denied (os error 13)\")",
         "std-udp: server got echo-me; computed during the wait: true",

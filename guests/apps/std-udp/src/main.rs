@@ -3,13 +3,15 @@
 //! `std-udp GUESTPORT ECHO OTHER`: binds `0.0.0.0:GUESTPORT` (a server) and `127.0.0.1:0` (a
 //! client), then talks to the test's echo socket at ECHO: `send_to`/`recv_from`, `connect` +
 //! `send`/`recv` with a datagram larger than the buffer (truncated, the rest dropped),
-//! `peek_from`, a non-blocking `recv`, a refused `send_to` to OTHER, and finally a
+//! `peek_from`, a `recv` whose read timeout passes before the echo's late answer (which the next
+//! `recv` takes), a non-blocking `recv`, a refused `send_to` to OTHER, and finally a
 //! `recv_from` on the server socket that waits while another thread computes; the server
 //! answers the test's second socket. Prints each step; exits 1 with the error on failure.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -66,6 +68,27 @@ fn run(args: &[String]) -> Result<()> {
     println!(
         "std-udp: peeked {peeked} from the echo: {}, then took {taken}",
         from == echo
+    );
+
+    // A read timeout: the echo answers "late" after 200 ms; the 50 ms wait gives up first, and
+    // the answer is then the next datagram, taken once.
+    client
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .map_err(ctx("set_read_timeout"))?;
+    client.send(b"late").map_err(ctx("send"))?;
+    let started = Instant::now();
+    let e = client.recv(&mut big).map(|_| ()).map_err(|e| e.kind());
+    println!(
+        "std-udp: recv with a 50 ms timeout: {e:?}, after 50 ms or more: {}",
+        started.elapsed() >= Duration::from_millis(50)
+    );
+    client
+        .set_read_timeout(None)
+        .map_err(ctx("set_read_timeout"))?;
+    let n = client.recv(&mut big).map_err(ctx("recv"))?;
+    println!(
+        "std-udp: after the timeout: {}",
+        String::from_utf8_lossy(&big[..n])
     );
 
     client
