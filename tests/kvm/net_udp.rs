@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
 
-use super::{activm_run, std_guests::std_guest, ACTIVM};
+use super::{activm_run, std_guests::std_guest, Run, ACTIVM};
 
 /// A UDP port nobody uses now.
 fn free_udp_port() -> Result<u16, Failed> {
@@ -57,6 +57,31 @@ fn echo(sock: UdpSocket, published: SocketAddr) -> Result<(), String> {
 }
 
 fn echo_both_ways() -> Result<(), Failed> {
+    echo_run(false).map(drop)
+}
+
+/// The same beside a thread that computes without any scheduling point on the guest's one
+/// vCPU: the VMM interrupts that vCPU for the server's socket report (else it waited for the
+/// thread's time slice to end).
+fn wait_beside_a_thread_that_never_yields() -> Result<(), Failed> {
+    let run = echo_run(true)?;
+    let key = "socket reports nudged to a busy vCPU=";
+    let nudged: u64 = run
+        .stderr
+        .split(key)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("no {key:?} in --stats\n{}", run.stderr))?;
+    if nudged == 0 {
+        return Err(format!("no socket report nudged\n{}", run.stderr).into());
+    }
+    Ok(())
+}
+
+/// `std-udp` against the echo socket on 1 vCPU (`spin`: its computing thread never yields),
+/// every step's line checked.
+fn echo_run(spin: bool) -> Result<Run, Failed> {
     let sock = UdpSocket::bind("127.0.0.1:0")?;
     let echo_addr = sock.local_addr()?;
     let host_port = free_udp_port()?;
@@ -72,8 +97,14 @@ fn echo_both_ways() -> Result<(), Failed> {
             &format!("{host_port}:53/udp"),
             "--allow-connect",
             &format!("{echo_addr}/udp"),
+            "--stats",
         ],
-        &["53", &echo_addr.to_string(), &other],
+        &[
+            "53",
+            &echo_addr.to_string(),
+            &other,
+            if spin { "spin" } else { "" },
+        ][..if spin { 4 } else { 3 }],
     )?
     .expect_code(0)?;
     for line in [
@@ -98,7 +129,7 @@ fn echo_both_ways() -> Result<(), Failed> {
     echo_thread
         .join()
         .map_err(|_| "the echo thread panicked")??;
-    Ok(())
+    Ok(run)
 }
 
 fn usage_error(flag: &str, value: &str, says: &str) -> Result<(), Failed> {
@@ -117,6 +148,10 @@ fn usage_error(flag: &str, value: &str, says: &str) -> Result<(), Failed> {
 pub fn tests() -> Vec<Trial> {
     vec![
         Trial::test("net_udp_echo_both_ways_truncation_and_wait", echo_both_ways),
+        Trial::test(
+            "net_udp_wait_beside_a_thread_that_never_yields",
+            wait_beside_a_thread_that_never_yields,
+        ),
         Trial::test("net_udp_reaches_nothing_unpublished", || {
             // No flags: the server's bind is refused.
             activm_run(

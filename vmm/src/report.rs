@@ -134,10 +134,11 @@ fn render_stats(guest: &Guest) -> String {
     );
     let _ = write!(
         out,
-        "\nblocked with a new activation on the same vCPU={} UNBLOCKED left pending without an interrupt (every running vCPU busy)={} slow file calls (vCPU blocked)={}",
+        "\nblocked with a new activation on the same vCPU={} UNBLOCKED left pending without an interrupt (every running vCPU busy)={} slow file calls (vCPU blocked)={} socket reports nudged to a busy vCPU={}",
         n(&s.blocked_reentered),
         n(&s.quiet_unblocked),
-        n(&s.file_calls_blocked)
+        n(&s.file_calls_blocked),
+        n(&s.socket_reports_nudged)
     );
     let _ = write!(
         out,

@@ -34,6 +34,9 @@ pub struct GuestStats {
     /// File calls (`fs_read` the page cache could not serve, `fs_fsync`) whose vCPU blocked in
     /// the VMM while the host did them.
     pub file_calls_blocked: AtomicU64,
+    /// Socket reports the guest left untaken for `NET_NUDGE` while every vCPU of it ran a
+    /// thread, for which a running vCPU was interrupted (`devices/net/unseen.rs`).
+    pub socket_reports_nudged: AtomicU64,
     /// Kicks of running vCPUs whose queue kept records untaken for `UPCALL_WATCH_BOUND`.
     pub upcall_watch_kicks: AtomicU64,
     /// Upcall interrupts sent again with those kicks.

@@ -6,7 +6,8 @@
 //! `peek_from`, a `recv` whose read timeout passes before the echo's late answer (which the next
 //! `recv` takes), a non-blocking `recv`, a refused `send_to` to OTHER, and finally a
 //! `recv_from` on the server socket that waits while another thread computes; the server
-//! answers the test's second socket. Prints each step; exits 1 with the error on failure.
+//! answers the test's second socket (with `spin`, the computing thread never yields). Prints
+//! each step; exits 1 with the error on failure.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,8 +27,10 @@ fn recv_text(sock: &UdpSocket, room: usize) -> Result<(String, SocketAddr)> {
 }
 
 fn run(args: &[String]) -> Result<()> {
-    let [port, echo, other] = args else {
-        return Err("usage: std-udp GUESTPORT ECHO OTHER".into());
+    let (port, echo, other, spin) = match args {
+        [port, echo, other] => (port, echo, other, false),
+        [port, echo, other, spin] if spin == "spin" => (port, echo, other, true),
+        _ => return Err("usage: std-udp GUESTPORT ECHO OTHER [spin]".into()),
     };
     let echo: SocketAddr = echo.parse().map_err(ctx("ECHO"))?;
     let other: SocketAddr = other.parse().map_err(ctx("OTHER"))?;
@@ -120,7 +123,10 @@ fn run(args: &[String]) -> Result<()> {
                 count.fetch_add(1, Ordering::Relaxed);
                 // Only `yield_now`: on 1 vCPU the wait's report must still be taken (a yield
                 // with nothing else runnable goes through the scheduler loop when reports wait).
-                std::thread::yield_now();
+                // With `spin`, not even that: the VMM interrupts the busy vCPU for the report.
+                if !spin {
+                    std::thread::yield_now();
+                }
             }
             x
         })

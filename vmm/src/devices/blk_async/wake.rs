@@ -10,19 +10,22 @@ use crate::allocator::Slot;
 use crate::guest::Guest;
 use crate::vm::Outcome;
 
-/// Interrupt one running vCPU (the guest asked for it with `nudge_us`).
-pub(super) fn wake_one_running(guest: &Guest) {
+/// Interrupt one running vCPU (the guest asked for it with `nudge_us`; socket reports a busy
+/// guest left untaken): whether one holds a processor.
+pub(crate) fn wake_one_running(guest: &Guest) -> bool {
     let view = guest.procs.alloc.view(guest.id);
     let running = (0..guest.config.vcpus)
         .find(|&v| matches!(view.vcpus.get(v as usize), Some(Slot::Running(_))));
-    if let Some(target) = running {
-        if let Err(e) = crate::arch::current::send_wakeup_interrupt(&guest.vm, target) {
-            guest.finish(Outcome::fault(
-                target,
-                format!("cannot send the I/O completion interrupt: {e}"),
-            ));
-        }
+    let Some(target) = running else {
+        return false;
+    };
+    if let Err(e) = crate::arch::current::send_wakeup_interrupt(&guest.vm, target) {
+        guest.finish(Outcome::fault(
+            target,
+            format!("cannot send the I/O completion interrupt: {e}"),
+        ));
     }
+    true
 }
 
 /// Completions were posted: interrupt an idle vCPU of the guest if one is idle; if the guest

@@ -4,6 +4,7 @@
 //! above `Guest`.
 
 use std::mem::offset_of;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use protocol::net::NetRing;
@@ -20,6 +21,13 @@ const BUSY_GRACE: Duration = Duration::from_micros(50);
 /// a halted vCPU's CPL3 handler takes ~120 us on this host) before another one is woken.
 const WAKE_WAIT: Duration = Duration::from_micros(250);
 
+/// How long reports may wait untaken while every vCPU of the guest runs a thread (none idle to
+/// interrupt) before a running one is interrupted for them (the reschedule interrupt: the
+/// guest's handler preempts its thread for the scheduler loop, which takes them). Without it a
+/// thread that computes without a scheduling point kept them from its vCPU until its time slice
+/// ended (10 ms). The block device's `nudge_us` default.
+const NET_NUDGE: Duration = Duration::from_micros(500);
+
 /// Reports published while another vCPU of the guest was busy: no halted vCPU was interrupted
 /// for them. A busy vCPU takes them when it next schedules (a socket reader runs ~1 us), or
 /// finds them when it goes idle (it sets its idle bit, then looks at the ring); interrupting a
@@ -32,6 +40,9 @@ pub(super) struct Unseen {
     /// When this thread last interrupted a halted vCPU (until the guest took the reports):
     /// that vCPU is on its way, and no second one is woken before [`WAKE_WAIT`].
     woke: Option<Instant>,
+    /// No vCPU was idle to interrupt when they were due: a running one is, at `since` +
+    /// [`NET_NUDGE`].
+    none_idle: bool,
 }
 
 impl Unseen {
@@ -45,9 +56,26 @@ impl Unseen {
     }
 
     fn interrupt(&mut self, guest: &Guest) {
-        self.since = None;
         if crate::devices::blk_async::wake_one_idle(guest) {
+            self.since = None;
+            self.none_idle = false;
             self.woke = Some(Instant::now());
+            return;
+        }
+        // Every vCPU holding a processor runs a thread (or none holds one: then nothing is
+        // interrupted, and a vCPU takes the reports when it gets its processor back).
+        let since = *self.since.get_or_insert_with(Instant::now);
+        self.none_idle = true;
+        if since.elapsed() >= NET_NUDGE {
+            self.since = None;
+            self.none_idle = false;
+            if crate::devices::blk_async::wake_one_running(guest) {
+                self.woke = Some(Instant::now());
+                guest
+                    .stats
+                    .socket_reports_nudged
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -59,6 +87,7 @@ impl Unseen {
         if consumed {
             self.since = None;
             self.woke = None;
+            self.none_idle = false;
         } else if self.overdue() || !some_vcpu_busy(guest) {
             self.interrupt(guest);
         }
@@ -68,7 +97,12 @@ impl Unseen {
     fn deadline(&self) -> Option<Instant> {
         let since = self.since?;
         let woke = self.woke.map_or(since, |w| w + WAKE_WAIT);
-        Some((since + BUSY_GRACE).max(woke))
+        let grace = if self.none_idle {
+            NET_NUDGE
+        } else {
+            BUSY_GRACE
+        };
+        Some((since + grace).max(woke))
     }
 
     fn overdue(&self) -> bool {
