@@ -18,7 +18,8 @@ use activm_stub::protocol::net::{NetCompletion, NetRing, NET_RING_CAPACITY, NET_
 use activm_stub::protocol::shared::{SharedHeader, SHARED_FEATURE_NET_DOORBELL};
 use activm_stub::sync::SpinLock;
 
-use crate::{sched, tcb};
+use crate::tcb::Tcb;
+use crate::{sched, tcb, timer};
 
 struct Ring(UnsafeCell<NetRing>);
 
@@ -300,7 +301,7 @@ pub(crate) fn poll_completions() {
         // SAFETY: the thread waits for this very report (its tag is not free), so its TCB is
         // live until it is woken; nothing touches it after the wake.
         let t = unsafe { &*thread };
-        if !crate::net_deadline::claim_report(t) {
+        if !claim_report(t) {
             continue; // its deadline's timer woke it; it sees the claim (`net_deadline`)
         }
         if local {
@@ -316,3 +317,28 @@ pub(crate) fn poll_completions() {
 /// The longest run queue a vCPU fills with the threads of readiness reports without waking
 /// another (see [`poll_completions`]).
 const LOCAL_BATCH: usize = 32;
+
+/// The reporter of `t`'s tag (`poll_completions`): whether it must wake `t`. False when `t`'s
+/// timer claimed the wake-up first (the claim is recorded: `t` sees it, see the module).
+pub(crate) fn claim_report(t: &Tcb) -> bool {
+    loop {
+        let (from, wake) = match t.timed.load(Ordering::Acquire) {
+            timer::TIMED_ARMED => (timer::TIMED_ARMED, true),
+            timer::TIMED_BY_TIMER => (timer::TIMED_BY_TIMER, false),
+            timer::TIMED_NONE => return true,
+            // Claimed already: never twice for one wait.
+            _ => return false,
+        };
+        if t.timed
+            .compare_exchange(
+                from,
+                timer::TIMED_NOTIFIED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            return wake;
+        }
+    }
+}

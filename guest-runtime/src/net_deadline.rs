@@ -8,7 +8,7 @@
 //!
 //! * the timer: `TIMED_ARMED -> TIMED_BY_TIMER` (`timer::wake_due`);
 //! * the report: `TIMED_ARMED -> TIMED_NOTIFIED` (it wakes the thread), or
-//!   `TIMED_BY_TIMER -> TIMED_NOTIFIED` (it does not: the timer did) ([`claim_report`]).
+//!   `TIMED_BY_TIMER -> TIMED_NOTIFIED` (it does not: the timer did) (`net::claim_report`).
 //!
 //! At its deadline a thread the timer woke **withdraws** its tag: a compare-and-swap of the
 //! buffer's `waiter` word back to 0 (receive buffers, transmit rings), or the `cancel` call
@@ -34,31 +34,6 @@ use crate::net::{free_tag, ring_ready, take_tag, WAITERS};
 use crate::sync::timed;
 use crate::tcb::Tcb;
 use crate::{sched, timer};
-
-/// The reporter of `t`'s tag (`poll_completions`): whether it must wake `t`. False when `t`'s
-/// timer claimed the wake-up first (the claim is recorded: `t` sees it, see the module).
-pub(crate) fn claim_report(t: &Tcb) -> bool {
-    loop {
-        let (from, wake) = match t.timed.load(Ordering::Acquire) {
-            timer::TIMED_ARMED => (timer::TIMED_ARMED, true),
-            timer::TIMED_BY_TIMER => (timer::TIMED_BY_TIMER, false),
-            timer::TIMED_NONE => return true,
-            // Claimed already: never twice for one wait.
-            _ => return false,
-        };
-        if t.timed
-            .compare_exchange(
-                from,
-                timer::TIMED_NOTIFIED,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
-            return wake;
-        }
-    }
-}
 
 /// The TSC deadline `ns` nanoseconds from now.
 pub fn deadline_in_ns(ns: u64) -> u64 {

@@ -12,8 +12,7 @@ use crate::errno::{fail, EBADF, EINVAL};
 use crate::socket_call::{net, nonblocking, set_nonblocking, waiting, waiting_until};
 use crate::socket_udp::{self as udp, is_udp};
 
-/// The first socket descriptor (below: the standard streams and files).
-pub const SOCKET_FD_BASE: i32 = 1 << 20;
+pub use crate::socket_dup::SOCKET_FD_BASE;
 
 const EAFNOSUPPORT: i32 = 97;
 const EPROTONOSUPPORT: i32 = 93;

@@ -12,7 +12,9 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use activm_stub::protocol::net::NET_MAX_SOCKETS;
 
 use crate::errno::{fail, EBADF, EMFILE, ENOSYS};
-use crate::socket::SOCKET_FD_BASE;
+
+/// The first socket descriptor (below: the standard streams and files).
+pub const SOCKET_FD_BASE: i32 = 1 << 20;
 
 /// The first descriptor of a copy.
 pub const DUP_FD_BASE: i32 = SOCKET_FD_BASE + NET_MAX_SOCKETS as i32;

@@ -98,8 +98,8 @@ pub unsafe extern "C" fn sys_poll(fds: *mut PollFd, nfds: usize, timeout: i32) -
     // SAFETY: the caller's contract (one pollfd).
     let pfd = unsafe { &mut *fds };
     pfd.revents = 0;
-    let Some(s) = crate::socket::socket_number(pfd.fd) else {
-        if crate::socket::is_socket(pfd.fd) {
+    let Some(s) = crate::socket_dup::resolve(pfd.fd) else {
+        if crate::socket_dup::in_range(pfd.fd) {
             pfd.revents = POLLNVAL;
             return 1;
         }

@@ -98,7 +98,8 @@ pub(crate) fn act_stack_top_of(sp: u64) -> Option<u64> {
 /// next switch into its scheduler, as it was, the stack of a scheduler the VMM took between
 /// leaving it and the switch went back to the pool while its context, still on it, waited to be
 /// adopted: resumed on a stack another activation then used, it popped garbage.)
-pub(crate) extern "C" fn release_left_stack(top: u64) {
+#[unsafe(no_mangle)]
+extern "C" fn __rt_release_left_stack(top: u64) {
     release_act_stack(top);
 }
 

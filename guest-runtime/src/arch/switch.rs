@@ -50,7 +50,7 @@ pub unsafe fn suspend_scheduler(new_top: u64, f: extern "C" fn(u64, u64) -> !) {
 
 /// Continues a scheduler suspended by [`suspend_scheduler`] (its switch frame at `sp`) as this
 /// vCPU's scheduler; once on its stack, gives back `release` (the stack the caller leaves; 0:
-/// none) with `stacks::release_left_stack`.
+/// none) with `__rt_release_left_stack` (by name: `activation::stacks`).
 ///
 /// # Safety
 /// Scheduler context; `sp` is such a frame on a stack nobody else uses, with free stack below

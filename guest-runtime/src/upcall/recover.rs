@@ -396,7 +396,7 @@ fn adopt(ctx: &UserContext, st: ActState) -> ! {
     sched::clear_idle_bits(st.vcpu);
     // This scheduler's own stack is given up; the adopted one's becomes this vCPU's. The own
     // one is in use until the jump, which gives it back once on the adopted stack: if the VMM
-    // takes this context before that, the stack stays with it (`release_left_stack`).
+    // takes this context before that, the stack stays with it (`__rt_release_left_stack`).
     let own = cpu::get(Word::SchedTop);
     // SAFETY: the context is a scheduler context of this guest taken at CPL3 on its own
     // activation stack, which nobody else uses now.

@@ -19,7 +19,8 @@
 //! frame whose return address is `__rt_resume_frame`, the trampoline's epilogue.
 
 // The assembly calls the runtime by symbol (`extern "C"`, defined above this layer):
-// `__rt_sched_entry(prev, action, arg)`, `__rt_thread_main(tcb)`, `__rt_safepoint()`.
+// `__rt_sched_entry(prev, action, arg)`, `__rt_thread_main(tcb)`, `__rt_safepoint()`,
+// `__rt_release_left_stack(top)`.
 
 use core::mem::{offset_of, size_of};
 
@@ -228,7 +229,7 @@ core::arch::global_asm!(
     "    mov sp, x0",
     "    mov x20, x0",
     "    mov x0, x1",
-    "    bl {release}",
+    "    bl __rt_release_left_stack",
     "    mov sp, x20",
     "    mov x0, #0",
     load_switch_frame_and_ret!(),
@@ -241,7 +242,6 @@ core::arch::global_asm!(
     save_tpidr = const SAVE_TPIDR,
     save_fpcr = const SAVE_FPCR,
     save_q = const SAVE_Q,
-    release = sym crate::activation::stacks::release_left_stack,
 );
 
 extern "C" {
@@ -321,7 +321,7 @@ pub unsafe fn build_resume_frame(ctx: &UserContext) -> usize {
 /// making it a thread (the scheduler adopts a scheduler context handed over by the VMM).
 ///
 /// Once on the frame's stack, gives back `release` (the stack the caller leaves; 0: none) with
-/// `stacks::release_left_stack`.
+/// `__rt_release_left_stack` (by name: `activation::stacks`).
 ///
 /// # Safety
 /// As for [`switch_in`], and `sp` came from [`build_resume_frame`]; nothing runs on `release`
@@ -335,15 +335,14 @@ pub unsafe fn jump_to_frame(sp: usize, release: u64) -> ! {
             "mov sp, x0",
             "mov x20, x0",
             "mov x0, x1",
-            "bl {release}",
+            "bl __rt_release_left_stack",
             "mov x0, x20",
             "ldr x19, [x0, {x19}]",
             "b {resume}",
             in("x0") sp,
             in("x1") release,
             x19 = const offset_of!(SwitchFrame, x19_28),
-            release = sym crate::activation::stacks::release_left_stack,
-            resume = sym __rt_resume_frame,
+                    resume = sym __rt_resume_frame,
             options(noreturn),
         )
     }

@@ -25,7 +25,8 @@
 //! stack pointer plus a switch frame whose return address is `__rt_resume_frame`, the epilogue.
 
 // The assembly calls the runtime by symbol (`extern "C"`, defined above this layer):
-// `__rt_sched_entry(prev, action, arg)`, `__rt_thread_main(tcb)`, `__rt_safepoint()`.
+// `__rt_sched_entry(prev, action, arg)`, `__rt_thread_main(tcb)`, `__rt_safepoint()`,
+// `__rt_release_left_stack(top)`.
 
 use core::mem::{offset_of, size_of};
 
@@ -182,7 +183,7 @@ core::arch::global_asm!(
     "    mov %rdi, %rbx",
     "    and $-16, %rsp",
     "    mov %rsi, %rdi",
-    "    call {release}",
+    "    call __rt_release_left_stack",
     "    mov %rbx, %rsp",
     "    xor %eax, %eax",
     "    ldmxcsr (%rsp)",
@@ -200,7 +201,6 @@ core::arch::global_asm!(
     sched_top = const offset(Word::SchedTop),
     current = const offset(Word::Current),
     pending = const PENDING_OFFSET,
-    release = sym crate::activation::stacks::release_left_stack,
     options(att_syntax),
 );
 
@@ -289,7 +289,7 @@ pub unsafe fn build_resume_frame(ctx: &UserContext) -> usize {
 /// making it a thread (the scheduler adopts a scheduler context handed over by the VMM).
 ///
 /// Once on the frame's stack, gives back `release` (the stack the caller leaves; 0: none) with
-/// `stacks::release_left_stack`.
+/// `__rt_release_left_stack` (by name: `activation::stacks`).
 ///
 /// # Safety
 /// As for [`switch_in`], and `sp` came from [`build_resume_frame`]; nothing runs on `release`
@@ -304,15 +304,14 @@ pub unsafe fn jump_to_frame(sp: usize, release: u64) -> ! {
             "mov rbx, rdi",
             "and rsp, -16",
             "mov rdi, rsi",
-            "call {release}",
+            "call __rt_release_left_stack",
             "mov rdi, rbx",
             "mov rbx, [rdi + {rbx}]",
             "jmp {resume}",
             in("rdi") sp,
             in("rsi") release,
             rbx = const offset_of!(SwitchFrame, rbx),
-            release = sym crate::activation::stacks::release_left_stack,
-            resume = sym __rt_resume_frame,
+                    resume = sym __rt_resume_frame,
             options(noreturn),
         )
     }
