@@ -19,13 +19,14 @@ pub const TARGETS: &[&str] = &[
     "blk",
     "net_tx",
     "fs",
+    "net",
 ];
 
-/// The largest input libFuzzer makes for `target`. `net_tx`'s steps make system calls, and a
-/// few hundred of them (1 KiB) wrap its ring many times over.
+/// The largest input libFuzzer makes for `target`. `net_tx`'s and `net`'s steps make system
+/// calls, and a few hundred of them (1 KiB) wrap `net_tx`'s ring many times over.
 fn max_len(target: &str) -> usize {
     match target {
-        "net_tx" => 1024,
+        "net_tx" | "net" => 1024,
         _ => 4096,
     }
 }
