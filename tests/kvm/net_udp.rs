@@ -145,6 +145,50 @@ fn usage_error(flag: &str, value: &str, says: &str) -> Result<(), Failed> {
     Ok(())
 }
 
+/// `std-udp self`: the guest reaches its own published UDP and TCP ports through the host's
+/// loopback (the aarch64 suite runs the same inside its arm64 machine), `vcpus` vCPUs.
+fn to_itself(vcpus: &str, extra: &[&str]) -> Result<(), Failed> {
+    let (udp, tcp) = (free_udp_port()?, free_tcp_port()?);
+    let (udp, tcp) = (udp.to_string(), tcp.to_string());
+    let mut options = vec![
+        "--vcpus".to_string(),
+        vcpus.to_string(),
+        "--publish".to_string(),
+        format!("{udp}:53/udp"),
+        "--publish".to_string(),
+        format!("{tcp}:80"),
+        "--allow-connect".to_string(),
+        format!("127.0.0.1:{udp}/udp"),
+        "--allow-connect".to_string(),
+        format!("127.0.0.1:{tcp}"),
+    ];
+    options.extend(extra.iter().map(|s| s.to_string()));
+    let options: Vec<&str> = options.iter().map(String::as_str).collect();
+    let run =
+        activm_run(&std_guest("std-udp")?, &options, &["self", &udp, &tcp])?.expect_code(0)?;
+    let expected = "std-udp self: server got ping
+std-udp self: client got pong
+std-udp self: recv with a 50 ms timeout: Err(WouldBlock), after 50 ms or more: true
+std-udp self: tcp 65536 bytes each way, wrong bytes: 0 and 0
+std-udp self: waited for late; computed during the wait: true
+std-udp self: done
+";
+    if run.stdout != expected {
+        return Err(format!(
+            "stdout differs\n--- got\n{}--- wanted\n{expected}",
+            run.stdout
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn free_tcp_port() -> Result<u16, Failed> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 pub fn tests() -> Vec<Trial> {
     vec![
         Trial::test("net_udp_echo_both_ways_truncation_and_wait", echo_both_ways),
@@ -152,6 +196,11 @@ pub fn tests() -> Vec<Trial> {
             "net_udp_wait_beside_a_thread_that_never_yields",
             wait_beside_a_thread_that_never_yields,
         ),
+        Trial::test("net_udp_and_tcp_to_itself_2_vcpus", || to_itself("2", &[])),
+        Trial::test("net_udp_and_tcp_to_itself_1_vcpu", || to_itself("1", &[])),
+        Trial::test("net_udp_and_tcp_to_itself_oblivious", || {
+            to_itself("2", &["--no-activations"])
+        }),
         Trial::test("net_udp_reaches_nothing_unpublished", || {
             // No flags: the server's bind is refused.
             activm_run(

@@ -4,7 +4,22 @@
 use super::case::{stdout_of, upcalls, Case};
 
 /// The std guests the cases run (copied into the initramfs).
-pub(super) const STD_APPS: &[&str] = &["std-demo", "std-rayon", "std-crossbeam-tests", "std-fs"];
+pub(super) const STD_APPS: &[&str] = &[
+    "std-demo",
+    "std-rayon",
+    "std-crossbeam-tests",
+    "std-fs",
+    "std-udp",
+];
+
+/// `std-udp self`'s whole stdout (tests/kvm/net_udp.rs checks the same lines on x86_64).
+const NET_SELF_OUTPUT: &str = "std-udp self: server got ping
+std-udp self: client got pong
+std-udp self: recv with a 50 ms timeout: Err(WouldBlock), after 50 ms or more: true
+std-udp self: tcp 65536 bytes each way, wrong bytes: 0 and 0
+std-udp self: waited for late; computed during the wait: true
+std-udp self: done
+";
 
 /// `std-demo --exit 3`'s whole stdout on `vcpus` vCPUs (the same file checks both arches).
 fn std_demo_output(vcpus: u32) -> String {
@@ -142,6 +157,28 @@ pub(super) fn cases() -> Vec<Case> {
         )
         .checked(slow_calls_blocked),
     );
+    // Sockets: the guest talks to itself through the machine's loopback (UDP both ways, a read
+    // timeout, 64 KiB each way over TCP, a wait beside a thread that never yields), on 2 vCPUs
+    // and on 1 (where the wait must hold no processor).
+    for (name, vcpus) in [("std-net-self-2", 2), ("std-net-self-1", 1)] {
+        cases.push(Case::exact(
+            name,
+            format!(
+                "(ip link set lo up || ifconfig lo 127.0.0.1 up) 2>/dev/null; {}",
+                stdout_of(
+                    name,
+                    &format!(
+                        "/guests/std-udp --vcpus {vcpus} --timeout 120 --publish 47201:53/udp \
+                         --publish 47202:80 --allow-connect 127.0.0.1:47201/udp \
+                         --allow-connect 127.0.0.1:47202"
+                    ),
+                    "self 47201 47202",
+                )
+            ),
+            0,
+            NET_SELF_OUTPUT.to_string(),
+        ));
+    }
     // crossbeam-channel's test suite on 2 vCPUs: libtest's summary, 0 failed.
     let (command, result) = crossbeam_run("--vcpus 2");
     cases.push(Case::new(

@@ -7,7 +7,10 @@
 //! `recv` takes), a non-blocking `recv`, a refused `send_to` to OTHER, and finally a
 //! `recv_from` on the server socket that waits while another thread computes; the server
 //! answers the test's second socket (with `spin`, the computing thread never yields). Prints
-//! each step; exits 1 with the error on failure.
+//! each step; exits 1 with the error on failure. `std-udp self UDPPORT TCPPORT` talks to
+//! itself through the host's loopback instead (`loopback.rs`).
+
+mod loopback;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,7 +19,7 @@ use std::time::{Duration, Instant};
 
 type Result<T> = std::result::Result<T, String>;
 
-fn ctx<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
+pub(crate) fn ctx<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 
@@ -150,7 +153,11 @@ fn run(args: &[String]) -> Result<()> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Err(e) = run(&args) {
+    let result = match args.as_slice() {
+        [mode, udp, tcp] if mode == "self" => loopback::run(udp, tcp),
+        _ => run(&args),
+    };
+    if let Err(e) = result {
         println!("std-udp: {e}");
         std::process::exit(1);
     }

@@ -1,0 +1,135 @@
+//! `std-udp self UDPPORT TCPPORT`: the guest talks to itself through the host's loopback, so no
+//! peer outside it is needed (the aarch64 suite runs it inside its arm64 machine). activm must
+//! publish guest port 53/udp as host `UDPPORT` and guest port 80 as host `TCPPORT`, and allow
+//! connections to `127.0.0.1:UDPPORT/udp` and `127.0.0.1:TCPPORT`. Steps, each printed:
+//! - UDP both ways: a client's datagram reaches the guest's own server through the published
+//!   port, and the server's answer reaches the client;
+//! - a read timeout that passes (nothing is sent);
+//! - TCP: a client thread connects to the published port, the guest's listener accepts, and
+//!   64 KiB go each way, checked byte for byte;
+//! - a wait beside a thread that computes and never yields: the server's `recv_from` waits
+//!   while that thread keeps computing and a third thread sends 100 ms later.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::{ctx, Result};
+
+fn pattern(i: usize) -> u8 {
+    (i ^ (i >> 8) ^ 0x5a) as u8
+}
+
+pub fn run(udp_port: &str, tcp_port: &str) -> Result<()> {
+    let server = UdpSocket::bind("0.0.0.0:53").map_err(ctx("bind server"))?;
+    let client = UdpSocket::bind("127.0.0.1:0").map_err(ctx("bind client"))?;
+    let published = format!("127.0.0.1:{udp_port}");
+    client
+        .send_to(b"ping", &published)
+        .map_err(ctx("send_to"))?;
+    let mut buf = [0u8; 64];
+    let (n, from) = server.recv_from(&mut buf).map_err(ctx("server recv_from"))?;
+    println!(
+        "std-udp self: server got {}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    server.send_to(b"pong", from).map_err(ctx("answer"))?;
+    let (n, _) = client.recv_from(&mut buf).map_err(ctx("client recv_from"))?;
+    println!(
+        "std-udp self: client got {}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+
+    client
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .map_err(ctx("set_read_timeout"))?;
+    let started = Instant::now();
+    let e = client.recv(&mut buf).map(|_| ()).map_err(|e| e.kind());
+    println!(
+        "std-udp self: recv with a 50 ms timeout: {e:?}, after 50 ms or more: {}",
+        started.elapsed() >= Duration::from_millis(50)
+    );
+
+    tcp_both_ways(tcp_port)?;
+    wait_beside_a_spinner(&server, &published)?;
+    println!("std-udp self: done");
+    Ok(())
+}
+
+/// 64 KiB each way between a client thread and the guest's own listener.
+fn tcp_both_ways(tcp_port: &str) -> Result<()> {
+    const LEN: usize = 64 << 10;
+    let listener = TcpListener::bind("0.0.0.0:80").map_err(ctx("listen"))?;
+    let addr = format!("127.0.0.1:{tcp_port}");
+    let client = std::thread::spawn(move || -> Result<usize> {
+        let mut s = TcpStream::connect(&addr).map_err(ctx("connect"))?;
+        let out: Vec<u8> = (0..LEN).map(pattern).collect();
+        s.write_all(&out).map_err(ctx("client write"))?;
+        let mut back = vec![0u8; LEN];
+        s.read_exact(&mut back).map_err(ctx("client read"))?;
+        Ok(back
+            .iter()
+            .enumerate()
+            .filter(|&(i, &b)| b != pattern(i).wrapping_add(1))
+            .count())
+    });
+    let (mut conn, _) = listener.accept().map_err(ctx("accept"))?;
+    let mut got = vec![0u8; LEN];
+    conn.read_exact(&mut got).map_err(ctx("server read"))?;
+    let wrong_in = got
+        .iter()
+        .enumerate()
+        .filter(|&(i, &b)| b != pattern(i))
+        .count();
+    let answer: Vec<u8> = got.iter().map(|b| b.wrapping_add(1)).collect();
+    conn.write_all(&answer).map_err(ctx("server write"))?;
+    let wrong_back = client.join().map_err(|_| "the client thread panicked")??;
+    println!("std-udp self: tcp {LEN} bytes each way, wrong bytes: {wrong_in} and {wrong_back}");
+    Ok(())
+}
+
+/// The server's `recv_from` waits while a thread computes without ever yielding; a third
+/// thread sends after 100 ms.
+fn wait_beside_a_spinner(server: &UdpSocket, published: &str) -> Result<()> {
+    let (count, stop) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let spinner = {
+        let (count, stop) = (count.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut x = 1u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..10_000 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                }
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            x
+        })
+    };
+    let sender = {
+        let published = published.to_string();
+        std::thread::spawn(move || -> Result<()> {
+            std::thread::sleep(Duration::from_millis(100));
+            let s = UdpSocket::bind("127.0.0.1:0").map_err(ctx("bind sender"))?;
+            s.send_to(b"late", &published).map_err(ctx("send late"))?;
+            Ok(())
+        })
+    };
+    let before = count.load(Ordering::Relaxed);
+    let mut buf = [0u8; 64];
+    let (n, _) = server.recv_from(&mut buf).map_err(ctx("wait"))?;
+    let during = count.load(Ordering::Relaxed) - before;
+    stop.store(true, Ordering::Relaxed);
+    let _ = spinner.join();
+    sender.join().map_err(|_| "the sender panicked")??;
+    println!(
+        "std-udp self: waited for {}; computed during the wait: {}",
+        String::from_utf8_lossy(&buf[..n]),
+        during > 0
+    );
+    Ok(())
+}
