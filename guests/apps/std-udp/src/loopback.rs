@@ -30,13 +30,17 @@ pub fn run(udp_port: &str, tcp_port: &str) -> Result<()> {
         .send_to(b"ping", &published)
         .map_err(ctx("send_to"))?;
     let mut buf = [0u8; 64];
-    let (n, from) = server.recv_from(&mut buf).map_err(ctx("server recv_from"))?;
+    let (n, from) = server
+        .recv_from(&mut buf)
+        .map_err(ctx("server recv_from"))?;
     println!(
         "std-udp self: server got {}",
         String::from_utf8_lossy(&buf[..n])
     );
     server.send_to(b"pong", from).map_err(ctx("answer"))?;
-    let (n, _) = client.recv_from(&mut buf).map_err(ctx("client recv_from"))?;
+    let (n, _) = client
+        .recv_from(&mut buf)
+        .map_err(ctx("client recv_from"))?;
     println!(
         "std-udp self: client got {}",
         String::from_utf8_lossy(&buf[..n])
