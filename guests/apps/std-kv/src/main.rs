@@ -25,7 +25,12 @@ mod netopts;
 
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("netopts") {
-        let port = |i| std::env::args().nth(i).and_then(|p| p.parse().ok()).unwrap_or(0);
+        let port = |i| {
+            std::env::args()
+                .nth(i)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0)
+        };
         let listen = std::env::args().nth(4).and_then(|p| p.parse().ok());
         netopts::run(port(2), port(3), listen);
         return;
@@ -227,7 +232,11 @@ fn execute(args: &[Vec<u8>], store: &Store, out: &mut impl Write) -> io::Result<
             let mut map = lock();
             let now = map
                 .get(&args[1])
-                .map(|v| std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()))
+                .map(|v| {
+                    std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|s| s.parse::<i64>().ok())
+                })
                 .unwrap_or(Some(0));
             match now.and_then(|n| n.checked_add(1)) {
                 Some(n) => {

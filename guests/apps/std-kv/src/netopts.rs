@@ -71,7 +71,10 @@ pub fn run(port: u16, refused: u16, listen_port: Option<u16>) {
     println!("netopts: read in time");
 
     // Bytes arriving around 1 ms deadlines: each exactly once, in order.
-    check(a.set_read_timeout(Some(Duration::from_millis(1))), "set 1 ms");
+    check(
+        a.set_read_timeout(Some(Duration::from_millis(1))),
+        "set 1 ms",
+    );
     check((&a).write_all(b"race\n"), "write race");
     let (mut got, mut timeouts) = (Vec::new(), 0u32);
     let begin = Instant::now();
@@ -211,13 +214,17 @@ fn poll_listener(a: &TcpStream, guest_port: u16) {
         let (r, revents) = poll_in(&l, 150);
         let ms = start.elapsed().as_millis();
         if r != 0 || revents != 0 || ms < 150 {
-            fail(&format!("poll of an idle listener: {r} {revents:#x} after {ms} ms"));
+            fail(&format!(
+                "poll of an idle listener: {r} {revents:#x} after {ms} ms"
+            ));
         }
     }
     check((&*a).write_all(b"listen\n"), "write listen");
     let (r, revents) = poll_in(&l, 10_000);
     if r != 1 || revents & 1 == 0 {
-        fail(&format!("poll of a listener with a connection: {r} {revents:#x}"));
+        fail(&format!(
+            "poll of a listener with a connection: {r} {revents:#x}"
+        ));
     }
     let (conn, _) = check(l.accept(), "accept after poll");
     drop(conn);
