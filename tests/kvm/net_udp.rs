@@ -212,7 +212,7 @@ pub fn tests() -> Vec<Trial> {
             .stdout_has("std-udp: bind server: Permission denied")?;
             // A TCP publish of the same port does not publish UDP; and without a UDP
             // allowance no port 0 either.
-            let publish_tcp = format!("{}:53", free_udp_port()?);
+            let publish_tcp = format!("{}:53", free_tcp_port()?);
             let publish_udp = format!("{}:53/udp", free_udp_port()?);
             activm_run(
                 &std_guest("std-udp")?,
