@@ -54,9 +54,20 @@ fn local(port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind(local(0)).expect("a free port");
-    l.local_addr().expect("its address").port()
+/// Two ports free for both TCP and UDP on the loopback, below the host's ephemeral range: every
+/// input binds them again, and an ephemeral port could meanwhile go to any process's socket
+/// (the run that found this saw `--publish ...: Address already in use` after 100 s).
+fn free_ports() -> (u16, u16) {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let start = 10_000 + (std::process::id() % 10_000) as u16;
+    let mut free = (start..low.max(start + 1))
+        .chain(1024..start)
+        .filter(|&p| TcpListener::bind(local(p)).is_ok() && UdpSocket::bind(local(p)).is_ok());
+    let tcp = free.next().expect("a free port");
+    (tcp, free.next().expect("another free port"))
 }
 
 fn open_fds() -> usize {
@@ -85,7 +96,7 @@ fn world() -> &'static World {
             addr(forbidden_tcp.local_addr()),
             addr(forbidden_udp.local_addr()),
         );
-        let (tcp_port, udp_port) = (free_port(), free_port());
+        let (tcp_port, udp_port) = free_ports();
         let config = NetConfig {
             publish: vec![(tcp_port, 80)],
             allow_connect: vec![a_tcp],
@@ -223,7 +234,10 @@ fn check_result(ram: &GuestRam, plan: &Plan, net: &Net, args: [u64; 4], r: u64) 
         _ => None,
     };
     if let Some(most) = most {
-        assert!(r <= most, "net call {args:x?} moved {r} bytes, more than {most}");
+        assert!(
+            r <= most,
+            "net call {args:x?} moved {r} bytes, more than {most}"
+        );
     }
     if op == NET_OP_CLOSE && r == 0 {
         let probe = [(NET_OP_GETOPT << 32) | s, NET_OPT_ERROR, 0, 0];
