@@ -6,7 +6,9 @@
 //! beside them a TCP listener and a UDP socket that nothing allows.
 //!
 //! Oracles: no panic; every result is `>= 0` or a `-errno`; a `Err` (a protocol violation, which
-//! ends a real guest) ends the input; guest RAM below the image is never written; the forbidden
+//! ends a real guest) ends the input; a byte count a transfer returns is within the buffer it
+//! was given; a socket the guest closed answers `-EBADF` at once; guest RAM below the image is
+//! never written; the forbidden
 //! listener never gets a connection and the forbidden UDP socket never a datagram; and once the
 //! input's `Net` is dropped, no host descriptor is left open.
 
@@ -17,6 +19,7 @@ use std::sync::OnceLock;
 
 use activm::config::NetConfig;
 use activm::devices::net::Net;
+use activm::memory::{GuestRam, Plan};
 use activm_fuzz::{Guest, Input, MEM_SIZE};
 use libfuzzer_sys::fuzz_target;
 use protocol::net::*;
@@ -51,9 +54,20 @@ fn local(port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind(local(0)).expect("a free port");
-    l.local_addr().expect("its address").port()
+/// Two ports free for both TCP and UDP on the loopback, below the host's ephemeral range: every
+/// input binds them again, and an ephemeral port could meanwhile go to any process's socket
+/// (the run that found this saw `--publish ...: Address already in use` after 100 s).
+fn free_ports() -> (u16, u16) {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let start = 10_000 + (std::process::id() % 10_000) as u16;
+    let mut free = (start..low.max(start + 1))
+        .chain(1024..start)
+        .filter(|&p| TcpListener::bind(local(p)).is_ok() && UdpSocket::bind(local(p)).is_ok());
+    let tcp = free.next().expect("a free port");
+    (tcp, free.next().expect("another free port"))
 }
 
 fn open_fds() -> usize {
@@ -82,7 +96,7 @@ fn world() -> &'static World {
             addr(forbidden_tcp.local_addr()),
             addr(forbidden_udp.local_addr()),
         );
-        let (tcp_port, udp_port) = (free_port(), free_port());
+        let (tcp_port, udp_port) = free_ports();
         let config = NetConfig {
             publish: vec![(tcp_port, 80)],
             allow_connect: vec![a_tcp],
@@ -207,6 +221,35 @@ fn check_forbidden(world: &World) {
     while world.allowed_udp.recv_from(&mut buf).is_ok() {}
 }
 
+/// What `r`, the result of the call `args`, must satisfy beyond being a value or a `-errno`.
+fn check_result(ram: &GuestRam, plan: &Plan, net: &Net, args: [u64; 4], r: u64) {
+    if (r as i64) < 0 || r == NET_WAITING {
+        return;
+    }
+    let (op, s) = (args[0] >> 32, args[0] & 0xffff_ffff);
+    // The most a transfer may report: what it was asked for, capped as the protocol says.
+    let most = match op {
+        NET_OP_RECV | NET_OP_SEND => Some(args[2].min(1 << 20)),
+        NET_OP_UDP_SENDTO..=NET_OP_UDP_PEEKFROM => Some((args[2] & 0xffff_ffff).min(NET_UDP_MAX)),
+        _ => None,
+    };
+    if let Some(most) = most {
+        assert!(
+            r <= most,
+            "net call {args:x?} moved {r} bytes, more than {most}"
+        );
+    }
+    if op == NET_OP_CLOSE && r == 0 {
+        let probe = [(NET_OP_GETOPT << 32) | s, NET_OPT_ERROR, 0, 0];
+        let after = net.call(ram, plan, probe);
+        assert_eq!(
+            after,
+            Ok((-i64::from(libc::EBADF)) as u64),
+            "socket {s} answered after its close"
+        );
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let world = world();
     let mut input = Input(data);
@@ -253,6 +296,7 @@ fuzz_target!(|data: &[u8]| {
                 r >= 0 || (-4095..0).contains(&r),
                 "net call {args:x?} returned {r:#x}"
             );
+            check_result(ram, plan, &net, args, r as u64);
             if input.u8() % 8 == 0 {
                 // The transmit doorbell: send what every ring holds.
                 if net.ring_doorbell(ram).is_err() {

@@ -481,46 +481,6 @@ impl Net {
         Ok(neg(e))
     }
 
-    /// Watch socket `s` for reading or writing under `tag`: `NET_WAITING`, or `-EAGAIN` for
-    /// `NET_NO_WAIT`.
-    fn arm(&self, table: &mut Table, s: usize, tag: u64, read: bool) -> Result<u64, String> {
-        if tag == NET_NO_WAIT {
-            return Ok(neg(libc::EAGAIN));
-        }
-        if tag >= NET_RING_CAPACITY as u64 {
-            return Err(format!("tag {tag} is not below {NET_RING_CAPACITY}"));
-        }
-        if table.ring.is_none() {
-            return Err("no net ring: call net_ring_setup first".into());
-        }
-        let (word, bit) = (tag as usize / 64, 1u64 << (tag % 64));
-        if table.waiting[word] & bit != 0 {
-            return Err(format!("tag {tag} is waiting already"));
-        }
-        let sock = table.socks[s].as_mut().expect("checked");
-        let slot = if read {
-            &mut sock.read_tag
-        } else {
-            &mut sock.write_tag
-        };
-        if slot.is_some() {
-            return Ok(neg(libc::EBUSY));
-        }
-        *slot = Some(tag as u32);
-        let data = (u64::from(sock.generation) << 32) | s as u64;
-        if let Err(e) = epoll_update(&self.epoll, sock, data) {
-            let sock = table.socks[s].as_mut().expect("checked");
-            *(if read {
-                &mut sock.read_tag
-            } else {
-                &mut sock.write_tag
-            }) = None;
-            return Ok(neg(e));
-        }
-        table.waiting[word] |= bit;
-        Ok(NET_WAITING)
-    }
-
     fn close(&self, ram: &GuestRam, table: &mut Table, s: usize) -> Result<u64, String> {
         if matches!(table.socks.get(s), Some(Some(sock)) if sock.tx.is_some()) {
             // What the guest queued last goes out if the host socket takes it.

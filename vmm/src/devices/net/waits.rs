@@ -1,4 +1,5 @@
-//! `poll` and `cancel` (`protocol::net::NET_OP_POLL`, `NET_OP_CANCEL`): a guest thread waits
+//! Waits: arming one under the guest's tag (every call that would block), and `poll` and
+//! `cancel` (`protocol::net::NET_OP_POLL`, `NET_OP_CANCEL`): a guest thread waits
 //! for a socket's readiness without an operation (std's `connect_timeout` polls a connect in
 //! progress), and takes back a wait whose deadline passed, so it knows whether a report of its
 //! tag will still come (`guest-runtime/src/net_deadline.rs`).
@@ -11,6 +12,52 @@ use super::poll::epoll_update;
 use super::{errno, neg, Kind, Net, Table};
 
 impl Net {
+    /// Watch socket `s` for reading or writing under `tag`: `NET_WAITING`, or `-EAGAIN` for
+    /// `NET_NO_WAIT`.
+    pub(super) fn arm(
+        &self,
+        table: &mut Table,
+        s: usize,
+        tag: u64,
+        read: bool,
+    ) -> Result<u64, String> {
+        if tag == NET_NO_WAIT {
+            return Ok(neg(libc::EAGAIN));
+        }
+        if tag >= NET_RING_CAPACITY as u64 {
+            return Err(format!("tag {tag} is not below {NET_RING_CAPACITY}"));
+        }
+        if table.ring.is_none() {
+            return Err("no net ring: call net_ring_setup first".into());
+        }
+        let (word, bit) = (tag as usize / 64, 1u64 << (tag % 64));
+        if table.waiting[word] & bit != 0 {
+            return Err(format!("tag {tag} is waiting already"));
+        }
+        let sock = table.socks[s].as_mut().expect("checked");
+        let slot = if read {
+            &mut sock.read_tag
+        } else {
+            &mut sock.write_tag
+        };
+        if slot.is_some() {
+            return Ok(neg(libc::EBUSY));
+        }
+        *slot = Some(tag as u32);
+        let data = (u64::from(sock.generation) << 32) | s as u64;
+        if let Err(e) = epoll_update(&self.epoll, sock, data) {
+            let sock = table.socks[s].as_mut().expect("checked");
+            *(if read {
+                &mut sock.read_tag
+            } else {
+                &mut sock.write_tag
+            }) = None;
+            return Ok(neg(e));
+        }
+        table.waiting[word] |= bit;
+        Ok(NET_WAITING)
+    }
+
     /// `poll(s, events, tag)`: `events` is exactly one of [`NET_READABLE`] or [`NET_WRITABLE`].
     /// The ready bits (`NET_READABLE`, `NET_WRITABLE`, `NET_ERROR`, `NET_HANGUP`, Linux's
     /// values) if any, else the wait is armed under `tag` (`NET_WAITING`, or `-EAGAIN` for
