@@ -12,8 +12,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::{ctx, Result};
@@ -97,23 +96,8 @@ fn tcp_both_ways(tcp_port: &str) -> Result<()> {
 /// The server's `recv_from` waits while a thread computes without ever yielding; a third
 /// thread sends after 100 ms.
 fn wait_beside_a_spinner(server: &UdpSocket, published: &str) -> Result<()> {
-    let (count, stop) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let spinner = {
-        let (count, stop) = (count.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut x = 1u64;
-            while !stop.load(Ordering::Relaxed) {
-                for _ in 0..10_000 {
-                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                }
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            x
-        })
-    };
+    let computer = crate::Computer::start(false);
+    let (count, stop, spinner) = (computer.count, computer.stop, computer.thread);
     let sender = {
         let published = published.to_string();
         std::thread::spawn(move || -> Result<()> {

@@ -23,6 +23,44 @@ pub(crate) fn ctx<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String 
     move |e| format!("{what}: {e}")
 }
 
+/// A thread that computes until `stop`, counting rounds in `count`; `yields`: it calls
+/// `yield_now` after each round, else it never reaches a scheduling point.
+pub(crate) struct Computer {
+    pub count: Arc<AtomicU64>,
+    pub stop: Arc<AtomicBool>,
+    pub thread: std::thread::JoinHandle<u64>,
+}
+
+impl Computer {
+    pub fn start(yields: bool) -> Computer {
+        let (count, stop) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let thread = {
+            let (count, stop) = (count.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut x = 1u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..10_000 {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    }
+                    count.fetch_add(1, Ordering::Relaxed);
+                    if yields {
+                        std::thread::yield_now();
+                    }
+                }
+                x
+            })
+        };
+        Computer {
+            count,
+            stop,
+            thread,
+        }
+    }
+}
+
 fn recv_text(sock: &UdpSocket, room: usize) -> Result<(String, SocketAddr)> {
     let mut buf = vec![0u8; room];
     let (n, from) = sock.recv_from(&mut buf).map_err(ctx("recv_from"))?;
@@ -111,29 +149,11 @@ fn run(args: &[String]) -> Result<()> {
 
     // The wait: another thread computes meanwhile (on 1 vCPU, only if the wait holds no
     // processor).
-    let (count, stop) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let worker = {
-        let (count, stop) = (count.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut x = 1u64;
-            while !stop.load(Ordering::Relaxed) {
-                for _ in 0..10_000 {
-                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                }
-                count.fetch_add(1, Ordering::Relaxed);
-                // Only `yield_now`: on 1 vCPU the wait's report must still be taken (a yield
-                // with nothing else runnable goes through the scheduler loop when reports wait).
-                // With `spin`, not even that: the VMM interrupts the busy vCPU for the report.
-                if !spin {
-                    std::thread::yield_now();
-                }
-            }
-            x
-        })
-    };
+    // Only `yield_now`: on 1 vCPU the wait's report must still be taken (a yield with nothing
+    // else runnable goes through the scheduler loop when reports wait). With `spin`, not even
+    // that: the VMM interrupts the busy vCPU for the report.
+    let computer = Computer::start(!spin);
+    let (count, stop, worker) = (computer.count, computer.stop, computer.thread);
     client.send(b"serve").map_err(ctx("send"))?;
     let before = count.load(Ordering::Relaxed);
     let (text, from) = recv_text(&server, 64)?;
