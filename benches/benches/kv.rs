@@ -4,7 +4,9 @@
 //! modes: scheduler activations (the default), host-scheduled vCPUs (`--host-sched`, plain
 //! KVM threads) and activm's time slicer (`--no-activations`); and the native anchor, Debian's
 //! `redis-server` on the host (no persistence), measured in the same run. Throughput and
-//! p50/p99 latency from `redis-benchmark --csv`; ratios against redis-server.
+//! p50/p99 latency from `redis-benchmark --csv`; ratios against redis-server. "CPU us/req": the
+//! server process's host CPU time (user + system, `/proc/PID/stat`) over the run per request,
+//! the cost that decides throughput on a host whose CPUs the clients share.
 //!
 //! Then the same beside a batch guest (`nbody nbody-for`, N-body stepping on 2 vCPUs) on the
 //! same 2 CPUs: both guests in one activm (`pcpus = 2`, the server `latency_critical`) in each
@@ -62,7 +64,6 @@ fn start(mut cmd: Command, port: u16) -> Result<Server, String> {
     Ok(server)
 }
 
-/// One redis-benchmark run: (requests/s, p50 ms, p99 ms).
 /// Debian's own redis-server on the host (no persistence), the native anchor.
 fn start_redis_server(port: u16) -> Result<Server, String> {
     let mut cmd = Command::new("redis-server");
@@ -71,7 +72,59 @@ fn start_redis_server(port: u16) -> Result<Server, String> {
     start(cmd, port)
 }
 
-fn measure(port: u16, test: &str, pipeline: u32, requests: u32) -> Result<(f64, f64, f64), String> {
+/// Host CPU time (user + system) `pid` has used, in microseconds (`/proc/PID/stat`).
+fn cpu_us(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which ends with the last ')': state is field 3, utime 14.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks as f64 * 1e6 / hz as f64)
+}
+
+/// One redis-benchmark run: (requests/s, p50 ms, p99 ms), and the server's host CPU per
+/// request in us when `server` is its process (NaN otherwise).
+fn measure(
+    port: u16,
+    test: &str,
+    pipeline: u32,
+    requests: u32,
+    server: Option<u32>,
+) -> Result<Measured, String> {
+    let before = server.and_then(cpu_us);
+    let m = redis_benchmark(port, test, pipeline, requests)?;
+    let after = server.and_then(cpu_us);
+    let cpu = match (before, after) {
+        (Some(b), Some(a)) => (a - b) / f64::from(requests),
+        _ => f64::NAN,
+    };
+    Ok(Measured {
+        rps: m.0,
+        p50: m.1,
+        p99: m.2,
+        cpu,
+    })
+}
+
+/// One row's figures.
+#[derive(Clone, Copy)]
+struct Measured {
+    rps: f64,
+    p50: f64,
+    p99: f64,
+    /// Host CPU of the server process per request, us (NaN: not measured).
+    cpu: f64,
+}
+
+/// One redis-benchmark run: (requests/s, p50 ms, p99 ms).
+fn redis_benchmark(
+    port: u16,
+    test: &str,
+    pipeline: u32,
+    requests: u32,
+) -> Result<(f64, f64, f64), String> {
     let out = Command::new("redis-benchmark")
         .args(["-p", &port.to_string(), "-t", test, "-c", "50", "--csv"])
         .args(["-n", &requests.to_string(), "-P", &pipeline.to_string()])
@@ -139,15 +192,23 @@ fn run() -> Result<(), String> {
     let tests = [("get", 1), ("set", 1), ("get", 16), ("set", 16)];
     println!("std-kv on activm ({vcpus} vCPUs) vs host redis-server; redis-benchmark -c 50 -n {requests} --csv; shared 2-CPU host");
     println!(
-        "{:<26} {:<10} {:>12} {:>9} {:>9} {:>10} {:>10}",
-        "server", "test", "req/s", "p50 ms", "p99 ms", "x redis", "p99/redis"
+        "{:<26} {:<10} {:>12} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "server",
+        "test",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "x redis",
+        "p99/redis",
+        "CPU us/req",
+        "x redis"
     );
     let mut anchor = Vec::new();
     {
         let port = free_port()?;
-        let _server = start_redis_server(port)?;
+        let server = start_redis_server(port)?;
         for &(test, pipeline) in &tests {
-            let m = measure(port, test, pipeline, requests)?;
+            let m = measure(port, test, pipeline, requests, Some(server.0.id()))?;
             row("redis-server (host)", test, pipeline, m, m);
             anchor.push(m);
         }
@@ -160,9 +221,9 @@ fn run() -> Result<(), String> {
             .args(["--vcpus", &vcpus, "--timeout", "600"])
             .args(["--publish", &format!("{port}:6379")])
             .args(flags);
-        let _server = start(cmd, port)?;
+        let server = start(cmd, port)?;
         for (i, &(test, pipeline)) in tests.iter().enumerate() {
-            let m = measure(port, test, pipeline, requests)?;
+            let m = measure(port, test, pipeline, requests, Some(server.0.id()))?;
             row(name, test, pipeline, m, anchor[i]);
         }
     }
@@ -205,7 +266,7 @@ fn beside_nbody(
         let port = free_port()?;
         let _server = start_redis_server(port)?;
         for &(test, pipeline) in &tests {
-            let m = measure(port, test, pipeline, requests)?;
+            let m = measure(port, test, pipeline, requests, None)?;
             row("redis-server + nbody", test, pipeline, m, m);
             anchor.push(m);
         }
@@ -230,7 +291,7 @@ fn beside_nbody(
         cmd.arg("run").arg(&config);
         let _server = start(cmd, port)?;
         for (i, &(test, pipeline)) in tests.iter().enumerate() {
-            let m = measure(port, test, pipeline, requests)?;
+            let m = measure(port, test, pipeline, requests, None)?;
             row(name, test, pipeline, m, anchor[i]);
         }
     }
@@ -238,14 +299,20 @@ fn beside_nbody(
     Ok(())
 }
 
-fn row(name: &str, test: &str, pipeline: u32, m: (f64, f64, f64), base: (f64, f64, f64)) {
+fn row(name: &str, test: &str, pipeline: u32, m: Measured, base: Measured) {
     let label = format!("{} -P {pipeline}", test.to_uppercase());
+    // The CPU columns only where measured (not beside the batch guest, whose process it shares).
+    let cpu = if m.cpu.is_nan() {
+        format!("{:>10} {:>10}", "-", "-")
+    } else {
+        format!("{:>10.1} {:>9.2}x", m.cpu, m.cpu / base.cpu)
+    };
     println!(
-        "{name:<26} {label:<10} {:>12.0} {:>9.3} {:>9.3} {:>9.2}x {:>9.2}x",
-        m.0,
-        m.1,
-        m.2,
-        m.0 / base.0,
-        m.2 / base.2
+        "{name:<26} {label:<10} {:>12.0} {:>9.3} {:>9.3} {:>9.2}x {:>9.2}x {cpu}",
+        m.rps,
+        m.p50,
+        m.p99,
+        m.rps / base.rps,
+        m.p99 / base.p99
     );
 }

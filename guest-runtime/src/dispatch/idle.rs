@@ -10,6 +10,8 @@ use crate::arch::rseq;
 use crate::sched::{global_len, watch_next, Pending, HALTED, NEXT_POLL_NS, SPINNING};
 use crate::{blk, blk_async, config, net, percpu, timer};
 
+use super::spin;
+
 /// Whether anything could give this vCPU work (looks only; takes nothing).
 fn work_visible() -> bool {
     cpu::pending() != 0 || work_queued()
@@ -53,7 +55,7 @@ pub(super) fn idle() {
     {
         0
     } else {
-        config::idle_spin_ticks()
+        spin::ticks(me, config::idle_spin_ticks())
     };
     let mut spin_until = start + spin;
     // While another vCPU hands threads off through its `next` slot, keep spinning (up to this
@@ -66,6 +68,9 @@ pub(super) fn idle() {
     let mut next_poll = 0;
     loop {
         if work_visible() {
+            if spin != 0 {
+                spin::note(me, true);
+            }
             SPINNING.fetch_and(!bit, Ordering::AcqRel);
             cpu::set(Word::SchedIdle, 0);
             return;
@@ -75,6 +80,9 @@ pub(super) fn idle() {
             next_poll = now + poll;
             match watch_next(now) {
                 Some(true) => {
+                    if spin != 0 {
+                        spin::note(me, true);
+                    }
                     SPINNING.fetch_and(!bit, Ordering::AcqRel);
                     cpu::set(Word::SchedIdle, 0);
                     return;
@@ -84,6 +92,9 @@ pub(super) fn idle() {
             }
         }
         if now > spin_until {
+            if spin != 0 {
+                spin::note(me, false);
+            }
             break;
         }
         crate::watchdog::tick();

@@ -16,6 +16,7 @@ use crate::{blk, net, timer, upcall};
 
 pub(crate) mod idle;
 pub mod points;
+mod spin;
 
 /// Where `switch_out` lands, on this activation's stack, with `prev` fully saved (called by
 /// `arch::context`'s assembly, by name).
