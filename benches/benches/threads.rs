@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use activm::{Outcome, VmConfig};
 use activm_benches::stats::summary;
-use activm_benches::threads::{fmt_ratio, fmt_value, parse_bench, run_with_limit, tail};
+use activm_benches::threads::{build_go, fmt_ratio, fmt_value, parse_bench, run_with_limit, tail};
 
 /// What a row's values are.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -294,34 +294,6 @@ fn unit_name(unit: Unit) -> &'static str {
         Unit::Ns => "ns",
         Unit::Ms => "ms",
     }
-}
-
-/// Build the Go baseline into target/threadbench-go; its path, or why it cannot be built.
-fn build_go(root: &Path) -> Result<PathBuf, String> {
-    let go = std::env::var_os("GO")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let local = PathBuf::from("/usr/local/go/bin/go");
-            local.is_file().then_some(local)
-        })
-        .unwrap_or_else(|| PathBuf::from("go"));
-    let out_dir = root.join("target/threadbench-go");
-    let exe = out_dir.join("threadbench");
-    let mut cmd = Command::new(&go);
-    cmd.current_dir(root.join("benches/baselines/go"))
-        .args(["build", "-o"])
-        .arg(&exe)
-        .arg(".")
-        // Standard library only: no module downloads, no toolchain switch.
-        .env("GOTOOLCHAIN", "local")
-        .env("GOPROXY", "off")
-        .env("GOFLAGS", "-mod=mod");
-    if std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none() {
-        cmd.env("GOCACHE", out_dir.join("cache"));
-    }
-    run_with_limit(&mut cmd, Duration::from_secs(300))
-        .map_err(|e| format!("Go baseline did not build ({}): {e}", go.display()))?;
-    Ok(exe)
 }
 
 /// The guest ELF `threadbench`, or why the activm columns cannot be measured.

@@ -1,5 +1,6 @@
 //! Pieces of the thread benchmarks (`benches/threads.rs`): the result-line format the three
-//! implementations share, running a host program with a time limit, and table formatting.
+//! implementations share, running a host program with a time limit, building the Go baseline,
+//! and table formatting.
 //!
 //! Every implementation (host NPTL `baselines/nptl.rs`, Go `baselines/go`, activm guest
 //! `guests/apps/threadbench`) takes `OP key=value ...` and prints one line
@@ -8,6 +9,7 @@
 //! for all of them.
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -103,6 +105,34 @@ pub fn fmt_ratio(r: f64) -> String {
     } else {
         format!("{r:.1}x")
     }
+}
+
+/// Build the Go baseline into target/threadbench-go; its path, or why it cannot be built.
+pub fn build_go(root: &Path) -> Result<PathBuf, String> {
+    let go = std::env::var_os("GO")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let local = PathBuf::from("/usr/local/go/bin/go");
+            local.is_file().then_some(local)
+        })
+        .unwrap_or_else(|| PathBuf::from("go"));
+    let out_dir = root.join("target/threadbench-go");
+    let exe = out_dir.join("threadbench");
+    let mut cmd = Command::new(&go);
+    cmd.current_dir(root.join("benches/baselines/go"))
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(".")
+        // Standard library only: no module downloads, no toolchain switch.
+        .env("GOTOOLCHAIN", "local")
+        .env("GOPROXY", "off")
+        .env("GOFLAGS", "-mod=mod");
+    if std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none() {
+        cmd.env("GOCACHE", out_dir.join("cache"));
+    }
+    run_with_limit(&mut cmd, Duration::from_secs(300))
+        .map_err(|e| format!("Go baseline did not build ({}): {e}", go.display()))?;
+    Ok(exe)
 }
 
 #[cfg(test)]
