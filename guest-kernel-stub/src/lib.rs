@@ -34,7 +34,7 @@ pub use arch::current::{current_cpl, current_level_name, rdtsc};
 pub use hypercall::{exit, halt, vcpu_stop};
 pub use irq::{register_irq_handler, unregister_irq_handler, IrqFrame, IrqHandler};
 pub use panic::set_panic_context;
-pub use start::{args, boot_info, env, nr_vcpus, tsc_khz, Args};
+pub use start::{args, boot_info, env, nr_vcpus, take_entropy_seed, tsc_khz, Args};
 
 /// Spin-wait hint (`pause` on x86_64). Waiting at CPL3 costs nothing extra; never spin at CPL0.
 #[inline(always)]

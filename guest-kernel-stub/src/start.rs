@@ -5,7 +5,7 @@ use core::mem::MaybeUninit;
 use core::ptr::addr_of_mut;
 use core::sync::atomic::{AtomicBool, Ordering};
 
-use protocol::boot::{BootInfo, BOOT_FLAG_ENV, BOOT_INFO_MAGIC};
+use protocol::boot::{BootInfo, BOOT_FLAG_ENTROPY, BOOT_FLAG_ENV, BOOT_INFO_MAGIC};
 use protocol::ABI_VERSION;
 
 use crate::arch::current as arch;
@@ -19,6 +19,10 @@ unsafe impl Sync for BootInfoCopy {}
 
 static BOOT_INFO: BootInfoCopy = BootInfoCopy(UnsafeCell::new(MaybeUninit::uninit()));
 static COPIED: AtomicBool = AtomicBool::new(false);
+
+/// The VMM's entropy seed, moved out of `BootInfo` at boot; taken once by the random generator
+/// ([`take_entropy_seed`]).
+static ENTROPY_SEED: crate::sync::SpinLock<Option<[u8; 32]>> = crate::sync::SpinLock::new(None);
 
 extern "Rust" {
     /// Defined by the layer above with [`crate::vcpu_entry!`].
@@ -45,6 +49,8 @@ pub(crate) unsafe fn vcpu_main(info: *mut BootInfo, vcpu: u32) -> ! {
     if vcpu == 0 {
         // SAFETY: only vCPU 0 writes the copy, before releasing `COPIED`.
         let copy = unsafe { (*BOOT_INFO.0.get()).write(info.read_volatile()) };
+        // SAFETY: as above: the copy is still vCPU 0's alone; the original is mapped read-write.
+        unsafe { move_entropy_seed(copy, info) };
         check(copy);
         // SAFETY: the VMM reserves [heap_start, heap_end) as free RAM for the guest.
         unsafe { crate::heap::init(copy.heap_start, copy.heap_end) };
@@ -65,6 +71,27 @@ pub(crate) unsafe fn vcpu_main(info: *mut BootInfo, vcpu: u32) -> ! {
     unsafe { addr_of_mut!((*info).vcpus[vcpu as usize].main_tsc).write_volatile(main_tsc) };
     // SAFETY: provided by the layer above through `vcpu_entry!`.
     unsafe { __activm_vcpu_entry(vcpu) }
+}
+
+/// Moves the VMM's entropy seed (if it sent one) into [`ENTROPY_SEED`] and zeroes it in the
+/// copy and in the VMM's page, so that nothing else in guest memory holds it.
+///
+/// # Safety
+/// `copy` is not shared yet; `info` is the VMM's mapped `BootInfo`.
+unsafe fn move_entropy_seed(copy: &mut BootInfo, info: *mut BootInfo) {
+    if !copy.has(BOOT_FLAG_ENTROPY) {
+        return;
+    }
+    *ENTROPY_SEED.lock() = Some(copy.entropy_seed);
+    copy.entropy_seed = [0; 32];
+    // SAFETY: the caller's contract; a volatile store, so the zeroing is not elided.
+    unsafe { addr_of_mut!((*info).entropy_seed).write_volatile([0; 32]) };
+}
+
+/// The VMM's entropy seed, the first time this is called (`None` after, or from a VMM that sent
+/// none). The caller owns the only copy.
+pub fn take_entropy_seed() -> Option<[u8; 32]> {
+    ENTROPY_SEED.lock().take()
 }
 
 /// Checks that the VMM's layout agrees with the one this guest was built for.

@@ -38,6 +38,7 @@ pub mod io;
 pub mod net;
 pub mod net_deadline;
 pub(crate) mod percpu;
+pub mod random;
 pub mod rt;
 pub(crate) mod sched;
 pub mod stack;

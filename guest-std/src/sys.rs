@@ -2,7 +2,6 @@
 
 use alloc::alloc::{alloc, alloc_zeroed, dealloc, realloc};
 use core::alloc::Layout;
-use core::sync::atomic::{AtomicU64, Ordering};
 use core::time::Duration;
 
 use activm_rt::rt;
@@ -174,25 +173,9 @@ pub extern "C" fn sys_mprotect(_ptr: *mut u8, _size: usize, _prot: u32) -> i32 {
     fail(ENOSYS)
 }
 
-/// State of the entropy generator (splitmix64), seeded from the TSC at first use.
-static ENTROPY: AtomicU64 = AtomicU64::new(0);
-
-fn next_random() -> u64 {
-    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
-    if ENTROPY.load(Ordering::Relaxed) == 0 {
-        let _ = ENTROPY.compare_exchange(0, rt::rdtsc() | 1, Ordering::Relaxed, Ordering::Relaxed);
-    }
-    let mut z = ENTROPY
-        .fetch_add(GAMMA, Ordering::Relaxed)
-        .wrapping_add(GAMMA);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// `isize sys_read_entropy(u8 *buf, usize len, u32 flags)`: fills `buf` from a splitmix64
-/// generator seeded with the TSC (NOT cryptographically secure: the platform may lack
-/// `rdrand`, and code is never selected by CPUID here). Returns `len`.
+/// `isize sys_read_entropy(u8 *buf, usize len, u32 flags)`: fills `buf` from activm-rt's
+/// ChaCha20 generator, seeded from the host's `getrandom(2)` (`activm_rt::random`). Returns
+/// `len`.
 ///
 /// # Safety
 /// `buf` points to `len` writable bytes.
@@ -202,10 +185,7 @@ pub unsafe extern "C" fn sys_read_entropy(buf: *mut u8, len: usize, _flags: u32)
         return fail(EINVAL) as isize;
     }
     // SAFETY: the caller passes `len` writable bytes.
-    let out = unsafe { core::slice::from_raw_parts_mut(buf, len) };
-    for chunk in out.chunks_mut(8) {
-        chunk.copy_from_slice(&next_random().to_le_bytes()[..chunk.len()]);
-    }
+    activm_rt::random::fill(unsafe { core::slice::from_raw_parts_mut(buf, len) });
     len as isize
 }
 

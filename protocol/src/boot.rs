@@ -135,6 +135,8 @@ pub const BOOT_FLAG_TIMING: u32 = 1 << 0;
 pub const BOOT_FLAG_WALL_CLOCK: u32 = 1 << 1;
 /// `BootInfo::flags`: `env`, `env_len` and `envc` are valid.
 pub const BOOT_FLAG_ENV: u32 = 1 << 2;
+/// `BootInfo::flags`: `entropy_seed` holds 32 bytes from the host's `getrandom(2)`.
+pub const BOOT_FLAG_ENTROPY: u32 = 1 << 3;
 
 /// Written by the VMM before the guest starts; the guest writes only the `VcpuBoot` timestamps.
 /// Lives in one page, mapped read-write for CPL3; the argument block follows in the next page.
@@ -195,6 +197,10 @@ pub struct BootInfo {
     pub env: u64,
     pub env_len: u32,
     pub envc: u32,
+    /// [`BOOT_FLAG_ENTROPY`]: a seed for the guest's random generator, fresh from the host
+    /// for each guest at each start. The guest's stub moves it out of this page at boot and
+    /// zeroes it here.
+    pub entropy_seed: [u8; 32],
 }
 
 impl BootInfo {
@@ -252,7 +258,8 @@ mod tests {
         assert_eq!(offset_of!(BootInfo, env), 2592);
         assert_eq!(offset_of!(BootInfo, env_len), 2600);
         assert_eq!(offset_of!(BootInfo, envc), 2604);
-        assert_eq!(size_of::<BootInfo>(), 2608);
+        assert_eq!(offset_of!(BootInfo, entropy_seed), 2608);
+        assert_eq!(size_of::<BootInfo>(), 2640);
         assert!(size_of::<BootInfo>() <= 4096, "BootInfo must fit one page");
     }
 }

@@ -94,6 +94,47 @@ pub(crate) fn tests() -> Vec<Trial> {
             .stdout_has("\nvars: 0\n")?;
         Ok(())
     }));
+    trials.push(Trial::test(
+        "std_random_bytes_differ_per_run_and_come_from_the_host",
+        || {
+            let mut seen = Vec::new();
+            for _ in 0..2 {
+                let run = Command::new(ACTIVM)
+                    .arg("run")
+                    .arg(std_guest("std-demo")?)
+                    .args([
+                        "--vcpus",
+                        "2",
+                        "--timeout",
+                        GUEST_TIMEOUT_SECS,
+                        "--",
+                        "entropy",
+                    ])
+                    .output()
+                    .map_err(|e| format!("cannot run {ACTIVM}: {e}"))?;
+                let run = Run::from(run).expect_code(0)?;
+                if run.stdout.contains("no entropy seed") || run.stderr.contains("no entropy seed")
+                {
+                    return Err(format!("the guest fell back to its clock\n{}", run.stdout).into());
+                }
+                let line = run
+                    .stdout
+                    .lines()
+                    .find_map(|l| l.strip_prefix("random hashes: "))
+                    .ok_or_else(|| {
+                        format!("no `random hashes:` line\n--- stdout\n{}", run.stdout)
+                    })?;
+                seen.extend(line.split(' ').map(str::to_owned));
+            }
+            let mut unique = seen.clone();
+            unique.sort();
+            unique.dedup();
+            if seen.len() != 4 || unique.len() != 4 {
+                return Err(format!("expected 4 different hashes over two runs: {seen:?}").into());
+            }
+            Ok(())
+        },
+    ));
     trials.push(Trial::test("std_env_from_a_config_file", || {
         let dir = TempDir::new("std-env")?;
         let file = dir.file(

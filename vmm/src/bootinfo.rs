@@ -5,8 +5,8 @@ use std::mem::offset_of;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use protocol::boot::{
-    BootInfo, MemKind, MemRegion, VcpuBoot, BOOT_FLAG_ENV, BOOT_FLAG_TIMING, BOOT_FLAG_WALL_CLOCK,
-    BOOT_INFO_MAGIC, MAX_ARGS_LEN, MAX_MEM_REGIONS,
+    BootInfo, MemKind, MemRegion, VcpuBoot, BOOT_FLAG_ENTROPY, BOOT_FLAG_ENV, BOOT_FLAG_TIMING,
+    BOOT_FLAG_WALL_CLOCK, BOOT_INFO_MAGIC, MAX_ARGS_LEN, MAX_MEM_REGIONS,
 };
 use protocol::shared::{
     SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_NET_DOORBELL, SHARED_FEATURE_TIMELINE,
@@ -153,7 +153,8 @@ pub fn write(
             BOOT_FLAG_WALL_CLOCK
         } else {
             0
-        } | BOOT_FLAG_ENV,
+        } | BOOT_FLAG_ENV
+            | BOOT_FLAG_ENTROPY,
         tsc_khz: host.tsc_khz,
         vmm_start_tsc: host.vmm_start_tsc,
         mem_size: plan.mem_size,
@@ -179,9 +180,30 @@ pub fn write(
         env: env_addr,
         env_len: packed_env.len() as u32,
         envc: env.len() as u32,
+        entropy_seed: host_entropy()?,
     };
     ram.write_struct(layout::BOOT_INFO_ADDR, &info)?;
     write_shared_area(ram, plan, host.timeline)
+}
+
+/// 32 bytes from the host kernel's random generator (`getrandom(2)`, blocking until it is
+/// seeded, which it is long before anyone runs activm).
+fn host_entropy() -> Result<[u8; 32], Error> {
+    let mut seed = [0u8; 32];
+    let mut got = 0;
+    while got < seed.len() {
+        // SAFETY: the pointer and length describe the unfilled tail of `seed`.
+        let n = unsafe { libc::getrandom(seed[got..].as_mut_ptr().cast(), seed.len() - got, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::Host(format!("getrandom for the guest's seed: {e}")));
+            }
+        } else {
+            got += n as usize;
+        }
+    }
+    Ok(seed)
 }
 
 fn write_shared_area(ram: &GuestRam, plan: &Plan, timeline: bool) -> Result<(), Error> {

@@ -4,7 +4,9 @@
 //! `bench-spawn N` / `bench-mutex N` time N spawn+join / uncontended lock+unlock pairs;
 //! `detached N` runs N threads whose handles are dropped (a server's thread per connection),
 //! at most 64 at a time;
-//! `env-clock VAR...` prints `SystemTime::now()` in seconds since the epoch and each `VAR`.
+//! `env-clock VAR...` prints `SystemTime::now()` in seconds since the epoch and each `VAR`;
+//! `entropy` prints a hash of 0 under a fresh `RandomState` in two threads (its keys come from
+//! the OS's random bytes, so the values differ from run to run).
 
 use std::cell::Cell;
 use std::sync::{mpsc, Arc, Barrier, Condvar, Mutex, RwLock};
@@ -25,6 +27,7 @@ fn main() {
         Some("bench-mutex") => return bench_mutex(count(&args)),
         Some("detached") => return detached(count(&args)),
         Some("env-clock") => return env_clock(&args[1..]),
+        Some("entropy") => return entropy(),
         _ => {}
     }
     let exit = match args.as_slice() {
@@ -207,6 +210,13 @@ fn env_clock(names: &[String]) {
         println!("{name}: {:?}", std::env::var(name).ok());
     }
     println!("vars: {}", std::env::vars().count());
+}
+
+fn entropy() {
+    use std::hash::BuildHasher;
+    let hash = || std::collections::hash_map::RandomState::new().hash_one(0u64);
+    let other = thread::spawn(hash).join().unwrap();
+    println!("random hashes: {:016x} {other:016x}", hash());
 }
 
 fn count(args: &[String]) -> u32 {

@@ -2,6 +2,7 @@
 
 mod blk;
 mod modes;
+mod random;
 mod sched;
 mod soak;
 mod sync;
@@ -37,6 +38,7 @@ pub static ALL: &[(&str, Needs, TestFn)] = &[
     ("thread-local", Needs::Any, threads::thread_local),
     ("park-unpark", Needs::Any, threads::park_unpark),
     ("std-thread-api", Needs::Any, crate::std_native::thread_api),
+    ("random", Needs::Any, random::random_bytes),
     (
         "std-cases-preempted",
         Needs::Any,
