@@ -11,10 +11,14 @@ use activm_stub::protocol::net::*;
 use crate::errno::{fail, EBADF, EINVAL};
 use crate::socket_call::{net, nonblocking, set_nonblocking, waiting, waiting_until};
 use crate::socket_udp::{self as udp, is_udp};
+use crate::socket_v6 as v6;
 
 pub use crate::socket_dup::SOCKET_FD_BASE;
 
 const EAFNOSUPPORT: i32 = 97;
+/// hermit-abi's `IPPROTO_IPV6` and `IPV6_V6ONLY`.
+const IPPROTO_IPV6: i32 = 41;
+const IPV6_V6ONLY: i32 = 27;
 const EPROTONOSUPPORT: i32 = 93;
 const ENOPROTOOPT: i32 = 92;
 
@@ -66,7 +70,15 @@ fn done(r: i64) -> i64 {
 }
 
 fn read_addr(name: *const u8, len: u32) -> Result<u64, i32> {
-    if name.is_null() || (len as usize) < core::mem::size_of::<SockaddrIn>() {
+    if name.is_null() || len < 2 {
+        return Err(EINVAL);
+    }
+    // SAFETY: at least two readable bytes; the family is the second (BSD layout).
+    if i32::from(unsafe { name.add(1).read() }) == v6::AF_INET6 {
+        let (ip, port) = v6::read(name, len)?;
+        return Ok(pack_addr(ip, port));
+    }
+    if (len as usize) < core::mem::size_of::<SockaddrIn>() {
         return Err(EINVAL);
     }
     // SAFETY: the caller passes `len` readable bytes, at least a sockaddr_in.
@@ -80,11 +92,17 @@ fn read_addr(name: *const u8, len: u32) -> Result<u64, i32> {
     ))
 }
 
-fn write_addr(packed: u64, name: *mut u8, namelen: *mut u32) {
+/// Writes address `packed` for socket `s`: a `sockaddr_in`, or a `sockaddr_in6` for a socket
+/// made with `AF_INET6`.
+fn write_addr(s: u64, packed: u64, name: *mut u8, namelen: *mut u32) {
     if name.is_null() || namelen.is_null() {
         return;
     }
     let (ip, port) = unpack_addr(packed);
+    if v6::is_v6(s) {
+        v6::write(ip, port, name, namelen);
+        return;
+    }
     let sa = SockaddrIn {
         len: core::mem::size_of::<SockaddrIn>() as u8,
         family: AF_INET as u8,
@@ -115,10 +133,11 @@ pub extern "C" fn sys_network_init() -> i32 {
     0
 }
 
-/// `int sys_socket(int domain, int type, int protocol)`: IPv4 TCP and UDP.
+/// `int sys_socket(int domain, int type, int protocol)`: TCP and UDP, IPv4 (and IPv6 as a view
+/// of IPv4 loopback: `socket_v6`).
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_socket(domain: i32, kind: i32, _protocol: i32) -> i32 {
-    if domain != AF_INET {
+    if domain != AF_INET && domain != v6::AF_INET6 {
         return fail(EAFNOSUPPORT);
     }
     if kind & 0xf == SOCK_DGRAM {
@@ -126,6 +145,7 @@ pub extern "C" fn sys_socket(domain: i32, kind: i32, _protocol: i32) -> i32 {
         return if r < 0 {
             r as i32
         } else {
+            v6::set_family(r as u64, domain == v6::AF_INET6);
             SOCKET_FD_BASE + r as i32
         };
     }
@@ -138,6 +158,7 @@ pub extern "C" fn sys_socket(domain: i32, kind: i32, _protocol: i32) -> i32 {
     }
     set_nonblocking(r as u64, kind & SOCK_NONBLOCK != 0);
     crate::socket_timeout::reset(r as u64);
+    v6::set_family(r as u64, domain == v6::AF_INET6);
     SOCKET_FD_BASE + r as i32
 }
 
@@ -188,7 +209,8 @@ pub unsafe extern "C" fn sys_accept(fd: i32, addr: *mut u8, addrlen: *mut u32) -
     crate::socket_tx::set_up(r as u64);
     set_nonblocking(r as u64, false);
     crate::socket_timeout::reset(r as u64);
-    write_addr(peer, addr, addrlen);
+    v6::set_family(r as u64, v6::is_v6(s));
+    write_addr(r as u64, peer, addr, addrlen);
     SOCKET_FD_BASE + r as i32
 }
 
@@ -272,7 +294,7 @@ pub unsafe extern "C" fn sys_recvfrom(
         // SAFETY: the caller's contract.
         let r = done(unsafe { udp::recv_from(s, buf, len, flags & MSG_PEEK != 0, &mut peer) });
         if r >= 0 {
-            write_addr(peer, addr, addrlen);
+            write_addr(s, peer, addr, addrlen);
         }
         return r as isize;
     }
@@ -395,7 +417,7 @@ fn name_of(op: u64, fd: i32, name: *mut u8, namelen: *mut u32) -> i32 {
     if (-4095..0).contains(&r) {
         return done(r) as i32;
     }
-    write_addr(r as u64, name, namelen);
+    write_addr(s, r as u64, name, namelen);
     0
 }
 
@@ -450,6 +472,9 @@ pub unsafe extern "C" fn sys_setsockopt(
             }
         }
         (SOL_SOCKET, _) => 0,
+        // An IPv6 socket here is a view of IPv4 loopback, so always dual-stack: `IPV6_V6ONLY`
+        // off is what it is; on cannot be had.
+        (IPPROTO_IPV6, IPV6_V6ONLY) if v6::is_v6(s) && first == 0 => 0,
         _ => fail(ENOPROTOOPT),
     }
 }

@@ -2,8 +2,9 @@
 //! of the test's own, both ways (the guest sends to an `--allow-connect .../udp` address; the
 //! test's second socket sends to a `--publish .../udp` port and gets the answer), with
 //! truncation, `peek_from`, a non-blocking `recv`, a refused `send_to`, and a `recv_from` that
-//! waits on 1 vCPU while another guest thread computes. Without the flags every bind is
-//! `EACCES`; bad flag values are usage errors (status 2).
+//! waits on 1 vCPU while another guest thread computes; and the guest talking to itself over
+//! UDP and TCP, IPv4 and IPv6 (`[::]` / `[::1]`, a view of IPv4 loopback). Without the flags
+//! every bind is `EACCES`; bad flag values are usage errors (status 2).
 
 use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
@@ -166,13 +167,18 @@ fn to_itself(vcpus: &str, extra: &[&str]) -> Result<(), Failed> {
     let options: Vec<&str> = options.iter().map(String::as_str).collect();
     let run =
         activm_run(&std_guest("std-udp")?, &options, &["self", &udp, &tcp])?.expect_code(0)?;
-    let expected = "std-udp self: server got ping
+    let expected = format!(
+        "std-udp self: server got ping
 std-udp self: client got pong
 std-udp self: recv with a 50 ms timeout: Err(WouldBlock), after 50 ms or more: true
 std-udp self: tcp 65536 bytes each way, wrong bytes: 0 and 0
 std-udp self: waited for late; computed during the wait: true
+std-udp self: udp6 ping6 and pong6; server bound [::]:53, sender is IPv6: true, answer from [::1]:{udp}
+std-udp self: tcp6 hello6 -> HELLO6 from [::1]:{tcp}; listener [::]:80, peer is IPv6: true
+std-udp self: tcp6 to [2001:db8::1]:80: Err(PermissionDenied)
 std-udp self: done
-";
+"
+    );
     if run.stdout != expected {
         return Err(format!(
             "stdout differs\n--- got\n{}--- wanted\n{expected}",

@@ -8,7 +8,9 @@
 //! - TCP: a client thread connects to the published port, the guest's listener accepts, and
 //!   64 KiB go each way, checked byte for byte;
 //! - a wait beside a thread that computes and never yields: the server's `recv_from` waits
-//!   while that thread keeps computing and a third thread sends 100 ms later.
+//!   while that thread keeps computing and a third thread sends 100 ms later;
+//! - IPv6 (a view of IPv4 loopback here): the same ports bound as `[::]`, dialled as `[::1]`,
+//!   with the addresses each side sees.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
@@ -57,6 +59,8 @@ pub fn run(udp_port: &str, tcp_port: &str) -> Result<()> {
 
     tcp_both_ways(tcp_port)?;
     wait_beside_a_spinner(&server, &published)?;
+    drop((server, client));
+    ipv6(udp_port, tcp_port)?;
     println!("std-udp self: done");
     Ok(())
 }
@@ -119,5 +123,57 @@ fn wait_beside_a_spinner(server: &UdpSocket, published: &str) -> Result<()> {
         String::from_utf8_lossy(&buf[..n]),
         during > 0
     );
+    Ok(())
+}
+
+/// UDP and TCP through IPv6 sockets: servers on `[::]`, clients to `[::1]`; prints the
+/// addresses each side sees.
+fn ipv6(udp_port: &str, tcp_port: &str) -> Result<()> {
+    let server = UdpSocket::bind("[::]:53").map_err(ctx("bind [::]:53"))?;
+    let client = UdpSocket::bind("[::1]:0").map_err(ctx("bind [::1]:0"))?;
+    client
+        .send_to(b"ping6", format!("[::1]:{udp_port}"))
+        .map_err(ctx("send_to [::1]"))?;
+    let mut buf = [0u8; 64];
+    let (n, from) = server.recv_from(&mut buf).map_err(ctx("recv_from v6"))?;
+    server.send_to(b"pong6", from).map_err(ctx("answer v6"))?;
+    let (m, back_from) = client
+        .recv_from(&mut buf[n..])
+        .map_err(ctx("client recv v6"))?;
+    println!(
+        "std-udp self: udp6 {} and {}; server bound {}, sender is IPv6: {}, answer from {back_from}",
+        String::from_utf8_lossy(&buf[..n]),
+        String::from_utf8_lossy(&buf[n..n + m]),
+        server.local_addr().map_err(ctx("local_addr v6"))?,
+        from.is_ipv6()
+    );
+    let listener = TcpListener::bind("[::]:80").map_err(ctx("listen [::]:80"))?;
+    let addr = format!("[::1]:{tcp_port}");
+    let dialer = std::thread::spawn(move || -> Result<String> {
+        let mut s = TcpStream::connect(&addr).map_err(ctx("connect [::1]"))?;
+        s.write_all(b"hello6").map_err(ctx("write v6"))?;
+        let mut back = [0u8; 6];
+        s.read_exact(&mut back).map_err(ctx("read v6"))?;
+        Ok(format!(
+            "{} from {}",
+            String::from_utf8_lossy(&back),
+            s.peer_addr().map_err(ctx("peer_addr v6"))?
+        ))
+    });
+    let (mut conn, peer) = listener.accept().map_err(ctx("accept v6"))?;
+    let mut got = [0u8; 6];
+    conn.read_exact(&mut got).map_err(ctx("server read v6"))?;
+    conn.write_all(b"HELLO6").map_err(ctx("server write v6"))?;
+    let seen = dialer.join().map_err(|_| "the v6 client panicked")??;
+    println!(
+        "std-udp self: tcp6 {} -> {seen}; listener {}, peer is IPv6: {}",
+        String::from_utf8_lossy(&got),
+        listener.local_addr().map_err(ctx("listener addr v6"))?,
+        peer.is_ipv6()
+    );
+    let elsewhere = TcpStream::connect("[2001:db8::1]:80")
+        .map(|_| ())
+        .map_err(|e| e.kind());
+    println!("std-udp self: tcp6 to [2001:db8::1]:80: {elsewhere:?}");
     Ok(())
 }
