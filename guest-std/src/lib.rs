@@ -33,7 +33,7 @@ pub mod socket_rx;
 pub mod socket_timeout;
 pub mod socket_tx;
 pub mod socket_udp;
-pub mod socket_v6;
+mod socket_v6;
 pub mod sys;
 pub mod thread;
 
