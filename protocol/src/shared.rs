@@ -167,6 +167,14 @@ pub const SHARED_FEATURE_YIELD_IO: u32 = 1 << 2;
 /// guest with sockets. Otherwise such a store is a protocol violation.
 pub const SHARED_FEATURE_NET_DOORBELL: u32 = 1 << 3;
 
+/// [`SharedHeader::features`]: as [`SHARED_FEATURE_YIELD_IO`] for socket waits: `sa_yield` may
+/// give the processor back while socket waits are armed, even the guest's last one; when the
+/// net thread publishes reports and no vCPU of the guest holds a processor, the VMM starts a
+/// new activation of the guest (preempting another guest if the shares say so), the reports
+/// already in the ring. When no other guest wants the processor the VMM declines such a yield
+/// ([`crate::hypercall::SA_YIELD_DECLINED`]).
+pub const SHARED_FEATURE_YIELD_NET: u32 = 1 << 4;
+
 /// The first page of the shared area.
 #[repr(C, align(4096))]
 #[derive(Debug)]

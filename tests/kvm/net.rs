@@ -165,6 +165,82 @@ fn answers_after_idle_gaps(options: &'static [&'static str]) -> Result<(), Faile
     Ok(())
 }
 
+/// std-kv beside a batch guest in one activm on 2 processors: between requests the idle server
+/// gives its processors back to the batch guest, even its last one (its `accept` and reads stay
+/// armed: `SHARED_FEATURE_YIELD_NET`), and a request that comes while it holds none makes the
+/// VMM want a processor for it. Every request is answered, and at least one asked for a
+/// processor (`--stats`).
+fn gives_back_processors_beside_a_batch_guest() -> Result<(), Failed> {
+    use std::io::{BufRead, BufReader, Write};
+    let port = free_port()?;
+    let dir = super::TempDir::new("kv-beside")?;
+    let config = dir.file(
+        "beside.toml",
+        &format!(
+            "pcpus = 2\ntimeout = 9\n\n[[guest]]\nname = \"kv\"\nimage = '{}'\nvcpus = 2\n\
+             publish = [\"{port}:6379\"]\n\n[[guest]]\nname = \"batch\"\nimage = '{}'\n\
+             vcpus = 2\nargs = [\"nbody-for\", \"1024\", \"8000\", \"2\"]\n",
+            std_guest("std-kv")?.display(),
+            super::guest("nbody")?.display()
+        ),
+    )?;
+    let run = std::thread::spawn(move || {
+        Command::new(ACTIVM)
+            .args([std::ffi::OsStr::new("run"), config.as_os_str()])
+            .arg("--stats")
+            .output()
+    });
+    let start = Instant::now();
+    let stream = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(stream) => break stream,
+            Err(_) if start.elapsed() < Duration::from_secs(6) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => return Err(format!("std-kv never listened: {e}").into()),
+        }
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    let mut answered = 0;
+    for i in 0..5 {
+        // Long enough idle for the server to give its processors back (1 ms, then a yield).
+        std::thread::sleep(Duration::from_millis(300));
+        writer.write_all(b"*1\r\n$4\r\nPING\r\n")?;
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        if line != "+PONG\r\n" {
+            return Err(format!("request {i}: PING answered {line:?}").into());
+        }
+        answered += 1;
+    }
+    drop((writer, reader));
+    let out = run.join().map_err(|_| "the activm thread panicked")??;
+    // The guests' output (stdout) and the VMM's (`--stats`, on stderr).
+    let stdout = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !stdout.contains("[batch] RESULT nbody") {
+        return Err(format!("the batch guest did not finish\n{stdout}").into());
+    }
+    let asked: u64 = stdout
+        .lines()
+        .filter(|l| l.starts_with("[kv] "))
+        .find_map(|l| l.split("socket reports that asked for a processor=").nth(1))
+        .and_then(|n| n.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| format!("no socket report count in --stats\n{stdout}"))?;
+    if answered != 5 || asked == 0 {
+        return Err(format!(
+            "{answered} of 5 answered; reports that asked for a processor: {asked}\n{stdout}"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// `std-kv ping` against a listener of the test's own that answers `+PONG`.
 fn connects_only_where_allowed() -> Result<(), Failed> {
     use std::io::{Read, Write};
@@ -253,6 +329,10 @@ pub fn tests() -> Vec<Trial> {
         Trial::test("std_kv_serves_redis_benchmark_without_activations", || {
             benchmark_then_round_trip(&["--vcpus", "2", "--no-activations"])
         }),
+        Trial::test(
+            "std_kv_beside_a_batch_guest_gives_back_its_processors_and_answers",
+            gives_back_processors_beside_a_batch_guest,
+        ),
         Trial::test("std_kv_answers_after_idle_gaps", || {
             answers_after_idle_gaps(&["--vcpus", "2"])
         }),

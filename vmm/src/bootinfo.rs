@@ -10,8 +10,8 @@ use protocol::boot::{
 };
 use protocol::shared::{
     SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_NET_DOORBELL, SHARED_FEATURE_TIMELINE,
-    SHARED_FEATURE_YIELD_IO, SHARED_FEATURE_YIELD_WAKE, SHARED_MAGIC, UPCALL_QUEUE_CAPACITY,
-    VCPU_AREA_SIZE,
+    SHARED_FEATURE_YIELD_IO, SHARED_FEATURE_YIELD_NET, SHARED_FEATURE_YIELD_WAKE, SHARED_MAGIC,
+    UPCALL_QUEUE_CAPACITY, VCPU_AREA_SIZE,
 };
 use protocol::{ABI_VERSION, MAX_VCPUS};
 
@@ -229,6 +229,7 @@ fn write_shared_area(ram: &GuestRam, plan: &Plan, timeline: bool) -> Result<(), 
         base + offset_of!(SharedHeader, features) as u64,
         SHARED_FEATURE_YIELD_WAKE
             | SHARED_FEATURE_YIELD_IO
+            | SHARED_FEATURE_YIELD_NET
             | SHARED_FEATURE_NET_DOORBELL
             | if timeline { SHARED_FEATURE_TIMELINE } else { 0 },
     )?;

@@ -134,11 +134,12 @@ fn render_stats(guest: &Guest) -> String {
     );
     let _ = write!(
         out,
-        "\nblocked with a new activation on the same vCPU={} UNBLOCKED left pending without an interrupt (every running vCPU busy)={} slow file calls (vCPU blocked)={} socket reports nudged to a busy vCPU={}",
+        "\nblocked with a new activation on the same vCPU={} UNBLOCKED left pending without an interrupt (every running vCPU busy)={} slow file calls (vCPU blocked)={} socket reports nudged to a busy vCPU={} socket reports that asked for a processor={}",
         n(&s.blocked_reentered),
         n(&s.quiet_unblocked),
         n(&s.file_calls_blocked),
-        n(&s.socket_reports_nudged)
+        n(&s.socket_reports_nudged),
+        n(&s.socket_reports_woke_guest)
     );
     let _ = write!(
         out,

@@ -37,6 +37,9 @@ pub struct GuestStats {
     /// Socket reports the guest left untaken for `NET_NUDGE` while every vCPU of it ran a
     /// thread, for which a running vCPU was interrupted (`devices/net/unseen.rs`).
     pub socket_reports_nudged: AtomicU64,
+    /// Socket reports for a guest holding no processor (`SHARED_FEATURE_YIELD_NET`): it was
+    /// made to want one.
+    pub socket_reports_woke_guest: AtomicU64,
     /// Kicks of running vCPUs whose queue kept records untaken for `UPCALL_WATCH_BOUND`.
     pub upcall_watch_kicks: AtomicU64,
     /// Upcall interrupts sent again with those kicks.

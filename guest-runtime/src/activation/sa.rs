@@ -5,7 +5,7 @@ use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use activm_stub::protocol::hypercall::{Hypercall, SA_YIELD_DECLINED};
 use activm_stub::protocol::shared::{
-    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_IO, SHARED_FEATURE_YIELD_WAKE,
+    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_IO, SHARED_FEATURE_YIELD_NET, SHARED_FEATURE_YIELD_WAKE,
 };
 
 use crate::arch::cpu::{self, Word};
@@ -171,6 +171,12 @@ pub fn yield_idle_vcpu(me: u32, wake_ns: u64, work_queued: impl Fn() -> bool) {
 /// guest for their completions (`SHARED_FEATURE_YIELD_IO`).
 pub fn io_yield_supported() -> bool {
     activations_enabled() && header().features & SHARED_FEATURE_YIELD_IO != 0
+}
+
+/// Whether the VMM takes a processor back while socket waits are armed and wakes the guest
+/// for their reports (`SHARED_FEATURE_YIELD_NET`).
+pub fn net_yield_supported() -> bool {
+    activations_enabled() && header().features & SHARED_FEATURE_YIELD_NET != 0
 }
 
 /// When the VMM last declined a yield (it keeps the processor: nobody else wanted it while

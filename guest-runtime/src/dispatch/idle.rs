@@ -135,14 +135,15 @@ pub(super) fn idle() {
         // With activations, a vCPU idle for long enough gives its processor back (Anderson et al. 1992:
         // "this processor is idle"); the guest asks again when work needs it (see
         // `wake_idle_vcpu_after_rmw`). Not while threads sleep: a vCPU that halts arms the
-        // timer for them, and the busy ones may not have.
+        // timer for them, and the busy ones may not have. With socket waits armed only if the
+        // VMM wants a processor back for their reports (`SHARED_FEATURE_YIELD_NET`).
         let yield_after = config::idle_yield_ticks();
         let may_yield = yield_after != 0
             && config::use_halt()
             && sa::activations_enabled()
             && !timer::has_sleepers()
             && !blk::requests_in_flight()
-            && !net::waits_armed();
+            && (!net::waits_armed() || sa::net_yield_supported());
         let halted_at = cpu::rdtsc();
         if may_yield {
             alarm::arm_idle_deadline(halted_at + yield_after);
@@ -171,7 +172,14 @@ pub(super) fn idle() {
             // `SchedIdle` stays set until the yield: if the VMM takes the processor first, the
             // context it hands over must be dropped as an idle scheduler's, never adopted (an
             // adopter would run the `sa_yield` and give its own activation away).
-            sa::yield_idle_vcpu(me, 0, work_queued);
+            // With socket waits armed the last processor may go too: the VMM wants one back
+            // for the first report (`SHARED_FEATURE_YIELD_NET`), or declines when nobody else
+            // wants it.
+            if net::waits_armed() {
+                sa::yield_idle_vcpu_for_io(me, 0, work_queued);
+            } else {
+                sa::yield_idle_vcpu(me, 0, work_queued);
+            }
             // Returns only if the VMM kept the processor here (or the queue has records).
             cpu::set(Word::SchedIdle, 0);
             return;
@@ -189,6 +197,7 @@ fn yield_until_sleeper() -> Option<u64> {
         || !config::use_halt()
         || !sa::yield_wake_supported()
         || blk::requests_in_flight()
+        || (net::waits_armed() && !sa::net_yield_supported())
         || sa::yield_declined_lately()
     {
         return None;
@@ -203,7 +212,8 @@ fn yield_until_sleeper() -> Option<u64> {
 
 /// With block requests in flight and nothing else to wait for but sleepers, on a VMM that
 /// wakes a guest for its completions (`SHARED_FEATURE_YIELD_IO`): the wake-up to ask for (the
-/// earliest sleeper, a little early; 0 for none or one too close to bother).
+/// earliest sleeper, a little early; 0 for none or one too close to bother). Not with socket
+/// waits armed: a server offers its processors only after an idle period (below).
 fn yield_for_io() -> Option<u64> {
     if config::idle_yield_ticks() == 0
         || !config::use_halt()

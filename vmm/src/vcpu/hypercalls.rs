@@ -276,14 +276,16 @@ impl VcpuThread {
         if !self.guest.acts.enabled() {
             return Ok(HC_UNSUPPORTED);
         }
-        // With block requests in flight, a processor nobody else wants (or a latency-critical
-        // guest's last one) is better kept: the vCPU halts until the completion instead of a
-        // new activation for it.
-        let io_in_flight = self
-            .guest
-            .disk
-            .as_ref()
-            .is_some_and(|disk| disk.queue.in_flight() > 0);
+        // With block requests in flight or sockets that may wait (`SHARED_FEATURE_YIELD_NET`),
+        // a processor nobody else wants (or a latency-critical guest's last one) is better
+        // kept: the vCPU halts until the completion or report instead of a new activation for
+        // it.
+        let io_in_flight = self.guest.net.is_some()
+            || self
+                .guest
+                .disk
+                .as_ref()
+                .is_some_and(|disk| disk.queue.in_flight() > 0);
         if io_in_flight
             && self
                 .guest

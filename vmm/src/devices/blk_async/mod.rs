@@ -52,7 +52,7 @@ pub use submit_ring::{check_ring_address, take_submissions, Taken, SUBMIT_POLL};
 pub use timer::BUSY_GRACE;
 use timerfd::TimerFd;
 use wake::wake_for_completions;
-pub(crate) use wake::{wake_one_idle, wake_one_running};
+pub(crate) use wake::{wake_one_idle, wake_one_running, want_processor_if_none_held};
 
 /// I/O threads per disk: this many cold reads or flushes wait for the host at once; more queue.
 pub const IO_THREADS: usize = 8;

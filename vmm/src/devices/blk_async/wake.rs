@@ -32,13 +32,24 @@ pub(crate) fn wake_one_running(guest: &Guest) -> bool {
 /// gave every processor back (`SHARED_FEATURE_YIELD_IO`), it wants one again. Busy vCPUs find
 /// the completions when they schedule.
 pub(super) fn wake_for_completions(guest: &Guest) {
-    if wake_one_idle(guest) || !guest.acts.enabled() {
-        return;
+    if !wake_one_idle(guest) {
+        want_processor_if_none_held(guest);
+    }
+}
+
+/// Work waits in a ring for a guest (`SHARED_FEATURE_YIELD_IO`, `SHARED_FEATURE_YIELD_NET`):
+/// if it gave every processor back, it wants one again (a new activation takes the work);
+/// whether it did.
+pub(crate) fn want_processor_if_none_held(guest: &Guest) -> bool {
+    if !guest.acts.enabled() {
+        return false;
     }
     let view = guest.procs.alloc.view(guest.id);
-    if !view.vcpus.iter().any(|s| s.holds_processor()) {
-        guest.procs.revoke(guest.procs.alloc.want_one(guest.id));
+    if view.vcpus.iter().any(|s| s.holds_processor()) {
+        return false;
     }
+    guest.procs.revoke(guest.procs.alloc.want_one(guest.id));
+    true
 }
 
 /// Interrupt one vCPU the guest marks idle, preferring one that holds a processor (whether

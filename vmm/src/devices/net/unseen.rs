@@ -62,8 +62,20 @@ impl Unseen {
             self.woke = Some(Instant::now());
             return;
         }
-        // Every vCPU holding a processor runs a thread (or none holds one: then nothing is
-        // interrupted, and a vCPU takes the reports when it gets its processor back).
+        // The guest gave every processor back (`SHARED_FEATURE_YIELD_NET`): it wants one, and
+        // the new activation takes the reports.
+        // Followed up after `WAKE_WAIT`, as an interrupt is.
+        if crate::devices::blk_async::want_processor_if_none_held(guest) {
+            self.since.get_or_insert_with(Instant::now);
+            self.none_idle = false;
+            self.woke = Some(Instant::now());
+            guest
+                .stats
+                .socket_reports_woke_guest
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // Every vCPU holding a processor runs a thread.
         let since = *self.since.get_or_insert_with(Instant::now);
         self.none_idle = true;
         if since.elapsed() >= NET_NUDGE {
