@@ -10,7 +10,8 @@
 //!
 //! Then the same beside a batch guest (`nbody nbody-for`, N-body stepping on 2 vCPUs) on the
 //! same 2 CPUs: both guests in one activm (`pcpus = 2`, the server `latency_critical`) in each
-//! mode, and redis-server beside the batch guest run alone (host-scheduled).
+//! mode, and redis-server beside the batch guest run alone (host-scheduled). First, what an
+//! idle server costs: the batch guest's steps/s alone and beside an idle std-kv.
 //!
 //! `cargo xtask bench kv`; `ACTIVM_BENCH_QUICK=1` for fewer requests; `ACTIVM_KV_ROOT=DIR`
 //! takes `target/release/activm` and the guests from DIR's tree instead. Installs redis-tools and
@@ -230,6 +231,60 @@ fn run() -> Result<(), String> {
     beside_nbody(&activm, &kv, &root, requests)
 }
 
+/// N-body steps/s of a 2-vCPU batch guest alone and beside an idle std-kv (2 vCPUs, its
+/// `accept` waiting, no clients) in one activm on 2 CPUs, with activations and host-scheduled:
+/// what an idle server costs its neighbour.
+fn idle_server_beside_batch(
+    activm: &std::path::Path,
+    kv: &std::path::Path,
+    nbody: &std::path::Path,
+    dir: &std::path::Path,
+) -> Result<(), String> {
+    println!("a batch guest (nbody, 2 threads, 2 vCPUs, 3 s) beside an idle std-kv (2 vCPUs, no clients), one activm on 2 CPUs");
+    println!(
+        "{:<26} {:>14} {:>14} {:>8}",
+        "mode", "alone steps/s", "beside idle", "ratio"
+    );
+    for (name, machine) in [("activations", ""), ("host-sched", "host_sched = true\n")] {
+        let mut rates = [0.0f64; 2];
+        for (i, with_kv) in [false, true].into_iter().enumerate() {
+            let port = free_port()?;
+            let server = if with_kv {
+                format!(
+                    "[[guest]]\nname = \"kv\"\nimage = {kv:?}\nvcpus = 2\npublish = [\"{port}:6379\"]\n\n"
+                )
+            } else {
+                String::new()
+            };
+            let text = format!(
+                "pcpus = 2\ntimeout = 6\n{machine}\n{server}[[guest]]\nname = \"batch\"\n\
+                 image = {nbody:?}\nvcpus = 2\nargs = [\"nbody-for\", \"1024\", \"3000\", \"2\"]\n"
+            );
+            let config = dir.join("idle-beside.toml");
+            std::fs::write(&config, text).map_err(|e| e.to_string())?;
+            let out = Command::new(activm)
+                .arg("run")
+                .arg(&config)
+                .output()
+                .map_err(|e| e.to_string())?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            rates[i] = stdout
+                .lines()
+                .filter(|l| l.contains("RESULT nbody"))
+                .find_map(|l| l.split("steps_per_s=").nth(1))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .ok_or_else(|| format!("{name}: no N-body result in {stdout:?}"))?;
+        }
+        println!(
+            "{name:<26} {:>14.1} {:>14.1} {:>7.2}x",
+            rates[0],
+            rates[1],
+            rates[1] / rates[0]
+        );
+    }
+    Ok(())
+}
+
 /// GET/SET -P 1 with an N-body guest beside the server on the same 2 CPUs.
 fn beside_nbody(
     activm: &std::path::Path,
@@ -243,6 +298,7 @@ fn beside_nbody(
     }
     let dir = std::env::temp_dir().join(format!("activm-kv-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    idle_server_beside_batch(activm, kv, &nbody, &dir)?;
     let batch_ms = 600_000;
     let tests = [("get", 1), ("set", 1)];
     println!(
