@@ -18,6 +18,9 @@ std-udp self: client got pong
 std-udp self: recv with a 50 ms timeout: Err(WouldBlock), after 50 ms or more: true
 std-udp self: tcp 65536 bytes each way, wrong bytes: 0 and 0
 std-udp self: waited for late; computed during the wait: true
+std-udp self: udp6 ping6 and pong6; server bound [::]:53, sender is IPv6: true, answer from [::1]:47201
+std-udp self: tcp6 hello6 -> HELLO6 from [::1]:47202; listener [::]:80, peer is IPv6: true
+std-udp self: tcp6 to [2001:db8::1]:80: Err(PermissionDenied)
 std-udp self: done
 ";
 
