@@ -276,7 +276,8 @@ impl Guest {
             Some(vcpu) => self.flush_pending(vcpu),
             None => self.procs.revoke(self.procs.alloc.want_one(self.id)),
         }
-        if let Some(stalled) = self.acts.stalled_for() {
+        // (The flush may have emptied the queue of pending events: then nothing is stalled.)
+        if let Some(stalled) = self.acts.stalled_for().filter(|_| self.acts.pending() > 0) {
             if stalled > UPCALL_STALL_LIMIT {
                 // Where was each vCPU? The hang report says (`hang/`).
                 self.begin_hang_report("upcall queues without room");

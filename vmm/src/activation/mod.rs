@@ -306,6 +306,11 @@ impl Activations {
                 break;
             }
         }
+        // Everything went out: the queues have room again (a stall clock left running here
+        // stopped a guest a second later for events it had long taken).
+        if state.pending.is_empty() {
+            state.stalled_since = None;
+        }
         Ok(NewActivation {
             entry,
             stack_top,
@@ -363,5 +368,65 @@ pub fn upcall_name(kind: UpcallKind) -> &'static str {
         UpcallKind::Unblocked => "upcall UNBLOCKED",
         UpcallKind::Signal => "upcall SIGNAL",
         UpcallKind::User => "upcall USER",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::offset_of;
+
+    use protocol::shared::{vcpu_area_offset, SharedHeader, VcpuArea};
+
+    use super::*;
+    use crate::memory::{GuestRam, Plan, StackSlots};
+
+    const MEM: u64 = 16 << 20;
+    const IMAGE: u64 = protocol::arch::current::IMAGE_BASE;
+
+    #[test]
+    fn a_stall_ends_when_a_new_activation_takes_the_pending_events() {
+        let stacks = StackSlots::new(4096, Some(4), MEM).unwrap();
+        let plan = Plan::new(1, MEM, IMAGE..IMAGE + 0x1_0000, IMAGE, 16, IMAGE, stacks).unwrap();
+        let ram = GuestRam::new(MEM).unwrap();
+        let area = SharedArea::new(&ram, &plan);
+        let base = plan.shared_area.start;
+        // The guest's stack pool: two stacks.
+        for slot in 0..2u64 {
+            let at = base + offset_of!(SharedHeader, stacks) as u64 + 8 * slot;
+            ram.write_u64(at, IMAGE + 0x1000 * (slot + 1)).unwrap();
+        }
+        ram.write_u32(base + offset_of!(SharedHeader, stack_prod) as u64, 2)
+            .unwrap();
+        let acts = Activations::new(1, true);
+        acts.register(IMAGE);
+        acts.enable().unwrap();
+        acts.start_activation(area, 0).unwrap();
+        // The guest takes nothing: the queue fills, the next event waits, the clock runs.
+        for _ in 0..UPCALL_QUEUE_CAPACITY {
+            let _ = acts.post(area, Event::new(UpcallKind::Signal, 1, 0, 0), Some(0));
+        }
+        assert_eq!(acts.pending(), 1);
+        assert!(acts.stalled_for().is_some());
+        // It takes every record; the activation ends and a new one takes the pending event.
+        let head = ram
+            .read_bytes(
+                base + (vcpu_area_offset(0) + offset_of!(VcpuArea, queue_head)) as u64,
+                4,
+            )
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .unwrap();
+        ram.write_u32(
+            base + (vcpu_area_offset(0) + offset_of!(VcpuArea, queue_tail)) as u64,
+            head,
+        )
+        .unwrap();
+        acts.end_activation(area, 0, VcpuRunState::Preempted);
+        acts.start_activation(area, 0).unwrap();
+        assert_eq!(acts.pending(), 0);
+        assert_eq!(
+            acts.stalled_for(),
+            None,
+            "the stall clock outlived the stall"
+        );
     }
 }
