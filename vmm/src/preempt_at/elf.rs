@@ -97,7 +97,9 @@ pub fn symbols(elf: &[u8]) -> Vec<Symbol<'_>> {
 /// The v0 mangling of a Rust path's segments (`a::bc` → `1a2bc`), without the crate's
 /// disambiguator: the tail of the mangled name of an item at that path.
 fn v0_path(path: &str) -> String {
-    path.split("::").map(|s| format!("{}{s}", s.len())).collect()
+    path.split("::")
+        .map(|s| format!("{}{s}", s.len()))
+        .collect()
 }
 
 /// A mangled name without the `.llvm.N` that LTO appends to the local items it promotes.
@@ -122,7 +124,9 @@ pub fn lookup<'a>(elf: &'a [u8], name: &str) -> Result<Symbol<'a>, String> {
     let tail = v0_path(name);
     let found: Vec<_> = all
         .iter()
-        .filter(|s| s.name.starts_with(b"_R") && without_llvm_suffix(s.name).ends_with(tail.as_bytes()))
+        .filter(|s| {
+            s.name.starts_with(b"_R") && without_llvm_suffix(s.name).ends_with(tail.as_bytes())
+        })
         .collect();
     match found[..] {
         [one] => Ok(*one),

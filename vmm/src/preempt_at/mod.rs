@@ -128,9 +128,11 @@ impl Hooks {
             let base = match point.symbol.strip_prefix("0x") {
                 Some(_) => parse_number(&point.symbol)
                     .ok_or_else(|| bad(format!("bad address {}", point.symbol)))?,
-                None => elf::lookup(&elf, &point.symbol)
-                    .map_err(|why| bad(format!("{why} in {}", image.display())))?
-                    .value,
+                None => {
+                    elf::lookup(&elf, &point.symbol)
+                        .map_err(|why| bad(format!("{why} in {}", image.display())))?
+                        .value
+                }
             };
             let name = match point.offset {
                 0 => point.symbol.clone(),

@@ -15,12 +15,22 @@ use crate::vm::Outcome;
 /// A KVM exit, copied out of `kvm_run` so the vCPU fd is free again while it is handled.
 #[derive(Debug)]
 pub enum Exit {
-    MmioRead { addr: u64, len: usize },
-    MmioWrite { addr: u64, len: usize },
+    MmioRead {
+        addr: u64,
+        len: usize,
+    },
+    MmioWrite {
+        addr: u64,
+        len: usize,
+    },
     Shutdown,
     InternalError,
-    FailEntry { reason: u64 },
-    Io { port: u16 },
+    FailEntry {
+        reason: u64,
+    },
+    Io {
+        port: u16,
+    },
     /// A guest-debug exit: only the `--preempt-at` breakpoint gate is watched.
     Debug,
     Other(String),

@@ -9,9 +9,7 @@
 //! the trapped code's registers intact and the CPU's frame on the CPL0 stack. The VMM puts it
 //! back at CPL3 on the address from that frame ([`unwind_breakpoint`]).
 
-use kvm_bindings::{
-    kvm_guest_debug, kvm_segment, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_USE_HW_BP,
-};
+use kvm_bindings::{kvm_guest_debug, kvm_segment, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_USE_HW_BP};
 use kvm_ioctls::{SyncReg, VcpuFd};
 
 use crate::error::Error;
