@@ -1,10 +1,12 @@
 //! `--preempt-at` (testing only): a vCPU preempted exactly at a chosen instruction. Here, inside
 //! the adoption of the guest runtime's scheduler (docs/activations.md, "An adopting scheduler's
 //! stack given back"): in the slice timer's re-arm that precedes the switch, before and after
-//! the switch moves the stack pointer, and at the call that gives the left stack back. With the
-//! stack given back by the vCPU's next switch into its scheduler instead (the code before
-//! dab3b1c), a context taken at the first two went on, once adopted, on a stack that had gone
-//! back to the pool.
+//! the switch moves the stack pointer, and at the call that gives the left stack back. The code
+//! before dab3b1c gave the left stack back at the vCPU's next switch into its scheduler, so a
+//! context taken at the first two waited for adoption on a stack already back in the pool. This
+//! test makes that interleaving every run, but on such code it fails only if the stack is reused
+//! before the adoption, which these runs did not see (docs/activations.md, "Preempting at an
+//! address").
 
 use libtest_mimic::{Failed, Trial};
 
