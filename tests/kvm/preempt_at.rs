@@ -28,13 +28,14 @@ fn switch_points(image: &std::path::Path) -> Result<String, Failed> {
         .position(|w| w == SWITCH)
         .ok_or("no switch sequence in adopt (jump_to_frame changed?)")?;
     Ok(format!(
-        "{adopt}+{at},{adopt}+{},__rt_release_left_stack,__rt_resume_switch_frame,\
+        "{adopt}+{at:#x},{adopt}+{:#x},__rt_release_left_stack,__rt_resume_switch_frame,\
          __rt_resume_switch_frame+3,activm_rt::alarm::tick_by",
         at + 3
     ))
 }
 
-/// `N` from `preempt-at: N preemptions (...)` and the hits of `point` in it.
+/// `N` from `preempt-at: N preemptions (...)` and the hits of `point` in it (written as the
+/// summary writes it: a `0x` offset).
 fn hits(stderr: &str, point: &str) -> Option<(u64, u64)> {
     let line = stderr.lines().find(|l| l.contains("preempt-at: "))?;
     let total = line
