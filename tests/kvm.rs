@@ -40,6 +40,8 @@ mod net;
 mod net_opts;
 #[path = "kvm/net_udp.rs"]
 mod net_udp;
+#[path = "kvm/preempt_at.rs"]
+mod preempt_at;
 #[path = "kvm/security.rs"]
 mod security;
 #[path = "kvm/std_api.rs"]
@@ -271,6 +273,7 @@ fn main() {
     trials.extend(net_opts::tests());
     trials.extend(timeline::tests());
     trials.extend(hang::tests());
+    trials.extend(preempt_at::tests());
     if let Err(why) = kvm_usable() {
         if let Some(required) = exact::kvm_required() {
             // A machine with KVM (or CI) must not pass by skipping: every KVM test fails.

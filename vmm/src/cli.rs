@@ -109,6 +109,15 @@ pub(crate) struct RunArgs {
     /// 100 us - 2 ms, from this seed, so processors are revoked and granted all the time.
     #[arg(long, value_name = "SEED")]
     pub(crate) chaos: Option<u64>,
+    /// Testing only: preempt a vCPU when it reaches one of these CPL3 code addresses of the
+    /// guest image (symbols, plus an offset in bytes; `0x...` for an address), exactly there,
+    /// through the normal hand-off (x86_64; docs/activations.md, "Preempting at an address").
+    /// An unknown symbol is an error (exit status 1).
+    #[arg(long, hide = true, value_name = "SYMBOL[+OFFSET][,...]", value_parser = parse_preempt_points)]
+    pub(crate) preempt_at: Option<PreemptPoints>,
+    /// Testing only: how many --preempt-at preemptions in all (per guest).
+    #[arg(long, hide = true, default_value_t = 16, value_name = "N")]
+    pub(crate) preempt_at_count: u32,
     /// Usable size of each guard-paged thread stack the VMM maps for the guest runtime.
     #[arg(long, default_value = "124K", value_name = "SIZE", value_parser = config::parse_size)]
     pub(crate) thread_stack: u64,
@@ -180,4 +189,12 @@ pub(crate) enum CtlAction {
     SetPcpus { pcpus: u64 },
     /// Cap how many vCPUs guest GUEST (an id from `list`) may run at once.
     SetVcpus { guest: u64, vcpus: u64 },
+}
+
+/// The points of `--preempt-at`.
+#[derive(Clone, Debug)]
+pub(crate) struct PreemptPoints(pub(crate) Vec<activm::preempt_at::Point>);
+
+fn parse_preempt_points(text: &str) -> Result<PreemptPoints, String> {
+    activm::preempt_at::parse_points(text).map(PreemptPoints)
 }

@@ -100,6 +100,8 @@ pub struct Guest {
     outcome: Mutex<Option<Outcome>>,
     /// The hang report, when the VMM stops the guest (`hang/`).
     pub hang: crate::hang::state::HangState,
+    /// Testing only: the `--preempt-at` points (`preempt_at.rs`).
+    pub preempt_at: Option<crate::preempt_at::Hooks>,
     running: AtomicUsize,
     console: Mutex<Box<dyn Write + Send>>,
 }
@@ -111,6 +113,24 @@ impl std::fmt::Debug for Guest {
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
+}
+
+/// Arm the `--preempt-at` points in the loaded image and watch the breakpoint gate on every
+/// vCPU (before any runs: the vCPU threads may not make that ioctl).
+fn preempt_hooks(
+    spec: &crate::preempt_at::Spec,
+    config: &VmConfig,
+    image: &loader::ImageInfo,
+    ram: &GuestRam,
+    plan: &Plan,
+    fds: &[VcpuFd],
+) -> Result<crate::preempt_at::Hooks, Error> {
+    let gate = arch::preempt::breakpoint_gate(plan);
+    for fd in fds {
+        arch::preempt::watch_breakpoint_gate(fd, gate)?;
+    }
+    let vectors = plan.vectors..plan.vectors + 256 * plan.vector_stride;
+    crate::preempt_at::Hooks::arm(spec, &config.image, image, ram, vectors, gate)
 }
 
 fn open_kvm() -> Result<Kvm, Error> {
@@ -144,6 +164,7 @@ impl Guest {
         procs: &Arc<Processors>,
         activations_allowed: bool,
         trace: Option<Arc<Trace>>,
+        preempt_at: Option<&crate::preempt_at::Spec>,
     ) -> Result<Created, Error> {
         config
             .check()
@@ -207,6 +228,10 @@ impl Guest {
             fds.push(fd);
         }
         phases.push(("vCPUs created and configured", arch::timestamp()));
+        let preempt_at = match preempt_at {
+            Some(spec) => Some(preempt_hooks(spec, config, &image, &ram, &plan, &fds)?),
+            None => None,
+        };
         let tsc_khz = arch::timestamp_khz(&fds[0]);
         bootinfo::write(
             &ram,
@@ -252,6 +277,7 @@ impl Guest {
             phases,
             outcome: Mutex::new(None),
             hang: Default::default(),
+            preempt_at,
             running: AtomicUsize::new(config.vcpus as usize),
             console: Mutex::new(console),
         };

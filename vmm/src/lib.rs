@@ -35,6 +35,8 @@ pub mod kick;
 pub mod loader;
 pub mod memory;
 pub mod monitor;
+#[doc(hidden)]
+pub mod preempt_at;
 pub mod report;
 pub mod runtime_view;
 pub mod sandbox;

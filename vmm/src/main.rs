@@ -234,12 +234,19 @@ fn guests_from_flags(args: &RunArgs) -> Result<Vec<GuestSpec>, config::Problem> 
 }
 
 fn run(args: RunArgs, given: &[String], start_tsc: u64) -> ExitCode {
-    let (plan, source) = match settings(&args, given).and_then(|(machine, guests, source)| {
+    let (mut plan, source) = match settings(&args, given).and_then(|(machine, guests, source)| {
         config::build(&machine, &guests, &source, start_tsc).map(|plan| (plan, source))
     }) {
         Ok(planned) => planned,
         Err(e) => return problem(e),
     };
+    plan.options.preempt_at = args
+        .preempt_at
+        .as_ref()
+        .map(|points| activm::preempt_at::Spec {
+            points: points.0.clone(),
+            count: args.preempt_at_count,
+        });
     activm::sandbox::configure(!args.no_sandbox);
     allow_paths(&plan, &source);
     let console = match ConsoleBuffer::spawn(Box::new(std::io::stdout()), console::CAPACITY) {

@@ -121,6 +121,7 @@ pub fn run_guests(
             &procs,
             options.activations && config.activations,
             trace.clone(),
+            options.preempt_at.as_ref(),
         )?;
         if let Some(disk) = &created.guest.disk {
             disk.queue
@@ -222,6 +223,11 @@ pub fn run_guests(
         }
     }
     let _ = dispatcher.join();
+    for guest in &guests {
+        if let Some(hooks) = &guest.preempt_at {
+            eprintln!("activm: [{}] {}", guest.name, hooks.summary());
+        }
+    }
     drop(signal_thread);
     drop(ctl);
     if let (Some(trace), Some(path)) = (&trace, &options.trace) {

@@ -24,5 +24,7 @@ pub use this::context::{at_activation_entry, at_user_level, enter_activation, ta
 // Reports, and a guest that crashes at once for the tests.
 pub use this::vcpu::{dump, fatal_trap_report};
 pub use this::{register_transfer_stats, INTERNAL_ERROR_HINT, TRIPLE_FAULT_CODE};
+// Testing only (`--preempt-at`): stopping a vCPU at a chosen address.
+pub use this::preempt;
 // The sandbox: the seccomp target and the KVM ioctl requests each thread kind makes.
 pub use this::seccomp;

@@ -262,6 +262,8 @@ pub struct MonitorOptions {
     /// default; `--no-place-vcpus` or `place_vcpus = false` turn it off. Never with
     /// `host_sched`.
     pub place_vcpus: bool,
+    /// Testing only (`--preempt-at`): preempt vCPUs at these guest code addresses.
+    pub preempt_at: Option<crate::preempt_at::Spec>,
 }
 
 impl Default for MonitorOptions {
@@ -277,6 +279,7 @@ impl Default for MonitorOptions {
             chaos_seed: None,
             host_sched: false,
             place_vcpus: true,
+            preempt_at: None,
         }
     }
 }

@@ -2,23 +2,37 @@
 //! (`hypercalls.rs`); every other exit ends the guest with a report.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use kvm_ioctls::VcpuExit;
 
 use super::{ExitAction, VcpuThread};
 use crate::arch::current as arch;
 use crate::kick::{EXIT_HYPERCALL, EXIT_OTHER};
+use crate::preempt_at::Trap;
 use crate::vm::Outcome;
 
 /// A KVM exit, copied out of `kvm_run` so the vCPU fd is free again while it is handled.
 #[derive(Debug)]
 pub enum Exit {
-    MmioRead { addr: u64, len: usize },
-    MmioWrite { addr: u64, len: usize },
+    MmioRead {
+        addr: u64,
+        len: usize,
+    },
+    MmioWrite {
+        addr: u64,
+        len: usize,
+    },
     Shutdown,
     InternalError,
-    FailEntry { reason: u64 },
-    Io { port: u16 },
+    FailEntry {
+        reason: u64,
+    },
+    Io {
+        port: u16,
+    },
+    /// A guest-debug exit: only the `--preempt-at` breakpoint gate is watched.
+    Debug,
     Other(String),
 }
 
@@ -37,6 +51,7 @@ impl Exit {
             VcpuExit::InternalError => Exit::InternalError,
             VcpuExit::FailEntry(reason, _) => Exit::FailEntry { reason },
             VcpuExit::IoIn(port, _) | VcpuExit::IoOut(port, _) => Exit::Io { port },
+            VcpuExit::Debug(_) => Exit::Debug,
             other => Exit::Other(format!("{other:?}")),
         }
     }
@@ -49,6 +64,34 @@ impl VcpuThread {
             self.index,
             format!("{what}\n{}", arch::dump(&self.fd)),
         ))
+    }
+
+    /// Testing only: a vCPU trapped on a `--preempt-at` breakpoint (`preempt_at.rs`). It is
+    /// put back on the point, which gets its original instruction back; then it is preempted
+    /// there (the run loop hands it over as if its processor were revoked) or runs on.
+    fn breakpoint_trap(&mut self) -> ExitAction {
+        let guest = Arc::clone(&self.guest);
+        let Some(hooks) = &guest.preempt_at else {
+            return self.violation(format!("unexpected debug exit on vCPU {}", self.index));
+        };
+        let Some(addr) = arch::preempt::unwind_breakpoint(&mut self.fd, &guest.ram, hooks.gate())
+        else {
+            return self.violation(format!(
+                "debug exit on vCPU {} that is not a CPL3 breakpoint trap",
+                self.index
+            ));
+        };
+        match hooks.on_trap(&guest.ram, addr) {
+            Trap::NotOurs => self.violation(format!(
+                "breakpoint trap at {addr:#x} on vCPU {}: not a --preempt-at point",
+                self.index
+            )),
+            Trap::Pass => ExitAction::Continue,
+            Trap::Preempt => {
+                self.preempt_here = true;
+                ExitAction::Kicked
+            }
+        }
     }
 
     /// Handle one exit.
@@ -112,6 +155,7 @@ impl VcpuThread {
             Exit::Io { port } => self.violation(format!(
                 "port I/O to {port:#x} on vCPU {index}: activm guests have no I/O ports"
             )),
+            Exit::Debug => self.breakpoint_trap(),
             Exit::Other(what) => {
                 self.violation(format!("unexpected KVM exit {what} on vCPU {index}"))
             }

@@ -19,8 +19,17 @@ use crate::devices::Blocking;
 use crate::vm::Outcome;
 
 impl VcpuThread {
-    /// The allocator took the processor: hand the context to the guest or just wait.
+    /// The allocator took the processor, or the vCPU reached a `--preempt-at` point: hand the
+    /// context to the guest or just wait.
     pub(super) fn give_back_processor(&mut self) {
+        // At a point: taken exactly there, so no deferral.
+        let at_point = std::mem::take(&mut self.preempt_here);
+        self.give_back(at_point);
+        // A point reached meanwhile (running forward, in a deferral) was handed over there.
+        self.preempt_here = false;
+    }
+
+    fn give_back(&mut self, at_point: bool) {
         let kicked_at = arch::timestamp();
         self.complete_pending_io();
         if !self.guest.acts.enabled() {
@@ -29,7 +38,8 @@ impl VcpuThread {
         if self.cancel_fresh_activation() {
             return;
         }
-        if self.guest.shared().defer_requested(self.index)
+        if !at_point
+            && self.guest.shared().defer_requested(self.index)
             && self.timer.is_some()
             && self.defer_preemption()
         {

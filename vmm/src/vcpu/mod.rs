@@ -77,6 +77,8 @@ struct VcpuThread {
     halted_seen: bool,
     /// A requested upcall vector waiting for its second look (`redeliver.rs`).
     relook: Option<redeliver::Relook>,
+    /// Testing only: a `--preempt-at` point was reached; preempt now, without a deferral.
+    preempt_here: bool,
 }
 
 /// The body of vCPU thread `index` of `guest`.
@@ -99,6 +101,7 @@ pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
         wake_at: None,
         halted_seen: false,
         relook: None,
+        preempt_here: false,
     };
     crate::sandbox::enter(crate::sandbox::ThreadKind::Vcpu);
     vcpu.run();

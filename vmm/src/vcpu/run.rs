@@ -151,7 +151,7 @@ impl VcpuThread {
             if self.control.stop_requested.load(Ordering::Acquire) {
                 return ExitAction::Finish(self.guest.outcome().unwrap_or(Outcome::AllStopped));
             }
-            if self.take_revoke() {
+            if self.preempt_here || self.take_revoke() {
                 return ExitAction::Kicked;
             }
             match self.step() {
@@ -184,6 +184,9 @@ impl VcpuThread {
                     }
                 }
                 crate::devices::blk_async::after_kick(&self.guest, self.index, &self.fd);
+                if let Some(hooks) = &self.guest.preempt_at {
+                    hooks.rearm_due(&self.guest.ram);
+                }
                 // A yielded vCPU's wake-up time may be what kicked this thread.
                 let procs = &self.guest.procs;
                 procs.revoke(procs.alloc.fire_due_wakes());

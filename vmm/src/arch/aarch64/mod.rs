@@ -6,6 +6,7 @@ pub mod boot;
 pub mod context;
 pub mod exit;
 pub mod layout;
+pub mod preempt;
 pub mod regs;
 pub mod seccomp;
 pub mod vcpu;
