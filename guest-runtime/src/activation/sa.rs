@@ -5,7 +5,8 @@ use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use activm_stub::protocol::hypercall::{Hypercall, SA_YIELD_DECLINED};
 use activm_stub::protocol::shared::{
-    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_IO, SHARED_FEATURE_YIELD_NET, SHARED_FEATURE_YIELD_WAKE,
+    SharedHeader, VcpuArea, VcpuRunState, SHARED_FEATURE_YIELD_IO, SHARED_FEATURE_YIELD_NET,
+    SHARED_FEATURE_YIELD_WAKE,
 };
 
 use crate::arch::cpu::{self, Word};
