@@ -201,7 +201,7 @@ pub(super) fn cases() -> Vec<Case> {
                  kill $p; wait $p; echo kv-status=$?"
             ),
             0,
-            &["kv: +OK $5 hello :1 :2 +OK", "kv-status="],
+            &["kv: +OK $5 hello :1 :2 +OK", "kv-status=143"],
         ));
     }
     // crossbeam-channel's test suite on 2 vCPUs: libtest's summary, 0 failed.
