@@ -10,6 +10,7 @@ pub(super) const STD_APPS: &[&str] = &[
     "std-crossbeam-tests",
     "std-fs",
     "std-udp",
+    "std-kv",
 ];
 
 /// `std-udp self`'s whole stdout (tests/kvm/net_udp.rs checks the same lines on x86_64).
@@ -180,6 +181,27 @@ pub(super) fn cases() -> Vec<Case> {
             ),
             0,
             NET_SELF_OUTPUT.to_string(),
+        ));
+    }
+    // std-kv's RESP server driven by a separate client process (busybox `nc`) through the
+    // published port: SET/GET/INCR answers checked, then activm is ended by SIGTERM.
+    for (name, flags) in [
+        ("std-kv-client", ""),
+        ("std-kv-client-noact", " --no-activations"),
+    ] {
+        cases.push(Case::new(
+            name,
+            &format!(
+                "(ip link set lo up || ifconfig lo 127.0.0.1 up) 2>/dev/null; \
+                 /activm run /guests/std-kv --vcpus 2{flags} --timeout 120 --publish 47203:6379 \
+                 -- 6379 & p=$!; i=0; until printf 'PING\\r\\nQUIT\\r\\n' | nc 127.0.0.1 47203 2>/dev/null \
+                 | grep -q PONG; do i=$((i+1)); [ $i -gt 60 ] && break; sleep 1; done; \
+                 printf 'SET k hello\\r\\nGET k\\r\\nINCR n\\r\\nINCR n\\r\\nQUIT\\r\\n' \
+                 | nc 127.0.0.1 47203 | tr -d '\\r' | tr '\\n' ' ' | sed 's/^/kv: /'; echo; \
+                 kill $p; wait $p; echo kv-status=$?"
+            ),
+            0,
+            &["kv: +OK $5 hello :1 :2 +OK", "kv-status=143"],
         ));
     }
     // crossbeam-channel's test suite on 2 vCPUs: libtest's summary, 0 failed.
