@@ -183,8 +183,9 @@ pub(super) fn cases() -> Vec<Case> {
             NET_SELF_OUTPUT.to_string(),
         ));
     }
-    // std-kv's RESP server driven by a separate client process (busybox `nc`) through the
-    // published port: SET/GET/INCR answers checked, then activm is ended by SIGTERM.
+    // std-kv's RESP server driven by separate client processes (busybox `nc`) through the
+    // published port: SET/GET/INCR answers checked, then 4 connections at once send 50 INCRs
+    // each and the count must be 200; activm is ended by SIGTERM.
     for (name, flags) in [
         ("std-kv-client", ""),
         ("std-kv-client-noact", " --no-activations"),
@@ -198,10 +199,18 @@ pub(super) fn cases() -> Vec<Case> {
                  | grep -q PONG; do i=$((i+1)); [ $i -gt 60 ] && break; sleep 1; done; \
                  printf 'SET k hello\\r\\nGET k\\r\\nINCR n\\r\\nINCR n\\r\\nQUIT\\r\\n' \
                  | nc 127.0.0.1 47203 | tr -d '\\r' | tr '\\n' ' ' | sed 's/^/kv: /'; echo; \
+                 c=''; for j in 1 2 3 4; do (k=0; while [ $k -lt 50 ]; do printf 'INCR c\\r\\n'; \
+                 k=$((k+1)); done; printf 'QUIT\\r\\n') | nc 127.0.0.1 47203 >/dev/null & c=\"$c $!\"; \
+                 done; wait $c; printf 'GET c\\r\\nQUIT\\r\\n' | nc 127.0.0.1 47203 | tr -d '\\r' \
+                 | tr '\\n' ' ' | sed 's/^/kv-count: /'; echo; \
                  kill $p; wait $p; echo kv-status=$?"
             ),
             0,
-            &["kv: +OK $5 hello :1 :2 +OK", "kv-status=143"],
+            &[
+                "kv: +OK $5 hello :1 :2 +OK",
+                "kv-count: $3 200 +OK",
+                "kv-status=143",
+            ],
         ));
     }
     // crossbeam-channel's test suite on 2 vCPUs: libtest's summary, 0 failed.
