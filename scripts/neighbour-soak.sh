@@ -10,8 +10,8 @@
 #          rounds; every flush blocks in the VMM), or
 #   serve: iobench serve (4 vCPUs, 16 threads reading a disk slowed down with --io-latency 200),
 # on --pcpus 2 with --timeout 60 and --stats; a run still going after HANG_SECS (default 45) gets
-# SIGTERM (an activation guest that still handles upcalls prints its runtime state), and 3 s later
-# a second one (activm prints the registers of each vCPU it finds in KVM_RUN and stops); or
+# SIGQUIT (an activation guest that still handles upcalls prints its runtime state), and 3 s later
+# SIGTERM (activm prints the registers of each vCPU it finds in KVM_RUN and stops); or
 #   six:   six activm processes at once, each one 4-vCPU rt-tests chaos-soak SOAK_SECS (default
 #          10) on --pcpus 2 with --chaos (seed = run number) and a disk slowed down with
 #          --io-latency 200 (the options of tests/kvm.rs chaos_soak_keeps_every_invariant);
@@ -104,7 +104,7 @@ while [ "$i" -le "$RUNS" ]; do
     pid=$!
     (
         sleep "${HANG_SECS:-45}"
-        kill -TERM "$pid" 2>/dev/null || exit
+        kill -QUIT "$pid" 2>/dev/null || exit
         sleep 3
         kill -TERM "$pid" 2>/dev/null
     ) &

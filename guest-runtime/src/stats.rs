@@ -101,7 +101,7 @@ pub fn print() {
     }
 }
 
-/// Prints every vCPU's runtime words and queues (diagnostics: the default SIGNAL action).
+/// Prints every vCPU's runtime words and queues (diagnostics: SIGQUIT).
 pub fn dump() {
     use crate::arch::cpu::{self, Word};
     for (v, p) in percpu::pcpus().iter().enumerate() {

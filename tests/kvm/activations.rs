@@ -101,6 +101,10 @@ pub(super) fn activation_tests() -> Vec<Trial> {
                 .stderr_has("stopped by signal 15")?;
             Ok(())
         }),
+        Trial::test(
+            "sigterm_ends_a_runtime_guest_quietly_and_sigquit_prints_its_state",
+            sigterm_and_sigquit,
+        ),
         Trial::test("control_socket_lists_and_changes_budget", control_socket),
         Trial::test(
             "control_socket_removes_and_adds_vcpus",
@@ -148,12 +152,23 @@ fn run_and_signal(
     ready: Option<&str>,
     signal: i32,
 ) -> Result<Run, Failed> {
+    run_image_and_signal("selftest", options, guest_args, ready, signal)
+}
+
+/// [`run_and_signal`] with the guest `image`.
+fn run_image_and_signal(
+    image: &str,
+    options: &[&str],
+    guest_args: &[&str],
+    ready: Option<&str>,
+    signal: i32,
+) -> Result<Run, Failed> {
     use std::io::{BufRead, BufReader, Read};
     use std::process::Stdio;
     use std::time::Duration;
     let mut child = Command::new(ACTIVM)
         .arg("run")
-        .arg(guest("selftest")?)
+        .arg(guest(image)?)
         .args(options)
         .arg("--")
         .args(guest_args)
@@ -199,6 +214,34 @@ fn run_and_signal(
         stdout: out_thread.join().unwrap_or_default(),
         stderr: err_thread.join().unwrap_or_default(),
     })
+}
+
+/// A runtime guest without a signal handler (rt-demo, busy on 2 vCPUs): SIGTERM ends it with
+/// 143 and one line, SIGQUIT with 131 after the runtime's state (Go's convention).
+fn sigterm_and_sigquit() -> Result<(), Failed> {
+    let options = [
+        "--timeout",
+        GUEST_TIMEOUT_SECS,
+        "--vcpus",
+        "2",
+        "--pcpus",
+        "2",
+    ];
+    let busy = ["4", "1000000000000"];
+    let state = "activm-rt: vCPU 0: activation";
+    let run = run_image_and_signal("rt-demo", &options, &busy, None, libc::SIGTERM)?
+        .expect_code(128 + libc::SIGTERM)?
+        .stdout_has("activm-rt: signal 15, exiting")?;
+    if run.stdout.contains(state) {
+        return Err(format!("SIGTERM printed the runtime's state:\n{}", run.stdout).into());
+    }
+    run_image_and_signal("rt-demo", &options, &busy, None, libc::SIGQUIT)?
+        .expect_code(128 + libc::SIGQUIT)?
+        .stdout_has("activm-rt: signal 3 (SIGQUIT)")?
+        .stdout_has(state)?
+        .stdout_has("activm-rt stats:")?
+        .stderr_has("activm: SIGQUIT received")?;
+    Ok(())
 }
 
 /// A running activation guest loses a vCPU (PREEMPTED) and gets it back (NEWPROC) through

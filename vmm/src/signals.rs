@@ -1,4 +1,6 @@
-//! Host signals: SIGINT and SIGTERM become SIGNAL upcalls; the second one stops every guest.
+//! Host signals: SIGINT, SIGTERM and SIGQUIT become SIGNAL upcalls; the second one stops every
+//! guest. The runtime ends on SIGINT and SIGTERM quietly, and prints its state first on SIGQUIT
+//! (Go's convention: SIGQUIT dumps the goroutines).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -10,9 +12,9 @@ use crate::error::Error;
 use crate::guest::Guest;
 use crate::vm::Outcome;
 
-const FORWARDED: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGQUIT];
 
-/// Block SIGINT and SIGTERM in this thread and every thread it starts from now on, so only the
+/// Block SIGINT, SIGTERM and SIGQUIT in this thread and every thread it starts from now on, so only the
 /// forwarder receives them. Call before starting any thread.
 pub fn block() -> Result<libc::sigset_t, Error> {
     // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it; pthread_sigmask
@@ -24,7 +26,7 @@ pub fn block() -> Result<libc::sigset_t, Error> {
             libc::sigaddset(&mut set, signal);
         }
         if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err(Error::Host("cannot block SIGINT/SIGTERM".into()));
+            return Err(Error::Host("cannot block SIGINT/SIGTERM/SIGQUIT".into()));
         }
         Ok(set)
     }
@@ -46,10 +48,10 @@ pub fn spawn_forwarder(set: libc::sigset_t, guests: Vec<Arc<Guest>>) -> Option<J
                 count += 1;
                 eprintln!(
                     "activm: {} received{}",
-                    if signal == libc::SIGINT {
-                        "SIGINT"
-                    } else {
-                        "SIGTERM"
+                    match signal {
+                        libc::SIGINT => "SIGINT",
+                        libc::SIGQUIT => "SIGQUIT",
+                        _ => "SIGTERM",
                     },
                     if count == 1 {
                         "; passing it to the guests (again to force exit)"

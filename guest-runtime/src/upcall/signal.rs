@@ -9,17 +9,18 @@ pub static LAST_SIGNAL: AtomicU64 = AtomicU64::new(0);
 
 static SIGNAL_HANDLER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 static USER_HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
-/// What prints the runtime's state before the default SIGNAL action exits (`stats::dump`, set
-/// once at start-up: the dump reads the upcall queues this module is below).
+/// What prints the runtime's state before SIGQUIT exits (`stats::dump`, set once at start-up:
+/// the dump reads the upcall queues this module is below).
 static DUMP: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 
-/// Sets what the default SIGNAL action prints the runtime's state with (start-up).
+/// Sets what SIGQUIT prints the runtime's state with (start-up).
 pub(crate) fn set_dump(dump: fn()) {
     DUMP.store(dump as *mut (), Ordering::Release);
 }
 
 /// Installs the handler for host signals (SIGNAL upcalls): it runs in a new thread named
-/// "signal". Without one the guest prints the signal and exits with 128 + its number.
+/// "signal". Without one the guest prints the signal and exits with 128 + its number. SIGQUIT
+/// never reaches it: the runtime prints its state and exits with 131.
 pub fn set_signal_handler(handler: fn(u32)) {
     SIGNAL_HANDLER.store(handler as *mut (), Ordering::Release);
 }
@@ -29,17 +30,24 @@ pub fn set_user_hook(hook: fn(u32)) {
     USER_HOOK.store(hook as *mut (), Ordering::Release);
 }
 
+/// The host's SIGQUIT: the runtime prints its state, then exits, whatever handler is set.
+const SIGQUIT: u64 = 3;
+
 pub(super) fn signal(signo: u64) {
     LAST_SIGNAL.store(signo, Ordering::Release);
-    let handler = SIGNAL_HANDLER.load(Ordering::Acquire);
-    if handler.is_null() {
-        println!("activm-rt: signal {signo}, exiting");
+    if signo == SIGQUIT {
+        println!("activm-rt: signal {signo} (SIGQUIT): the runtime's state, then exit");
         let dump = DUMP.load(Ordering::Acquire);
         if !dump.is_null() {
             // SAFETY: only `set_dump` stores non-null values, all `fn()`.
             let dump = unsafe { core::mem::transmute::<*mut (), fn()>(dump) };
             dump();
         }
+        activm_stub::exit(128 + signo as i32);
+    }
+    let handler = SIGNAL_HANDLER.load(Ordering::Acquire);
+    if handler.is_null() {
+        println!("activm-rt: signal {signo}, exiting");
         activm_stub::exit(128 + signo as i32);
     }
     // SAFETY: only `set_signal_handler` stores non-null values, all `fn(u32)`.
