@@ -77,7 +77,9 @@ pub(super) fn tests() -> Vec<Trial> {
                         "--preempt-at-count",
                         "60",
                     ],
-                    &["sa-chaos"],
+                    // Stacks given back are poisoned: a context resumed on one after it went
+                    // back to the pool ends the guest with "used after it was given back".
+                    &["--rt-poison-stacks=on", "sa-chaos"],
                 )?
                 .expect_code(0)?
                 .stdout_has("test sa-chaos ... ok")?
