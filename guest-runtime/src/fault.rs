@@ -32,6 +32,7 @@ pub fn on_exception(frame: &mut ExceptionFrame) {
             exc::number(frame),
             exc::pc(frame),
             exc::sp(frame),
+            exc::fault_address(frame),
             |v| exc::any_register(frame, v),
         );
         explain_fp_control_fault(frame);

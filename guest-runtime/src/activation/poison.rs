@@ -127,25 +127,32 @@ pub(crate) fn check_free(top: u64, what: &str) {
     }
 }
 
-/// A CPU exception: ends the guest with an explanation if its stack pointer lies on a free
-/// stack, or a register (`regs`) holds the poison. Returns otherwise.
-pub(crate) fn explain_fault(number: u64, pc: u64, sp: u64, regs: impl Fn(u64) -> bool) {
+/// A CPU exception (`number` at `pc`, stack pointer `sp`, fault address `addr`; `regs(v)`:
+/// whether a general register holds `v`): ends the guest with an explanation if its stack
+/// pointer lies on a free stack, or the poison is in a register or the fault address (on our
+/// kvm_pvm hosts a load through a non-canonical address is a `#PF`). Returns otherwise.
+pub(crate) fn explain_fault(number: u64, pc: u64, sp: u64, addr: u64, regs: impl Fn(u64) -> bool) {
     if !on() {
         return;
     }
+    let seen = if regs(POISON) || addr == POISON || pc == POISON {
+        ", the poison in a register"
+    } else {
+        ""
+    };
     if let Some(top) = super::stacks::act_stack_top_of(sp) {
         let free = super::stacks::index_of(top).is_some_and(|i| FREE[i].load(Ordering::Acquire));
         if free {
             fail(format_args!(
                 "activation stack {top:#x} used after it was given back: exception {number} at \
-                 pc {pc:#x} with sp {sp:#x} on it"
+                 pc {pc:#x} (fault address {addr:#x}) with sp {sp:#x} on it{seen}"
             ));
         }
     }
-    if pc == POISON || regs(POISON) {
+    if !seen.is_empty() {
         fail(format_args!(
             "a value from a given-back activation stack in use: exception {number} at pc \
-             {pc:#x} sp {sp:#x}, a register holds {POISON:#x}"
+             {pc:#x} (fault address {addr:#x}) sp {sp:#x}{seen}"
         ));
     }
 }
