@@ -18,7 +18,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use activm_stub::console::FixedBuf;
 
-/// The fill: non-canonical on x86_64, outside every mapping on aarch64.
+/// The fill: non-canonical on x86_64, not a user address on aarch64.
 pub const POISON: u64 = 0xdead_57ac_dead_57ac;
 
 static ON: AtomicBool = AtomicBool::new(false);
@@ -111,14 +111,17 @@ pub(crate) fn check_free(top: u64, what: &str) {
         return;
     }
     let cleared = super::stacks::cleared_words(top);
-    // SAFETY: a free stack, which nothing may run on: `words` lies inside it.
-    let words = unsafe { &*words(top) };
-    let bad = words.iter().enumerate().find(|&(i, &w)| {
-        let at = low(top) + 8 * i as u64;
+    let words = words(top);
+    let first = words as *const u64;
+    // Volatile: what is looked for is a write nothing should make (a context still on it).
+    // SAFETY: `i < words.len()`, a word of a free stack (inside it).
+    let word = |i: usize| unsafe { first.add(i).read_volatile() };
+    let bad = (0..words.len()).find(|&i| {
+        let (at, w) = (first as u64 + 8 * i as u64, word(i));
         w != POISON && !(w == 0 && cleared.contains(&at))
     });
-    if let Some((i, &w)) = bad {
-        let at = low(top) + 8 * i as u64;
+    if let Some(i) = bad {
+        let (at, w) = (first as u64 + 8 * i as u64, word(i));
         fail(format_args!(
             "activation stack {top:#x} written while free (found {w:#x} at {at:#x}, {} bytes \
              under the top, when {what})",
