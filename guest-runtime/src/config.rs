@@ -13,6 +13,7 @@
 //! | `--rt-blk-doorbell-exit=on\|off` | with the submission ring's consumer asleep, take the request back and submit it with `blk_submit`'s exit (which completes a page-cache read inside it) instead of ringing the doorbell with an in-kernel store (a wake-up of the VMM's consumer thread) | on |
 //! | `--rt-blk-nudge-us=N` | with asynchronous block requests: ask the VMM to interrupt a busy vCPU when a completion waits this long (0: only idle vCPUs are interrupted) | 500 |
 //! | `--rt-stats=on` | print the runtime's counters when `main` returns | off |
+//! | `--rt-poison-stacks=on` | testing: fill activation stacks given back to the pool, end the guest when one is used before it is handed out again (`activation::poison`) | off |
 //!
 //! or from code, with the setters below.
 
@@ -176,6 +177,7 @@ pub(crate) fn apply_arg(arg: &str) -> bool {
             set_idle_yield((us > 0).then(|| Duration::from_micros(us)))
         }
         ("stats", _, Some(on)) => set_print_stats_at_exit(on),
+        ("poison-stacks", _, Some(on)) => crate::activation::poison::set(on),
         _ => activm_stub::println!("activm-rt: ignoring unknown runtime argument {arg:?}"),
     }
     true

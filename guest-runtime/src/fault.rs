@@ -28,6 +28,13 @@ pub fn on_exception(frame: &mut ExceptionFrame) {
     preempt::hold();
     let guard = exc::page_fault_address(frame).and_then(stack::guard_owner);
     let Some(guard) = guard else {
+        crate::activation::poison::explain_fault(
+            exc::number(frame),
+            exc::pc(frame),
+            exc::sp(frame),
+            exc::fault_address(frame),
+            |v| exc::any_register(frame, v),
+        );
         explain_fp_control_fault(frame);
         report(frame);
         return;

@@ -4,9 +4,10 @@
 //! the switch moves the stack pointer, and at the call that gives the left stack back. The code
 //! before dab3b1c gave the left stack back at the vCPU's next switch into its scheduler, so a
 //! context taken at the first two waited for adoption on a stack already back in the pool. This
-//! test makes that interleaving every run, but on such code it fails only if the stack is reused
-//! before the adoption, which these runs did not see (docs/activations.md, "Preempting at an
-//! address").
+//! test makes that interleaving every run, and runs the guest with `--rt-poison-stacks=on`, so
+//! such a stack is poisoned when given back and the context's use of it ends the guest ("used
+//! after it was given back"): on such code it fails every run (docs/activations.md, "Preempting
+//! at an address").
 
 use libtest_mimic::{Failed, Trial};
 
@@ -77,7 +78,9 @@ pub(super) fn tests() -> Vec<Trial> {
                         "--preempt-at-count",
                         "60",
                     ],
-                    &["sa-chaos"],
+                    // Stacks given back are poisoned: a context resumed on one after it went
+                    // back to the pool ends the guest with "used after it was given back".
+                    &["--rt-poison-stacks=on", "sa-chaos"],
                 )?
                 .expect_code(0)?
                 .stdout_has("test sa-chaos ... ok")?

@@ -6,6 +6,7 @@
 
 pub(crate) mod bag;
 pub mod cost;
+pub(crate) mod poison;
 pub mod sa;
 pub(crate) mod stacks;
 pub(crate) mod state;

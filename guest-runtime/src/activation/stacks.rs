@@ -6,12 +6,12 @@ use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use activm_stub::protocol::shared::STACK_POOL_CAPACITY;
 use activm_stub::sync::SpinLock;
 
-use super::sa;
+use super::{poison, sa};
 use crate::arch::entry::{ENTRY_MARK_OFFSET, ENTRY_RIP_OFFSET};
 use crate::percpu;
 
 /// Size of an activation (scheduler) stack from the pool.
-const ACT_STACK_SIZE: usize = 64 * 1024;
+pub(crate) const ACT_STACK_SIZE: usize = 64 * 1024;
 
 /// Activation stacks not in the shared pool (tops; 0: empty slot). Lock-free: stacks are given
 /// back and taken on upcall paths, which must not wait for a lock a preempted context may hold.
@@ -44,6 +44,9 @@ fn take_spare() -> Option<u64> {
                 .is_ok()
         {
             NR_SPARE.fetch_sub(1, Ordering::AcqRel);
+            if poison::on() {
+                poison::check_free(top, "taken from the spares");
+            }
             return Some(top);
         }
     }
@@ -54,6 +57,10 @@ fn new_act_stack() -> u64 {
     let stack = alloc::vec![0u8; ACT_STACK_SIZE].leak();
     let top = (stack.as_ptr() as u64 + stack.len() as u64) & !15;
     register_act_stack(top);
+    if poison::on() {
+        // Free from the start, like a stack given back.
+        poison::given_back(top);
+    }
     top
 }
 
@@ -75,7 +82,9 @@ pub fn register_boot_stack(top: u64) {
 
 /// The tops of every activation stack made (they are recycled, never freed), so a context's
 /// stack pointer can be told to lie on one ([`act_stack_top_of`]).
-static ACT_STACKS: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
+static ACT_STACKS: [AtomicU64; MAX_ACT_STACKS] = [const { AtomicU64::new(0) }; MAX_ACT_STACKS];
+/// How many activation stacks are recorded (more still work, unrecorded).
+pub(crate) const MAX_ACT_STACKS: usize = 1024;
 static NR_ACT_STACKS: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether `at` lies on the activation stack whose top is `top` (a boot stack's top part counts).
@@ -90,6 +99,24 @@ pub(crate) fn act_stack_top_of(sp: u64) -> Option<u64> {
         .iter()
         .map(|slot| slot.load(Ordering::Acquire))
         .find(|&top| top != 0 && sp < top && sp >= top - ACT_STACK_SIZE as u64 + 16)
+}
+
+/// The index of the activation stack whose top is `top` in the record (`--rt-poison-stacks`).
+pub(crate) fn index_of(top: u64) -> Option<usize> {
+    let n = NR_ACT_STACKS.load(Ordering::Acquire).min(ACT_STACKS.len());
+    ACT_STACKS[..n]
+        .iter()
+        .position(|slot| slot.load(Ordering::Acquire) == top)
+}
+
+/// Whether the record holds [`MAX_ACT_STACKS`] stacks (more are not recorded).
+pub(crate) fn record_full() -> bool {
+    NR_ACT_STACKS.load(Ordering::Acquire) >= MAX_ACT_STACKS
+}
+
+/// The words [`release_act_stack`] clears under `top` (the entry's marks).
+pub(crate) fn cleared_words(top: u64) -> [u64; 2] {
+    [top - ENTRY_MARK_OFFSET, top - ENTRY_RIP_OFFSET]
 }
 
 /// Gives back the stack a scheduler left for the one it adopted, called by the switch itself
@@ -107,6 +134,9 @@ extern "C" fn __rt_release_left_stack(top: u64) {
 /// refilled after the records are handled).
 pub fn release_act_stack(top: u64) {
     if top != 0 {
+        if poison::on() {
+            poison::given_back(top);
+        }
         // SAFETY: a stack nobody runs on (its owner is handing it back); `top` is a 16-byte
         // aligned activation stack top, so the words under it are inside the stack.
         unsafe { ((top - ENTRY_MARK_OFFSET) as *mut u64).write_volatile(0) };
@@ -230,7 +260,11 @@ pub(crate) fn pool_low() -> bool {
 
 /// A free activation stack from the spares (never allocates nor locks: upcall paths).
 pub(crate) fn take_spare_stack() -> Option<u64> {
-    take_spare()
+    let top = take_spare()?;
+    if poison::on() {
+        poison::handed_out(top);
+    }
+    Some(top)
 }
 
 /// Makes sure a few spare activation stacks exist (boot; `suspend_this_scheduler` uses them).

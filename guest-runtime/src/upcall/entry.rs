@@ -3,6 +3,7 @@
 use core::sync::atomic::Ordering;
 
 use super::VECTOR_SIM;
+use crate::activation::poison;
 use crate::activation::stacks::produce_spares;
 use crate::activation::state::file_old_state;
 use crate::arch::entry::OldWords;
@@ -18,9 +19,12 @@ pub(super) const OUR_VECTORS: [u8; 4] = [TIMER_IRQ, RESCHEDULE_IRQ, UPCALL_IRQ, 
 extern "C" fn __rt_activation_start(
     _vcpu: u64,
     activation: u64,
-    _top: u64,
+    top: u64,
     old: *const OldWords,
 ) -> ! {
+    if poison::on() {
+        poison::handed_out(top);
+    }
     context::reset_fp_control();
     let me = activm_stub::vcpu_id();
     // SAFETY: the entry saved the previous words at `old`, on this stack.

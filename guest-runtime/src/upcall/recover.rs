@@ -9,6 +9,7 @@ use activm_stub::protocol::shared::{UpcallKind, UpcallRecord};
 use activm_stub::protocol::timeline::RecordAction;
 
 use crate::activation::bag::Bag;
+use crate::activation::poison;
 use crate::activation::stacks::{self, act_stack_top_of, release_act_stack};
 use crate::activation::state::{file_old_state, take_state, ActState, TABLE};
 use crate::arch::cpu::{self, Word};
@@ -116,9 +117,18 @@ fn resolve_in_entry(r: &UpcallRecord, at: entry::InEntry) -> bool {
         );
     }
     sched::clear_idle_bits(r.vcpu);
-    release_act_stack(top);
+    handed_out_and_back(top);
     percpu::bump(&percpu::this().counters.dropped_idle_contexts);
     true
+}
+
+/// Gives back the stack of a new activation dropped in its entry: the VMM handed it out, though
+/// the activation never reached `__rt_activation_start`.
+fn handed_out_and_back(top: u64) {
+    if poison::on() {
+        poison::handed_out(top);
+    }
+    release_act_stack(top);
 }
 
 /// A context taken in an interrupt handler (or the trampoline around it) that runs on top of a
@@ -137,7 +147,7 @@ fn drop_entry_interrupt_context(r: &UpcallRecord) -> bool {
     }
     percpu::trace(percpu::T_ENTRY_CTX, context::pc(&r.context));
     sched::clear_idle_bits(r.vcpu);
-    release_act_stack(top);
+    handed_out_and_back(top);
     percpu::bump(&percpu::this().counters.dropped_idle_contexts);
     true
 }

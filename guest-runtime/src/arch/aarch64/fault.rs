@@ -27,6 +27,11 @@ pub fn sp(frame: &ExceptionFrame) -> u64 {
     frame.sp
 }
 
+/// Whether a general register held `v` at the fault.
+pub fn any_register(frame: &ExceptionFrame, v: u64) -> bool {
+    frame.x.contains(&v)
+}
+
 /// The faulting-address register (diagnostics: meaningful for aborts only).
 pub fn fault_address(frame: &ExceptionFrame) -> u64 {
     frame.far

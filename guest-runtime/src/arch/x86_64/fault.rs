@@ -31,6 +31,15 @@ pub fn sp(frame: &ExceptionFrame) -> u64 {
     frame.rsp
 }
 
+/// Whether a general register held `v` at the fault.
+pub fn any_register(frame: &ExceptionFrame, v: u64) -> bool {
+    [
+        frame.rax, frame.rcx, frame.rdx, frame.rbx, frame.rbp, frame.rsi, frame.rdi, frame.r8,
+        frame.r9, frame.r10, frame.r11, frame.r12, frame.r13, frame.r14, frame.r15,
+    ]
+    .contains(&v)
+}
+
 /// The faulting-address register (diagnostics: meaningful for page faults only).
 pub fn fault_address(frame: &ExceptionFrame) -> u64 {
     frame.cr2
