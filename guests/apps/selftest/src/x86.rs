@@ -183,8 +183,10 @@ pub(crate) fn irq_stress(vcpu: u32) -> ! {
             let target = boot_info().vcpus[0].irq_id;
             for i in 0..SEND_IPIS {
                 let before = IPIS.load(Ordering::Acquire);
-                let sent_at = ROUNDS.load(Ordering::Acquire);
                 lapic::send_ipi(target, RESCHEDULE_IRQ);
+                // After the ICR write retired (KVM set the request then): this thread may wait
+                // for a CPU between any two instructions.
+                let sent_at = ROUNDS.load(Ordering::Acquire);
                 while IPIS.load(Ordering::Acquire) == before {
                     let ran = ROUNDS.load(Ordering::Acquire) - sent_at;
                     assert!(
