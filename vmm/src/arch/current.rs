@@ -17,7 +17,7 @@ pub use this::{
 // Exits: syncing registers out, hypercall arguments and result, halting and waking.
 pub use this::exit::{
     describe_pc, halt, halted, hypercall_args, make_runnable, prepare_run, set_hypercall_result,
-    timestamp, timestamp_khz, undelivered_interrupt,
+    timestamp, timestamp_khz, undelivered_interrupt, Vectors,
 };
 // The user context: the hand-over test, taking it, starting a new activation.
 pub use this::context::{at_activation_entry, at_user_level, enter_activation, take_user_context};

@@ -36,7 +36,7 @@ impl VcpuThread {
     /// undelivered, makes KVM re-evaluate its pending events (`KVM_SET_MP_STATE` to runnable,
     /// the state of a running vCPU; it also wakes a halted one that KVM failed to wake).
     pub(super) fn nudge_undelivered_interrupt(&mut self) {
-        match arch::undelivered_interrupt(&self.fd) {
+        match arch::undelivered_interrupt(&self.fd, arch::Vectors::Any) {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {

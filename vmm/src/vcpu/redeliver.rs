@@ -48,7 +48,8 @@ impl VcpuThread {
     /// first look at a requested upcall vector (see the module comment).
     pub(super) fn redeliver_stuck_interrupt(&mut self) {
         let look = arch::halted(&self.fd).and_then(|halted| {
-            arch::undelivered_interrupt(&self.fd).map(|requested| (halted, requested))
+            arch::undelivered_interrupt(&self.fd, arch::Vectors::Upcall)
+                .map(|requested| (halted, requested))
         });
         let (halted, requested) = match look {
             Ok(look) => look,
@@ -109,7 +110,9 @@ impl VcpuThread {
         }
         self.relook = None;
         let sent = self.control.upcall_interrupts.load(Ordering::Relaxed);
-        if sent != relook.sent || !arch::undelivered_interrupt(&self.fd).unwrap_or(false) {
+        if sent != relook.sent
+            || !arch::undelivered_interrupt(&self.fd, arch::Vectors::Upcall).unwrap_or(false)
+        {
             return;
         }
         if !relook.again {

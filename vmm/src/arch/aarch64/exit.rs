@@ -67,9 +67,19 @@ pub fn timestamp() -> u64 {
     count
 }
 
+/// Which requested interrupts [`undelivered_interrupt`] looks at (as on x86_64).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vectors {
+    Upcall,
+    Any,
+}
+
 /// Whether a requested interrupt was left undelivered (the x86_64 port's kvm_pvm problem): arm64
 /// KVM has shown no such thing, so there is nothing to look at.
-pub fn undelivered_interrupt(_fd: &VcpuFd) -> Result<bool, vmm_sys_util::errno::Error> {
+pub fn undelivered_interrupt(
+    _fd: &VcpuFd,
+    _which: Vectors,
+) -> Result<bool, vmm_sys_util::errno::Error> {
     Ok(false)
 }
 

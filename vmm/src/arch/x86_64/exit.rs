@@ -58,12 +58,25 @@ pub fn timestamp() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
-/// Whether the vCPU (just out of `KVM_RUN`, registers synced) has the upcall vector requested in
-/// its local APIC and could take it now: interrupts on, the vector's priority class above the
-/// processor priority (the task priority and the highest vector in service). Other vectors (the
-/// guest's timer) are not looked at: one found requested at an exit is usually one that came
-/// while the vCPU was out of the guest. One `KVM_GET_LAPIC`.
-pub fn undelivered_interrupt(fd: &VcpuFd) -> Result<bool, vmm_sys_util::errno::Error> {
+/// Which requested vectors [`undelivered_interrupt`] looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vectors {
+    /// The upcall vector only (the upcall watchdog: a timer vector found requested at an exit
+    /// is usually one that came while the vCPU was out of the guest).
+    Upcall,
+    /// The highest requested one, whatever it is (the interrupt watch: the guest's timer and
+    /// reschedule vectors).
+    Any,
+}
+
+/// Whether the vCPU (just out of `KVM_RUN`, registers synced) has a vector of `which` requested
+/// in its local APIC and could take it now: interrupts on, the vector's priority class above
+/// the processor priority (the task priority and the highest vector in service). One
+/// `KVM_GET_LAPIC`.
+pub fn undelivered_interrupt(
+    fd: &VcpuFd,
+    which: Vectors,
+) -> Result<bool, vmm_sys_util::errno::Error> {
     if fd.sync_regs().regs.rflags & (1 << 9) == 0 {
         return Ok(false);
     }
@@ -82,10 +95,19 @@ pub fn undelivered_interrupt(fd: &VcpuFd) -> Result<bool, vmm_sys_util::errno::E
     const TPR: usize = 0x80;
     const ISR: usize = 0x100;
     const IRR: usize = 0x200;
-    let upcall = u32::from(abi::UPCALL_IRQ);
-    let requested = word(IRR + 16 * (upcall as usize / 32)) & (1 << (upcall % 32)) != 0;
+    let requested = match which {
+        Vectors::Upcall => {
+            let upcall = u32::from(abi::UPCALL_IRQ);
+            let set = word(IRR + 16 * (upcall as usize / 32)) & (1 << (upcall % 32)) != 0;
+            set.then_some(upcall)
+        }
+        Vectors::Any => highest(IRR),
+    };
+    let Some(requested) = requested else {
+        return Ok(false);
+    };
     let in_service = highest(ISR).unwrap_or(0);
-    Ok(requested && upcall & 0xf0 > (word(TPR) & 0xf0).max(in_service & 0xf0))
+    Ok(requested & 0xf0 > (word(TPR) & 0xf0).max(in_service & 0xf0))
 }
 
 /// Whether KVM holds the vCPU halted (waiting for an interrupt). One `KVM_GET_MP_STATE`.
