@@ -138,15 +138,24 @@ pub(super) fn idle() {
         // timer for them, and the busy ones may not have. With socket waits armed only if the
         // VMM wants a processor back for their reports (`SHARED_FEATURE_YIELD_NET`).
         let yield_after = config::idle_yield_ticks();
-        let may_yield = yield_after != 0
+        let halted_at = cpu::rdtsc();
+        // When this vCPU offers its processor if it is still idle then (`None`: it does not).
+        let offer_at = (yield_after != 0
             && config::use_halt()
             && sa::activations_enabled()
             && !timer::has_sleepers()
             && !blk::requests_in_flight()
-            && (!net::waits_armed() || (sa::net_yield_supported() && net_offer_due(me)));
-        let halted_at = cpu::rdtsc();
-        if may_yield {
-            alarm::arm_idle_deadline(halted_at + yield_after);
+            && (!net::waits_armed() || sa::net_yield_supported()))
+        .then(|| {
+            let due = halted_at + yield_after;
+            if net::waits_armed() {
+                net_offer_at(me, due)
+            } else {
+                due
+            }
+        });
+        if let Some(at) = offer_at {
+            alarm::arm_idle_deadline(at);
         }
         percpu::bump(&percpu::this().counters.halts);
         if config::use_halt() {
@@ -160,8 +169,7 @@ pub(super) fn idle() {
         // (The APIC timer may fire a little before the TSC says: 3/4 of the time is enough.)
         // The idle deadline's own tick leaves PEND_TIMER behind: with no thread and no
         // sleeper it has nothing to do (the next activation here finds it, harmlessly).
-        if may_yield
-            && cpu::rdtsc() >= halted_at + yield_after - yield_after / 4
+        if offer_at.is_some_and(|at| cpu::rdtsc() >= at - yield_after / 4)
             && cpu::pending() & !Pending::Timer.bit() == 0
             && !work_queued()
             && watch_next(cpu::rdtsc()).is_none()
@@ -190,28 +198,32 @@ pub(super) fn idle() {
     cpu::set(Word::SchedIdle, 0);
 }
 
-/// With socket waits armed, a vCPU arms its idle deadline (and so offers its processor) at most
-/// once in this long: a server's idle periods are mostly shorter than the deadline, whose timer
-/// then interrupts the vCPU busy again (~120 us here), and a VMM with nobody else to give the
-/// processor to declines the offer (an exit). Paced, an idle server still gives its processors
-/// back within this long, and a busy one pays under 1% of a processor.
+/// With socket waits armed, a vCPU offers its processor at most once in this long: a server's
+/// idle periods are mostly shorter than the idle deadline, whose timer then interrupts the vCPU
+/// busy again (~120 us here), and a VMM with nobody else to give the processor to declines the
+/// offer (an exit). Paced, an idle server still gives its processors back within this long,
+/// and a busy one pays under 1% of a processor.
 const NET_OFFER_PACE_NS: u64 = 20_000_000;
 
-/// Per vCPU: when it last armed an idle deadline with socket waits armed (TSC).
+/// Per vCPU: the idle deadline it last armed at its due time with socket waits armed (TSC).
 static NET_OFFERED_AT: [core::sync::atomic::AtomicU64; 64] =
     [const { core::sync::atomic::AtomicU64::new(0) }; 64];
 
-/// Whether vCPU `me` may arm an idle deadline with socket waits armed now (see
-/// [`NET_OFFER_PACE_NS`]); if so, that is noted.
-fn net_offer_due(me: u32) -> bool {
+/// The idle deadline of vCPU `me`, halting with socket waits armed, whose deadline would be
+/// `due`: `due` itself (noted) once [`NET_OFFER_PACE_NS`] passed since the last one, else the
+/// end of that pace. The deadline is armed either way: a vCPU that halted for good inside the
+/// pace, its clients gone, held its processor until the guest ended (until 2026-11-29 it armed
+/// none then, and a batch guest beside the server starved in about 1 run in 6).
+fn net_offer_at(me: u32, due: u64) -> u64 {
     let slot = &NET_OFFERED_AT[me as usize % NET_OFFERED_AT.len()];
-    let now = cpu::rdtsc();
     let last = slot.load(Ordering::Relaxed);
-    if last != 0 && now.saturating_sub(last) < percpu::ns_to_ticks(NET_OFFER_PACE_NS) {
-        return false;
+    let paced = last.saturating_add(percpu::ns_to_ticks(NET_OFFER_PACE_NS));
+    if last == 0 || due >= paced {
+        slot.store(due, Ordering::Relaxed);
+        due
+    } else {
+        paced
     }
-    slot.store(now, Ordering::Relaxed);
-    true
 }
 
 /// With sleepers only (no I/O in flight), the earliest far enough away and a VMM that wakes
