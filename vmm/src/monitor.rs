@@ -309,8 +309,12 @@ fn wait_all(
                 if now >= deadline {
                     drop(done);
                     let timeout = timeout.unwrap_or_default();
+                    // Every guest's report first: a guest stopped frees its processors, and
+                    // the others' CPU samples would show them running on those.
                     for guest in guests {
                         guest.begin_hang_report(&format!("--timeout {timeout:?}"));
+                    }
+                    for guest in guests {
                         guest.finish(Outcome::TimedOut(timeout));
                     }
                     done = count.lock().unwrap_or_else(|e| e.into_inner());

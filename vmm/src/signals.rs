@@ -68,11 +68,14 @@ pub fn spawn_forwarder(set: libc::sigset_t, guests: Vec<Arc<Guest>>) -> Option<J
 /// Deliver a host signal to every guest: as a SIGNAL upcall where the guest takes upcalls,
 /// otherwise by stopping it (it could not shut down cleanly anyway).
 pub fn forward_signal(guests: &[Arc<Guest>], signal: i32, forced: bool) {
+    let stopped = |guest: &Guest| forced || !guest.acts.enabled();
+    // A guest that did not act on the first signal is usually stuck somewhere worth knowing
+    // (`hang/`). Every report before any stop: a stopped guest frees its processors.
+    for guest in guests.iter().filter(|g| stopped(g)) {
+        guest.begin_hang_report(&format!("stopped by signal {signal}"));
+    }
     for guest in guests {
-        if forced || !guest.acts.enabled() {
-            // A guest that did not act on the first signal is usually stuck somewhere worth
-            // knowing (`hang/`).
-            guest.begin_hang_report(&format!("stopped by signal {signal}"));
+        if stopped(guest) {
             guest.finish(Outcome::Signaled(signal));
         } else {
             guest.deliver(Event::new(UpcallKind::Signal, 0, 0, signal as u64));
