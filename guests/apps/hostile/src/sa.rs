@@ -221,7 +221,7 @@ fn preempt_nonexistent() -> ! {
 }
 
 /// Where a new activation starts: beside a neighbour, vCPU 0's context may be taken right after
-/// `sa_enable` (this app never resumes one; CI at 07:14 on 2026-11-29 ran the default entry's
+/// `sa_enable` (this app never resumes one; a CI run on 2026-11-29 ran the default entry's
 /// 10 s toggle then), so the new activation makes the same calls, which change nothing.
 extern "C" fn preempt_nonexistent_entry(_vcpu: u64, _activation: u64) -> ! {
     preempt_nonexistent_part()
