@@ -290,13 +290,12 @@ pub(crate) fn poll_completions() {
     }
     r.tail.store(head, Ordering::Release);
     drop(_consumer);
-    // While this vCPU's queue stays short, the woken threads run here one after the other and
-    // no halted vCPU is interrupted for them: a socket reader's turn is short (~1 us for a
-    // key-value request), an interrupt to a halted vCPU and its halt after cost over 100 us
-    // each on this platform (two vCPUs taking turns at the requests took half again as much
-    // host CPU per request as one). A spinning vCPU still takes a share. Behind a longer queue
-    // they are woken as usual.
-    let local = crate::percpu::this().len() as usize + n <= LOCAL_BATCH;
+    // While this vCPU gets through its queue sooner than a halted vCPU would wake, the woken
+    // threads run here one after the other and no halted vCPU is interrupted for them: a
+    // socket reader's turn is short (~1 us for a key-value request), an interrupt to a halted
+    // vCPU and its halt after cost over 100 us each on this platform (`sched::wakeup`). A
+    // spinning vCPU still takes a share. Behind a longer queue they are woken as usual.
+    let local = sched::runs_soon_here(n);
     for &thread in &threads[..n] {
         // SAFETY: the thread waits for this very report (its tag is not free), so its TCB is
         // live until it is woken; nothing touches it after the wake.
@@ -313,10 +312,6 @@ pub(crate) fn poll_completions() {
         }
     }
 }
-
-/// The longest run queue a vCPU fills with the threads of readiness reports without waking
-/// another (see [`poll_completions`]).
-const LOCAL_BATCH: usize = 32;
 
 /// The reporter of `t`'s tag (`poll_completions`): whether it must wake `t`. False when `t`'s
 /// timer claimed the wake-up first (the claim is recorded: `t` sees it, see the module).

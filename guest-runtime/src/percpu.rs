@@ -182,6 +182,9 @@ pub struct Counters {
     /// Processors given back idle (`sa_yield`).
     pub idle_yields: AtomicU64,
     pub ipis_sent: AtomicU64,
+    /// Wake-ups from a thread that left the woken thread to this vCPU instead of interrupting
+    /// a halted one (`sched::wakeup`: this vCPU's turns are short).
+    pub wakes_kept: AtomicU64,
     pub upcalls: AtomicU64,
     pub records: AtomicU64,
     pub continuations: AtomicU64,
@@ -258,6 +261,12 @@ pub struct Pcpu {
     pub trace_tsc: [AtomicU64; TRACE],
     pub trace_at: AtomicU32,
     pub counters: Counters,
+    /// When this vCPU's current turn began (TSC; 0: it idled since), and a moving average of
+    /// its turns' lengths (ticks): see `sched::wakeup`.
+    pub turn_from: AtomicU64,
+    pub turn_avg: AtomicU64,
+    /// When another vCPU sent this one a reschedule IPI to end its halt (TSC; 0: none).
+    pub woken_at: AtomicU64,
 }
 
 impl Pcpu {
@@ -294,6 +303,9 @@ impl Pcpu {
             trace_tsc: [const { AtomicU64::new(0) }; TRACE],
             trace_at: AtomicU32::new(0),
             counters: Counters::default(),
+            turn_from: AtomicU64::new(0),
+            turn_avg: AtomicU64::new(0),
+            woken_at: AtomicU64::new(0),
         }
     }
 

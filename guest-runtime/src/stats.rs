@@ -31,6 +31,8 @@ pub struct Stats {
     /// Processors given back to the VMM idle (`sa_yield`).
     pub idle_yields: u64,
     pub ipis_sent: u64,
+    /// Wake-ups kept on the waker's vCPU instead of interrupting a halted one.
+    pub wakes_kept: u64,
     pub upcalls: u64,
     pub records: u64,
     /// Lock holders continued until their release.
@@ -67,6 +69,7 @@ pub fn snapshot() -> Stats {
         s.halts += get(&c.halts);
         s.idle_yields += get(&c.idle_yields);
         s.ipis_sent += get(&c.ipis_sent);
+        s.wakes_kept += get(&c.wakes_kept);
         s.upcalls += get(&c.upcalls);
         s.records += get(&c.records);
         s.continuations += get(&c.continuations);

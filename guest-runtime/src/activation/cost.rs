@@ -44,7 +44,7 @@ static ASKED_AT: AtomicU64 = AtomicU64::new(0);
 static WAKE_DUE: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 
 /// The measured cost of getting a processor, in TSC ticks.
-fn acquire_ticks() -> u64 {
+pub(crate) fn acquire_ticks() -> u64 {
     match ACQUIRE_TICKS.load(Ordering::Relaxed) {
         0 => percpu::ns_to_ticks(INITIAL_NS),
         t => t,

@@ -44,6 +44,7 @@ pub(super) fn idle() {
     cpu::set(Word::SchedIdle, 1);
     SPINNING.fetch_or(bit, Ordering::AcqRel);
     let start = cpu::rdtsc();
+    crate::sched::turn_ended(percpu::this(), start);
     // The guest's only running vCPU with only sleepers to wait for, none due soon: no other
     // vCPU can hand it work, and a timer or an interrupt finds it as well after a yield, so
     // it gives the processor back now, not after a spin (a server beside a batch guest spent
@@ -160,6 +161,7 @@ pub(super) fn idle() {
         percpu::bump(&percpu::this().counters.halts);
         if config::use_halt() {
             rseq::idle_halt();
+            crate::sched::halt_ended(percpu::this(), cpu::rdtsc());
         } else {
             let until = cpu::rdtsc() + config::idle_spin_ticks();
             while !work_visible() && cpu::rdtsc() < until {

@@ -39,7 +39,7 @@ pub(crate) use queue::{find_runnable, global_len, take_next, watch_next, NEXT_PO
 pub use queue::{make_next, make_runnable, rescue_ring_of, runnable_elsewhere, take_next_if};
 pub(crate) use slice::wanted_deadline;
 pub use wakeup::clear_idle_bits;
-pub(crate) use wakeup::{HALTED, SPINNING};
+pub(crate) use wakeup::{halt_ended, runs_soon_here, turn_ended, HALTED, SPINNING};
 
 /// What a thread leaving the processor wants done with it, once it is completely saved
 /// (`switch_out`'s second argument, passed through the switch as a number).
@@ -289,6 +289,7 @@ pub fn run_now(t: &Tcb, inherit: bool) -> ! {
     } else {
         let now = cpu::rdtsc();
         p.slice_start.store(now, Ordering::Relaxed);
+        wakeup::turn_began(p, now);
         now
     };
     tcb::event(t, tcb::EV_RUNNING);
