@@ -45,6 +45,8 @@ pub(super) fn idle() {
     SPINNING.fetch_or(bit, Ordering::AcqRel);
     let start = cpu::rdtsc();
     crate::sched::turn_ended(percpu::this(), start);
+    // An IPI stamped here last time but taken before the halt (the check saw it) is no sample.
+    percpu::this().woken_at.store(0, Ordering::Relaxed);
     // The guest's only running vCPU with only sleepers to wait for, none due soon: no other
     // vCPU can hand it work, and a timer or an interrupt finds it as well after a yield, so
     // it gives the processor back now, not after a spin (a server beside a batch guest spent
