@@ -228,11 +228,27 @@ fn give_back(me: u32, wake_ns: u64, work_queued: impl Fn() -> bool) -> u64 {
     percpu::bump(&percpu::this().counters.idle_yields);
     super::cost::note_timed_yield(me, wake_ns);
     let _ = WARM.compare_exchange(me + 1, 0, Ordering::AcqRel, Ordering::Relaxed);
+    let now = cpu::rdtsc().max(1);
+    let before = GIVEN_AT.swap(now, Ordering::Relaxed);
     let result = hypercall(Hypercall::SaYield, wake_ns);
     // Still here: the VMM kept the processor (declined, or upcalls are off after all).
+    let _ = GIVEN_AT.compare_exchange(now, before, Ordering::Relaxed, Ordering::Relaxed);
     super::cost::note_timed_yield(me, 0);
     YIELDED.fetch_and(!bit, Ordering::AcqRel);
     result
+}
+
+/// When a vCPU of this guest last gave its processor to the VMM and the VMM took it (TSC; 0:
+/// never): another guest wanted it.
+static GIVEN_AT: AtomicU64 = AtomicU64::new(0);
+/// How long after a processor was taken the guest counts as sharing the machine.
+const CONTENDED_FOR_NS: u64 = 1_000_000_000;
+
+/// Whether another guest took a processor this guest offered within the last second: its
+/// processors are wanted elsewhere, and one given back comes back only through an ask.
+pub fn processors_contended() -> bool {
+    let given = GIVEN_AT.load(Ordering::Relaxed);
+    given != 0 && cpu::rdtsc().saturating_sub(given) < crate::percpu::ns_to_ticks(CONTENDED_FOR_NS)
 }
 
 /// Nothing waits for a processor (any more): the ask delay starts again with the next backlog.

@@ -9,11 +9,19 @@
 //! arrives. A thread woken by a thread whose vCPU runs short turns (a server's request
 //! handler: ~1 us) starts sooner where it is, when the waker blocks. So a wake-up from a
 //! thread leaves the woken thread to its own vCPU while the queued work there, at this vCPU's
-//! average turn, ends within `C / 4`, and the waker's turn so far is shorter than that too
-//! (Caladan and Shenango add a core only when queued work waits). A key-value server on two
-//! vCPUs interrupted the halted one for one request in 55 and spent 19-21 us of host CPU per
-//! request, against 10 on one vCPU (`docs/net.md`). If the waker then runs long after all, its
-//! slice timer (armed by the wake-up) ends its turn, and the scheduler wakes a vCPU then.
+//! average turn, ends sooner than a halted vCPU would wake (the measured IPI latency), and the
+//! waker's turn so far is shorter than that too (Caladan and Shenango add a core only when
+//! queued work waits). A key-value server on two vCPUs interrupted the halted one for one
+//! request in 55 and spent 19-21 us of host CPU per request, against 10 on one vCPU
+//! (`docs/net.md`). If the waker then runs long after all, its slice timer (armed by the
+//! wake-up) ends its turn, and the scheduler wakes a vCPU then.
+//!
+//! Not while other guests take the processors this one gives back
+//! (`sa::processors_contended`): a sibling left idle then gives its processor away, and the
+//! queue kept here soon waits long enough to ask for it back, taking it from the other guest
+//! every few tens of milliseconds (a server beside N-body: 69 processor transfers in 4 s
+//! against 3, the batch guest at a third of its speed). Then wake-ups go out as before, and
+//! readiness batches stay local up to 32 threads.
 
 use core::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -87,7 +95,7 @@ pub(super) fn wake_idle_vcpu_after_rmw() {
 
 /// Whether a thread's wake-up should leave the woken thread to this vCPU (see the module).
 fn keep_local() -> bool {
-    if cpu::get(Word::Current) == 0 {
+    if cpu::get(Word::Current) == 0 || sa::processors_contended() {
         return false; // the scheduler's wake-ups (completions, preempted threads): as always
     }
     let p = percpu::this();
@@ -105,10 +113,17 @@ fn keep_local() -> bool {
 /// than on a halted vCPU woken for them (scheduler context: readiness reports).
 pub(crate) fn runs_soon_here(more: usize) -> bool {
     let p = percpu::this();
-    let avg = p.turn_avg.load(Ordering::Relaxed);
     let queued = u64::from(p.len()) + more as u64;
+    if sa::processors_contended() {
+        return queued <= CONTENDED_LOCAL_BATCH;
+    }
+    let avg = p.turn_avg.load(Ordering::Relaxed);
     avg != 0 && queued.saturating_mul(avg) < wake_ticks()
 }
+
+/// While other guests take the processors this one gives back, the longest queue a batch of
+/// readiness reports fills here before the rest wakes siblings.
+const CONTENDED_LOCAL_BATCH: u64 = 32;
 
 /// How long a halted vCPU takes to run after a reschedule IPI (ticks): a moving average (1/8
 /// weight) of the measured ones, clamped to [`WAKE_MIN_NS`, `WAKE_MAX_NS`], starting at the
