@@ -239,13 +239,14 @@ fn give_back(me: u32, wake_ns: u64, work_queued: impl Fn() -> bool) -> u64 {
 }
 
 /// When a vCPU of this guest last gave its processor to the VMM and the VMM took it (TSC; 0:
-/// never): another guest wanted it.
+/// never). A guest with sockets or block requests in flight has its offer declined unless
+/// another guest wants the processor; any other guest's yield is always taken.
 static GIVEN_AT: AtomicU64 = AtomicU64::new(0);
 /// How long after a processor was taken the guest counts as sharing the machine.
 const CONTENDED_FOR_NS: u64 = 1_000_000_000;
 
-/// Whether another guest took a processor this guest offered within the last second: its
-/// processors are wanted elsewhere, and one given back comes back only through an ask.
+/// Whether the VMM took a processor this guest offered within the last second: for a server,
+/// another guest wanted it; a processor given back comes back only through an ask.
 pub fn processors_contended() -> bool {
     let given = GIVEN_AT.load(Ordering::Relaxed);
     given != 0 && cpu::rdtsc().saturating_sub(given) < crate::percpu::ns_to_ticks(CONTENDED_FOR_NS)
