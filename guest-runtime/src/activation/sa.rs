@@ -243,13 +243,15 @@ fn give_back(me: u32, wake_ns: u64, work_queued: impl Fn() -> bool) -> u64 {
 /// another guest wants the processor; any other guest's yield is always taken.
 static GIVEN_AT: AtomicU64 = AtomicU64::new(0);
 /// How long after a processor was taken the guest counts as sharing the machine.
-const CONTENDED_FOR_NS: u64 = 1_000_000_000;
+const CONTENDED_FOR_MS: u64 = 1_000;
 
 /// Whether the VMM took a processor this guest offered within the last second: for a server,
 /// another guest wanted it; a processor given back comes back only through an ask.
 pub fn processors_contended() -> bool {
+    // On every thread wake-up that finds a halted sibling: a multiplication, not
+    // `ns_to_ticks`'s 128-bit division.
     let given = GIVEN_AT.load(Ordering::Relaxed);
-    given != 0 && cpu::rdtsc().saturating_sub(given) < crate::percpu::ns_to_ticks(CONTENDED_FOR_NS)
+    given != 0 && cpu::rdtsc().saturating_sub(given) < crate::percpu::tsc_khz() * CONTENDED_FOR_MS
 }
 
 /// Nothing waits for a processor (any more): the ask delay starts again with the next backlog.

@@ -96,7 +96,9 @@ pub(super) fn wake_idle_vcpu_after_rmw() {
 /// Whether a thread's wake-up should leave the woken thread to this vCPU (see the module).
 fn keep_local() -> bool {
     if cpu::get(Word::Current) == 0 || sa::processors_contended() {
-        return false; // the scheduler's wake-ups (completions, preempted threads): as always
+        // The scheduler's wake-ups (completions, preempted threads), or processors wanted
+        // elsewhere (see the module): as always.
+        return false;
     }
     let p = percpu::this();
     let avg = p.turn_avg.load(Ordering::Relaxed);
