@@ -40,6 +40,8 @@ mod net;
 mod net_opts;
 #[path = "kvm/net_udp.rs"]
 mod net_udp;
+#[path = "kvm/placement.rs"]
+mod placement;
 #[path = "kvm/preempt_at.rs"]
 mod preempt_at;
 #[path = "kvm/security.rs"]
@@ -264,6 +266,7 @@ fn main() {
     trials.extend(config::toml_tests());
     trials.extend(hostile::hostile_tests());
     trials.extend(security::security_tests());
+    trials.extend(placement::tests());
     trials.extend(std_guests::tests());
     trials.extend(std_api::tests());
     trials.extend(std_env::tests());

@@ -16,6 +16,15 @@
 //! A thread is re-bound only when its processor changes (one `sched_setaffinity`: ~1.3 us of
 //! CPU time on a sleeping thread here); a vCPU that gets its own processor back costs nothing.
 //!
+//! **A guest alone shares its processors among its threads.** Once a granted thread started
+//! on its CPU, and while no other guest holds or wants a processor, the guest's running threads
+//! may each run on the CPUs of all the processors the guest holds ([`widen_guest_sets`]): a
+//! host process beside the guest (the client of a server in it) then shares a CPU with the
+//! guest's idle vCPU rather than its busy one. Bound one to one, std-kv's busy vCPU shared its
+//! CPU with `redis-benchmark` while the guest's other CPU idled, and it served 0.7-0.8x the
+//! requests of the same threads left to Linux. When another guest is granted a processor, the
+//! threads are bound to their own processors' CPUs again ([`narrow_guest_sets`]).
+//!
 //! **Widened under foreign load.** A CPU that other processes keep busy holds a thread bound to
 //! it: the granted thread waits there for a host tick or more (54 ms was seen) while the other
 //! CPU may be free, and the chaos soak got fewer preemptions with placement than without it on
@@ -46,6 +55,9 @@ struct Thread {
     wide: bool,
     /// Granted a processor at this instant (its thread registered) and not running yet.
     granted_at: Option<Instant>,
+    /// The processors (bits) whose CPUs it may run on, when bound to its guest's set (0: bound
+    /// to its own processor's CPU, or not bound).
+    set: u64,
 }
 
 /// The host CPUs behind the processors, and the threads bound to them.
@@ -102,6 +114,8 @@ impl Placement {
         let thread = *entry;
         if thread.wide {
             self.bind_wide(0);
+        } else if thread.set != 0 {
+            self.bind_set(0, thread.set);
         } else if let Some(processor) = thread.processor {
             self.bind(0, processor);
         }
@@ -133,6 +147,7 @@ impl Placement {
                     continue;
                 }
                 thread.wide = true;
+                thread.set = 0;
                 let tid = thread.tid;
                 if tid != 0 {
                     self.bind_wide(tid);
@@ -157,6 +172,16 @@ impl Placement {
 
     fn bind(&mut self, tid: libc::pid_t, processor: usize) {
         self.set_affinity(tid, &[self.cpus[processor % self.cpus.len()]]);
+        self.rebinds += 1;
+    }
+
+    /// Binds `tid` to the CPUs of the processors in `set` (bits).
+    fn bind_set(&mut self, tid: libc::pid_t, set: u64) {
+        let cpus: Vec<usize> = (0..self.cpus.len().min(64))
+            .filter(|p| set & (1u64 << p) != 0)
+            .map(|p| self.cpus[p])
+            .collect();
+        self.set_affinity(tid, &cpus);
         self.rebinds += 1;
     }
 
@@ -223,18 +248,109 @@ fn place_granted_at(state: &mut State, granted: &[(GuestId, usize)], now: Instan
         if wide {
             if !thread.wide {
                 placement.threads[id][v].wide = true;
+                placement.threads[id][v].set = 0;
                 if thread.tid != 0 {
                     placement.bind_wide(thread.tid);
                 }
             }
             continue;
         }
-        if thread.processor == Some(processor) && !thread.wide {
+        if thread.processor == Some(processor) && !thread.wide && thread.set == 0 {
             continue;
         }
         placement.threads[id][v].wide = false;
+        placement.threads[id][v].set = 0;
         if thread.tid != 0 {
             placement.bind(thread.tid, processor);
+        }
+    }
+    narrow_guest_sets(state);
+}
+
+/// The processors (bits) of the vCPUs of guest `id` that hold one, when its threads may share
+/// them: no other guest holds or wants a processor, and the budget has no more processors than
+/// bits. Else 0: each thread is bound to its own processor's CPU. With `running`, only the
+/// processors of running vCPUs count (a granted thread starts alone on its processor's CPU).
+fn held_set(state: &State, id: GuestId, running: bool) -> u64 {
+    let others = state
+        .guests
+        .iter()
+        .enumerate()
+        .any(|(o, g)| o != id && (g.holding() > 0 || g.demand() > 0));
+    if others || state.placement.cpus.len() > 64 {
+        return 0;
+    }
+    let g = &state.guests[id];
+    (0..g.vcpus.len())
+        .filter(|&v| {
+            g.vcpus[v].holds_processor() && (!running || matches!(g.vcpus[v], Slot::Running(_)))
+        })
+        .filter_map(|v| state.placement.threads[id][v].processor)
+        .filter(|&p| p < 64)
+        .fold(0, |set, p| set | 1u64 << p)
+}
+
+/// The quantum's look: in each guest that no other guest shares the processors with, every
+/// running vCPU thread may run on the CPUs of all the processors its running vCPUs hold (no
+/// thread moves: each runs on one of them; see the module). Not at a thread's start: each
+/// call costs its thread's start a few microseconds (the `PREEMPTED` upcall's latency).
+pub(super) fn widen_guest_sets(state: &mut State) {
+    if state.placement.cpus.is_empty() || state.placement.widened(Instant::now()) {
+        return;
+    }
+    for id in 0..state.guests.len() {
+        widen_guest(state, id);
+    }
+}
+
+fn widen_guest(state: &mut State, id: GuestId) {
+    let held = held_set(state, id, true);
+    if held.count_ones() < 2 {
+        return;
+    }
+    for v in 0..state.guests[id].vcpus.len() {
+        let thread = state.placement.threads[id][v];
+        let running = matches!(state.guests[id].vcpus[v], Slot::Running(_));
+        let own = thread
+            .processor
+            .is_some_and(|p| p < 64 && held & (1u64 << p) != 0);
+        if !running || !own || thread.wide || thread.set == held {
+            continue;
+        }
+        state.placement.threads[id][v].set = held;
+        if thread.tid != 0 {
+            state.placement.bind_set(thread.tid, held);
+        }
+    }
+}
+
+/// After grants: a thread bound to its guest's set that names a processor no running vCPU of
+/// the guest holds now (given away, or granted to a vCPU that has not started on it yet), or
+/// whose guest now has company, is bound to the set its guest may share now, or to its own
+/// processor's CPU: guests' CPUs stay disjoint, and a granted thread finds its CPU free.
+fn narrow_guest_sets(state: &mut State) {
+    for id in 0..state.guests.len() {
+        let held = held_set(state, id, true);
+        for v in 0..state.guests[id].vcpus.len() {
+            let thread = state.placement.threads[id][v];
+            if thread.set == 0 || (held != 0 && thread.set & !held == 0) {
+                continue;
+            }
+            match thread.processor {
+                Some(p) if p < 64 && held & (1u64 << p) != 0 && held.count_ones() >= 2 => {
+                    state.placement.threads[id][v].set = held;
+                    if thread.tid != 0 {
+                        state.placement.bind_set(thread.tid, held);
+                    }
+                }
+                Some(p) => {
+                    state.placement.threads[id][v].set = 0;
+                    if thread.tid != 0 {
+                        state.placement.bind(thread.tid, p);
+                    }
+                }
+                None => state.placement.threads[id][v].set = 0,
+            }
         }
     }
 }
@@ -325,6 +441,52 @@ mod tests {
         assert_eq!(bound(&alloc), [Some(1), Some(1), Some(0)]);
         assert_eq!(alloc.acquire(g, 0), Acquired::Resume);
         assert_eq!(alloc.lock().placement.rebinds, 0);
+    }
+
+    /// The processor sets (bits) the vCPU threads of `guest` are bound to (0: their own).
+    fn sets(alloc: &Allocator, guest: usize) -> Vec<u64> {
+        alloc.lock().placement.threads[guest]
+            .iter()
+            .map(|t| t.set)
+            .collect()
+    }
+
+    #[test]
+    fn a_guest_alone_runs_on_all_its_processors_and_shares_none() {
+        let alloc = placed(2);
+        alloc.set_activations(0, true);
+        // Granted, not started: each is bound to its own processor's CPU (a prompt start).
+        assert_eq!(sets(&alloc, 0), [0, 0]);
+        assert_eq!(alloc.acquire(0, 0), Acquired::Resume);
+        assert_eq!(
+            sets(&alloc, 0),
+            [0, 0],
+            "one processor held: nothing to widen to"
+        );
+        assert_eq!(alloc.acquire(0, 1), Acquired::Resume);
+        assert_eq!(
+            sets(&alloc, 0),
+            [0, 0],
+            "widened by the quantum, off the start's path"
+        );
+        assert!(alloc.rebalance().is_empty());
+        // Both running: each may run on both CPUs, where Linux places it.
+        assert_eq!(sets(&alloc, 0), [0b11, 0b11]);
+        // A second guest takes one processor: the first guest's threads are bound to the one
+        // it keeps, so the guests' CPUs stay disjoint.
+        let h = alloc.add_guest(1);
+        let kicks = alloc.rebalance();
+        assert_eq!(kicks.len(), 1);
+        let (g, v) = kicks[0];
+        alloc.release(g, v, Release::Preempted);
+        assert_eq!(alloc.acquire(h, 0), Acquired::Resume);
+        let kept = 1 - v;
+        assert_eq!(sets(&alloc, 0)[kept], 0, "bound to its own processor again");
+        assert_eq!(sets(&alloc, h), [0]);
+        assert_ne!(
+            bound(&alloc)[kept],
+            alloc.lock().placement.threads[h][0].processor
+        );
     }
 
     #[test]
