@@ -3,7 +3,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Failed, Trial};
+use libtest_mimic::Trial;
 
 use super::{guest, ACTIVM};
 
