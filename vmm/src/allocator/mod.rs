@@ -567,7 +567,7 @@ impl Allocator {
         state.rotation = state.rotation.wrapping_add(1);
         let now = Instant::now();
         place::widen_if_slow(&mut state, now);
-        place::widen_guest_sets(&mut state);
+        place::share_cpus_in_lone_guests(&mut state);
         self.rebalance_locked(&mut state, now)
     }
 

@@ -18,7 +18,7 @@
 //!
 //! **A guest alone shares its processors among its threads.** Once a granted thread started
 //! on its CPU, and while no other guest holds or wants a processor, the guest's running threads
-//! may each run on the CPUs of all the processors the guest holds ([`widen_guest_sets`]): a
+//! may each run on the CPUs of all the processors the guest holds ([`share_cpus_in_lone_guests`]): a
 //! host process beside the guest (the client of a server in it) then shares a CPU with the
 //! guest's idle vCPU rather than its busy one. Bound one to one, std-kv's busy vCPU shared its
 //! CPU with `redis-benchmark` while the guest's other CPU idled, and it served 0.7-0.8x the
@@ -294,16 +294,16 @@ fn held_set(state: &State, id: GuestId, running: bool) -> u64 {
 /// running vCPU thread may run on the CPUs of all the processors its running vCPUs hold (no
 /// thread moves: each runs on one of them; see the module). Not at a thread's start: each
 /// call costs its thread's start a few microseconds (the `PREEMPTED` upcall's latency).
-pub(super) fn widen_guest_sets(state: &mut State) {
+pub(super) fn share_cpus_in_lone_guests(state: &mut State) {
     if state.placement.cpus.is_empty() || state.placement.widened(Instant::now()) {
         return;
     }
     for id in 0..state.guests.len() {
-        widen_guest(state, id);
+        share_cpus_in_guest(state, id);
     }
 }
 
-fn widen_guest(state: &mut State, id: GuestId) {
+fn share_cpus_in_guest(state: &mut State, id: GuestId) {
     let held = held_set(state, id, true);
     if held.count_ones() < 2 {
         return;
