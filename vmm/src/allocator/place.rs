@@ -20,10 +20,11 @@
 //! on its CPU, and while no other guest holds or wants a processor, the guest's running threads
 //! may each run on the CPUs of all the processors the guest holds
 //! ([`share_cpus_in_lone_guests`]): a host process beside the guest (the client of a server in
-//! it) then shares a CPU with the guest's idle vCPU rather than its busy one. Bound one to one, std-kv's busy vCPU shared its
-//! CPU with `redis-benchmark` while the guest's other CPU idled, and it served 0.7-0.8x the
-//! requests of the same threads left to Linux. When another guest is granted a processor, the
-//! threads are bound to their own processors' CPUs again ([`narrow_guest_sets`]).
+//! it) then shares a CPU with the guest's idle vCPU rather than its busy one. Bound one to one,
+//! std-kv's busy vCPU shared its CPU with `redis-benchmark` while the guest's other CPU idled,
+//! and it served 0.7-0.8x the requests of the same threads left to Linux. When another guest is
+//! granted a processor, the threads are bound to their own processors' CPUs again
+//! ([`narrow_guest_sets`]).
 //!
 //! **Widened under foreign load.** A CPU that other processes keep busy holds a thread bound to
 //! it: the granted thread waits there for a host tick or more (54 ms was seen) while the other
