@@ -68,6 +68,24 @@ fn guest_dir() -> PathBuf {
     }
 }
 
+/// Each thread of `pid`: its name and the value of the status line `field` (e.g. `"Seccomp:"`).
+fn thread_status_field(pid: u32, field: &str) -> Result<Vec<(String, String)>, Failed> {
+    let mut rows = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| e.to_string())?;
+    for task in tasks.flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let line = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        rows.push((line("Name:"), line(field)));
+    }
+    Ok(rows)
+}
+
 fn guest(name: &str) -> Result<PathBuf, Failed> {
     let path = guest_dir().join(name);
     if path.is_file() {

@@ -7,26 +7,13 @@ use libtest_mimic::Trial;
 
 use super::{guest, ACTIVM};
 
-/// The `Cpus_allowed_list` of each vCPU thread (`g0-vcpuN`) of process `pid`.
+/// The `Cpus_allowed_list` of each vCPU thread (`g0-vcpuN`) of process `pid`, by name.
 fn vcpu_cpu_lists(pid: u32) -> Vec<(String, String)> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    let mut lists = Vec::new();
-    for task in tasks.flatten() {
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.trim().to_string())
-                .unwrap_or_default()
-        };
-        let name = field("Name:");
-        if name.starts_with("g0-vcpu") {
-            lists.push((name, field("Cpus_allowed_list:")));
-        }
-    }
+    let mut lists: Vec<_> = super::thread_status_field(pid, "Cpus_allowed_list:")
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("g0-vcpu"))
+        .collect();
     lists.sort();
     lists
 }

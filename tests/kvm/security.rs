@@ -81,24 +81,6 @@ fn spawn_unread(args: &[&std::ffi::OsStr]) -> Result<(Child, std::os::fd::OwnedF
     Ok((child, reader.into()))
 }
 
-/// The seccomp mode of every thread of `pid` (the `Seccomp:` line of each task's status).
-fn seccomp_modes(pid: u32) -> Result<Vec<(String, String)>, Failed> {
-    let mut modes = Vec::new();
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| e.to_string())?;
-    for task in tasks.flatten() {
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.trim().to_string())
-                .unwrap_or_default()
-        };
-        modes.push((field("Name:"), field("Seccomp:")));
-    }
-    Ok(modes)
-}
-
 pub fn security_tests() -> Vec<Trial> {
     vec![
         Trial::test("ctl_never_replaces_a_file_or_device", || {
@@ -346,7 +328,7 @@ pub fn security_tests() -> Vec<Trial> {
                     .spawn()
                     .map_err(|e| e.to_string())?;
                 std::thread::sleep(Duration::from_millis(1500));
-                let modes = seccomp_modes(child.id());
+                let modes = super::thread_status_field(child.id(), "Seccomp:");
                 let _ = child.kill();
                 let _ = child.wait();
                 let modes = modes?;
