@@ -11,7 +11,11 @@
 //!
 //! Then the same beside a batch guest (`nbody nbody-for`, N-body stepping on 2 vCPUs) on the
 //! same 2 CPUs: both guests in one activm (`pcpus = 2`, the server `latency_critical`) in each
-//! mode, and redis-server beside the batch guest run alone (host-scheduled). First, what an
+//! mode, and redis-server beside the batch guest run alone (host-scheduled). Beside the
+//! latency-critical server the batch guest's vCPU threads run at the host's idle priority
+//! (`batch_sched_idle`, the default without `host_sched`); two more rows show host-sched with
+//! the batch guest at that priority too (what a plain KVM user can do with `chrt --idle`) and
+//! activations without it. First, what an
 //! idle server costs: the batch guest's steps/s alone and beside an idle std-kv.
 //!
 //! `cargo xtask bench kv`; `ACTIVM_BENCH_QUICK=1` for fewer requests; `ACTIVM_KV_ROOT=DIR`
@@ -334,7 +338,13 @@ fn beside_nbody(
     let modes = [
         ("activm + nbody, activ.", "", ""),
         ("activm + nbody, host-sched", "host_sched = true\n", ""),
+        (
+            "  host-sched, batch idle",
+            "host_sched = true\nbatch_sched_idle = true\n",
+            "",
+        ),
         ("activm + nbody, no-activ.", "", "no_activations = true\n"),
+        ("  activ., batch not idle", "batch_sched_idle = false\n", ""),
     ];
     for (name, machine, guest) in modes {
         let port = free_port()?;

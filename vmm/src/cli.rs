@@ -45,7 +45,7 @@ pub(crate) struct RunArgs {
     ///
     /// At the top, the machine-wide keys, as the flags: pcpus, quantum (ms), chaos (seed),
     /// timeout (s), stats, boot_timing, trace, ctl, io_latency (us), io_inline_wait (us),
-    /// host_sched, place_vcpus (default true). Then one [[guest]] table per guest: image
+    /// host_sched, place_vcpus (default true), batch_sched_idle. Then one [[guest]] table per guest: image
     /// (required), name (its label in output, --stats and `activm ctl`),
     /// vcpus, mem, args (an array of strings), env (a table of KEY = "VALUE"), no_activations, disk, disk_read_only, mounts
     /// (an array of "HOSTDIR:GUESTDIR[:ro]"),
@@ -54,7 +54,7 @@ pub(crate) struct RunArgs {
     ///
     /// Machine-wide flags given with --config (--pcpus, --quantum, --chaos, --timeout, --stats,
     /// --boot-timing, --trace, --ctl, --io-latency, --io-inline-wait, --host-sched,
-    /// --no-place-vcpus) override the file. Per-guest
+    /// --no-place-vcpus, --[no-]batch-sched-idle) override the file. Per-guest
     /// ones (GUEST, --vcpus, --mem, --no-activations, --disk, --disk-read-only, --thread-stack,
     /// --thread-stacks, --prefault, --env, GUEST_ARGS) are refused: set them in the [[guest]] tables.
     #[arg(long, value_name = "FILE.toml")]
@@ -85,6 +85,16 @@ pub(crate) struct RunArgs {
     /// --host-sched). See docs/activations.md, "Placing granted vCPUs on host CPUs".
     #[arg(long)]
     pub(crate) no_place_vcpus: bool,
+    /// Beside a latency-critical guest, run every other guest's vCPU threads at the host's idle
+    /// priority (SCHED_IDLE) also under --host-sched (what a plain KVM user can do with
+    /// `chrt --idle`). On by default without --host-sched. See docs/activations.md,
+    /// "Best-effort guests at the host's idle priority".
+    #[arg(long, conflicts_with = "no_batch_sched_idle")]
+    pub(crate) batch_sched_idle: bool,
+    /// Leave every vCPU thread at the host's normal priority, even beside a latency-critical
+    /// guest.
+    #[arg(long)]
+    pub(crate) no_batch_sched_idle: bool,
     /// Placement as above: the default, accepted for scripts written when it was not.
     #[arg(long, hide = true, conflicts_with_all = ["no_place_vcpus", "host_sched"])]
     pub(crate) place_vcpus: bool,

@@ -155,6 +155,9 @@ fn settings(
     machine.boot_timing |= flags.boot_timing;
     machine.host_sched |= flags.host_sched;
     machine.place_vcpus &= flags.place_vcpus;
+    if flags.batch_sched_idle.is_some() {
+        machine.batch_sched_idle = flags.batch_sched_idle;
+    }
     Ok((machine, guests, Source::File(file)))
 }
 
@@ -172,6 +175,11 @@ fn machine_from_flags(args: &RunArgs) -> Machine {
         io_inline_wait_us: args.io_inline_wait,
         host_sched: args.host_sched,
         place_vcpus: !args.no_place_vcpus,
+        batch_sched_idle: match (args.batch_sched_idle, args.no_batch_sched_idle) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
         from_flags: Vec::new(),
     }
 }

@@ -43,6 +43,15 @@ fn guest_names(configs: &[VmConfig]) -> Vec<String> {
     names
 }
 
+/// Which guests' vCPU threads run at the host's idle priority: with a latency-critical guest,
+/// every other one, unless `batch_sched_idle` says no (by default not under `host_sched`,
+/// where it is what a user does by hand).
+fn batch_at_idle_priority(configs: &[VmConfig], options: &MonitorOptions) -> Vec<bool> {
+    let on = options.batch_sched_idle.unwrap_or(!options.host_sched)
+        && configs.iter().any(|c| c.latency_critical);
+    configs.iter().map(|c| on && !c.latency_critical).collect()
+}
+
 /// Run `configs` as guests sharing `options.pcpus` processors, each with its console; returns
 /// one report per guest, in order.
 pub fn run_guests(
@@ -106,6 +115,7 @@ pub fn run_guests(
         None => None,
     };
     let names = guest_names(configs);
+    let batch_idle = batch_at_idle_priority(configs, options);
     let mut guests = Vec::new();
     let mut threads = Vec::new();
     for ((config, console), name) in configs.iter().zip(consoles).zip(names) {
@@ -128,11 +138,17 @@ pub fn run_guests(
                 .start(&created.guest)
                 .map_err(|e| Error::Host(format!("cannot start a disk thread: {e}")))?;
         }
+        let idle = batch_idle[created.guest.id];
         for (index, fd) in created.fds.into_iter().enumerate() {
             let guest = Arc::clone(&created.guest);
             let thread = std::thread::Builder::new()
                 .name(format!("g{}-vcpu{index}", guest.id))
-                .spawn(move || vcpu::run_vcpu(fd, index as u32, guest))
+                .spawn(move || {
+                    if idle {
+                        vcpu::enter_host_idle_priority(&guest);
+                    }
+                    vcpu::run_vcpu(fd, index as u32, guest)
+                })
                 .map_err(|e| Error::Host(format!("cannot start a vCPU thread: {e}")))?;
             threads.push(thread);
         }

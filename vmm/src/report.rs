@@ -146,6 +146,13 @@ fn render_stats(guest: &Guest) -> String {
         "\ninterrupt watch: undelivered interrupts redelivered={}",
         n(&s.interrupts_nudged)
     );
+    let (idle, refused) = (n(&s.idle_priority_threads), n(&s.idle_priority_refused));
+    if idle + refused > 0 {
+        let _ = write!(
+            out,
+            "\nvCPU threads at the host's idle priority (beside a latency-critical guest)={idle} refused by the host={refused}"
+        );
+    }
     let (mut delays, seen) = {
         let reservoir = s.preempt_delays.lock().unwrap_or_else(|e| e.into_inner());
         (reservoir.samples().to_vec(), reservoir.seen())

@@ -53,6 +53,10 @@ pub struct GuestStats {
     /// Requested interrupts found undelivered by the interrupt watch and made KVM look at
     /// again (`vcpu/nudge.rs`).
     pub interrupts_nudged: AtomicU64,
+    /// vCPU threads put at the host's idle priority beside a latency-critical guest, and those
+    /// the host refused (`vcpu::enter_host_idle_priority`).
+    pub idle_priority_threads: AtomicU64,
+    pub idle_priority_refused: AtomicU64,
     /// Kick-to-context-captured delays of preemptions, in TSC ticks (a bounded sample).
     pub preempt_delays: Mutex<Reservoir>,
 }

@@ -208,6 +208,7 @@ pub fn build(
             chaos_seed: machine.chaos,
             host_sched: machine.host_sched,
             place_vcpus: machine.place_vcpus,
+            batch_sched_idle: machine.batch_sched_idle,
             preempt_at: None,
         },
         stats: machine.stats,

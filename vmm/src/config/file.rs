@@ -86,6 +86,7 @@ struct FileDoc {
     #[serde(default)]
     host_sched: bool,
     place_vcpus: Option<bool>,
+    batch_sched_idle: Option<bool>,
     #[serde(default, deserialize_with = "guest_tables")]
     guest: Vec<FileGuest>,
 }
@@ -185,6 +186,7 @@ pub fn parse(text: &str, path: &Path) -> Result<(Machine, Vec<GuestSpec>), Probl
         io_inline_wait_us: doc.io_inline_wait.unwrap_or(defaults.io_inline_wait_us),
         host_sched: doc.host_sched,
         place_vcpus: doc.place_vcpus.unwrap_or(defaults.place_vcpus),
+        batch_sched_idle: doc.batch_sched_idle,
         from_flags: Vec::new(),
     };
     let guests = doc

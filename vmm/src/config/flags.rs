@@ -99,6 +99,9 @@ pub struct Machine {
     /// Bind processors and granted vCPU threads to host CPUs (on unless `--no-place-vcpus` or
     /// `place_vcpus = false`).
     pub place_vcpus: bool,
+    /// Best-effort vCPU threads at the host's idle priority beside a latency-critical guest
+    /// (`None`: on unless `host_sched`).
+    pub batch_sched_idle: Option<bool>,
     /// Settings a command-line flag set over a file's value: errors about them name the flag.
     pub from_flags: Vec<Key>,
 }
@@ -118,6 +121,7 @@ impl Default for Machine {
             io_inline_wait_us: super::DEFAULT_INLINE_WAIT.as_micros() as u64,
             host_sched: false,
             place_vcpus: true,
+            batch_sched_idle: None,
             from_flags: Vec::new(),
         }
     }

@@ -14,7 +14,9 @@
 //!                      #       this is waited for inside its exit instead of blocking),
 //!                      #       host_sched (no allocator: the host schedules every vCPU),
 //!                      #       place_vcpus (false: granted vCPU threads not bound to
-//!                      #       their processor's host CPU)
+//!                      #       their processor's host CPU), batch_sched_idle (false:
+//!                      #       other guests' vCPU threads not at SCHED_IDLE beside a
+//!                      #       latency-critical one; true: also under host_sched)
 //!
 //! [[guest]]
 //! image = "rt-tests"   # the only required key
@@ -262,6 +264,11 @@ pub struct MonitorOptions {
     /// default; `--no-place-vcpus` or `place_vcpus = false` turn it off. Never with
     /// `host_sched`.
     pub place_vcpus: bool,
+    /// Beside a latency-critical guest, the vCPU threads of every other guest run at the host's
+    /// idle priority (`SCHED_IDLE`), so host work on the critical guest's path (its client, its
+    /// net thread) takes their CPU at once (docs/activations.md, "Best-effort guests at the
+    /// host's idle priority"). `None`: on, except under `host_sched`.
+    pub batch_sched_idle: Option<bool>,
     /// Testing only (`--preempt-at`): preempt vCPUs at these guest code addresses.
     pub preempt_at: Option<crate::preempt_at::Spec>,
 }
@@ -279,6 +286,7 @@ impl Default for MonitorOptions {
             chaos_seed: None,
             host_sched: false,
             place_vcpus: true,
+            batch_sched_idle: None,
             preempt_at: None,
         }
     }

@@ -52,6 +52,7 @@ fn a_full_file_parses() {
         io_latency = 1000
         io_inline_wait = 40
         place_vcpus = false
+        batch_sched_idle = false
 
         [[guest]]
         image = "apps/rt-tests"
@@ -87,6 +88,7 @@ fn a_full_file_parses() {
             io_inline_wait_us: 40,
             host_sched: false,
             place_vcpus: false,
+            batch_sched_idle: Some(false),
             from_flags: Vec::new(),
         }
     );

@@ -81,6 +81,20 @@ struct VcpuThread {
     preempt_here: bool,
 }
 
+/// Puts the calling vCPU thread at the host's idle priority (`SCHED_IDLE`): any thread of
+/// normal priority woken on its CPU takes the CPU at once. A refusal is counted and ignored.
+pub fn enter_host_idle_priority(guest: &Guest) {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for the call.
+    let done = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0;
+    let counter = if done {
+        &guest.stats.idle_priority_threads
+    } else {
+        &guest.stats.idle_priority_refused
+    };
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The body of vCPU thread `index` of `guest`.
 pub fn run_vcpu(mut fd: VcpuFd, index: u32, guest: Arc<Guest>) {
     let control = Arc::clone(&guest.vcpus[index as usize]);
