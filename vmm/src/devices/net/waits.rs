@@ -80,7 +80,7 @@ impl Net {
             return Ok(neg(libc::EINVAL));
         }
         let fd = match (&sock.kind, &sock.fd) {
-            (Kind::Stream | Kind::Listener { .. }, Some(fd)) => fd.as_raw_fd(),
+            (Kind::Stream | Kind::Listener { .. } | Kind::Datagram(_), Some(fd)) => fd.as_raw_fd(),
             _ => return Ok(neg(libc::ENOTCONN)),
         };
         let mut pfd = libc::pollfd {
