@@ -22,6 +22,12 @@ use crate::sync::timed;
 use crate::tcb::Tcb;
 use crate::{sched, timer};
 
+/// Whether the VMM can report tags (its ring is registered): else only guest-local sources
+/// can be waited for.
+pub fn vmm_reports() -> bool {
+    ring_ready()
+}
+
 /// A wait for the first of several sources; see the module.
 #[derive(Debug)]
 pub struct AnyWait {
@@ -30,15 +36,12 @@ pub struct AnyWait {
 }
 
 impl AnyWait {
-    /// Arms a wait of the current thread until TSC `deadline` (`None`: none). `None` if socket
-    /// waits are not possible (no ring): the caller waits some other way.
+    /// Arms a wait of the current thread until TSC `deadline` (`None`: none). Sources the VMM
+    /// reports need its ring ([`vmm_reports`]); guest-local ones do not.
     ///
     /// Between this and [`AnyWait::park`] the thread must not wait for anything else (no
     /// lock that parks, no allocation).
-    pub fn begin(deadline: Option<u64>) -> Option<AnyWait> {
-        if !ring_ready() {
-            return None;
-        }
+    pub fn begin(deadline: Option<u64>) -> AnyWait {
         let me = sched::current();
         match deadline {
             Some(d) => timed::arm(me, d),
@@ -47,7 +50,7 @@ impl AnyWait {
                 me.timed.store(timer::TIMED_ARMED, Ordering::Release);
             }
         }
-        Some(AnyWait { me, deadline })
+        AnyWait { me, deadline }
     }
 
     /// A free tag for one more source, recorded for this thread (`None`: every tag is taken).

@@ -145,11 +145,15 @@ enum Armed {
 }
 
 /// Leaves a tag with one direction (`POLLIN` or `POLLOUT`) of descriptor `fd`.
-fn arm(w: &AnyWait, fd: i32, event: i16, armed: &mut Vec<(Source, u32)>) -> Armed {
+fn arm(w: &AnyWait, vmm: bool, fd: i32, event: i16, armed: &mut Vec<(Source, u32)>) -> Armed {
+    let eventfd = crate::eventfd::slot(fd);
+    if eventfd.is_none() && !vmm {
+        return Armed::Busy; // no ring for the VMM's reports: wait in steps
+    }
     let Some(tag) = w.tag() else {
         return Armed::Busy;
     };
-    let word = if let Some(e) = crate::eventfd::slot(fd) {
+    let word = if let Some(e) = eventfd {
         match e.watch(tag) {
             Some(word) => {
                 armed.push((Source::Word(word), tag));
@@ -239,14 +243,13 @@ fn wait_round(fds: &[PollFd], deadline: Option<u64>) -> bool {
     };
     // Allocated before the wait is armed (nothing may wait in between).
     let mut armed: Vec<(Source, u32)> = Vec::with_capacity(fds.len() * 2);
-    let Some(w) = AnyWait::begin(deadline) else {
-        return step();
-    };
+    let vmm = activm_rt::net_any::vmm_reports();
+    let w = AnyWait::begin(deadline);
     let mut how = Armed::All;
     'fds: for pfd in fds.iter().filter(|p| p.fd >= 0) {
         for event in [POLLIN, POLLOUT] {
             if pfd.events & event != 0 {
-                how = arm(&w, pfd.fd, event, &mut armed);
+                how = arm(&w, vmm, pfd.fd, event, &mut armed);
                 if how != Armed::All {
                     break 'fds;
                 }
