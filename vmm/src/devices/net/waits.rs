@@ -62,7 +62,8 @@ impl Net {
     /// The ready bits (`NET_READABLE`, `NET_WRITABLE`, `NET_ERROR`, `NET_HANGUP`, Linux's
     /// values) if any, else the wait is armed under `tag` (`NET_WAITING`, or `-EAGAIN` for
     /// `NET_NO_WAIT`). A direction the guest's receive buffer or transmit ring serves is
-    /// `-EINVAL` (the guest looks there), a socket without a host socket `-ENOTCONN`.
+    /// `-EINVAL` (the guest looks there), a socket without a host socket (a fresh one, an
+    /// unbound UDP socket) `-ENOTCONN`. TCP streams, listeners and UDP sockets.
     pub(super) fn poll(
         &self,
         table: &mut Table,
