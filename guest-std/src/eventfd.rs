@@ -34,11 +34,13 @@ const POLLNVAL: i16 = 0x20;
 const OPEN: u32 = 1;
 const SEMAPHORE: u32 = 2;
 const NONBLOCK: u32 = 4;
+/// A slot being set up by `sys_eventfd` (not free, not open yet).
+const TAKING: u32 = 8;
 
 /// One eventfd.
 #[derive(Debug)]
 pub struct EventFd {
-    /// 0: free; else [`OPEN`] and the flags.
+    /// 0: free; [`TAKING`]; or [`OPEN`] and the flags.
     state: AtomicU32,
     count: AtomicU64,
     /// Wait tags + 1 (0: none).
@@ -127,7 +129,7 @@ pub extern "C" fn sys_eventfd(initval: u64, flags: i16) -> i32 {
     for (i, e) in TABLE.iter().enumerate() {
         // A slot is taken with a placeholder first, so the count is set before it is open.
         if e.state
-            .compare_exchange(0, u32::MAX & !OPEN, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(0, TAKING, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
             e.count.store(initval, Ordering::SeqCst);
