@@ -129,8 +129,18 @@ fn scan(fds: &mut [PollFd]) -> i32 {
 enum Source {
     /// A buffer's, ring's or eventfd's `waiter` word (tag + 1).
     Word(&'static AtomicU32),
-    /// A `NET_OP_POLL` of this socket armed under the tag.
-    Vmm(u64),
+    /// A `NET_OP_POLL` of this socket and direction armed under the tag.
+    Vmm(u64, u64),
+}
+
+impl Source {
+    fn same(&self, other: &Source) -> bool {
+        match (self, other) {
+            (Source::Word(a), Source::Word(b)) => core::ptr::eq(*a, *b),
+            (Source::Vmm(s, d), Source::Vmm(t, e)) => (s, d) == (t, e),
+            _ => false,
+        }
+    }
 }
 
 /// How arming the sources went.
@@ -144,74 +154,76 @@ enum Armed {
     Busy,
 }
 
-/// Leaves a tag with one direction (`POLLIN` or `POLLOUT`) of descriptor `fd`.
+/// Leaves a tag with one direction (`POLLIN` or `POLLOUT`) of descriptor `fd` (`vmm`: the VMM
+/// can report tags).
 fn arm(w: &AnyWait, vmm: bool, fd: i32, event: i16, armed: &mut Vec<(Source, u32)>) -> Armed {
-    let eventfd = crate::eventfd::slot(fd);
-    if eventfd.is_none() && !vmm {
+    if let Some(e) = crate::eventfd::slot(fd) {
+        // Any free word of the counter's (the same eventfd twice takes two).
+        let Some(tag) = w.tag() else {
+            return Armed::Busy;
+        };
+        let Some(word) = e.watch(tag) else {
+            w.release(tag);
+            return Armed::Busy;
+        };
+        armed.push((Source::Word(word), tag));
+        return if e.ready(event) != 0 {
+            Armed::Ready
+        } else {
+            Armed::All
+        };
+    }
+    let Some(s) = crate::socket_dup::resolve(fd) else {
+        return Armed::Ready; // closed meanwhile: the next look answers POLLNVAL
+    };
+    if !vmm {
         return Armed::Busy; // no ring for the VMM's reports: wait in steps
+    }
+    let (word, direction) = if event == POLLIN {
+        (crate::socket_rx::waiter_word(s), NET_READABLE)
+    } else {
+        (crate::socket_tx::waiter_word(s), NET_WRITABLE)
+    };
+    let source = match word {
+        Some(word) => Source::Word(word),
+        None => Source::Vmm(s, direction),
+    };
+    if armed.iter().any(|(a, _)| a.same(&source)) {
+        return Armed::All; // the same socket twice in the array: armed already
     }
     let Some(tag) = w.tag() else {
         return Armed::Busy;
     };
-    let word = if let Some(e) = eventfd {
-        match e.watch(tag) {
-            Some(word) => {
-                armed.push((Source::Word(word), tag));
-                return if e.ready(event) != 0 {
-                    Armed::Ready
-                } else {
-                    Armed::All
-                };
+    match source {
+        Source::Word(word) => {
+            if word
+                .compare_exchange(0, tag + 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                w.release(tag); // another thread waits on this buffer or ring
+                return Armed::Busy;
             }
-            None => None,
-        }
-    } else if let Some(s) = crate::socket_dup::resolve(fd) {
-        let word = if event == POLLIN {
-            crate::socket_rx::waiter_word(s)
-        } else {
-            crate::socket_tx::waiter_word(s)
-        };
-        match word {
-            Some(word) => Some((word, s)),
-            None => {
-                let direction = if event == POLLIN {
-                    NET_READABLE
-                } else {
-                    NET_WRITABLE
-                };
-                let r = net(NET_OP_POLL, s, direction, u64::from(tag), 0);
-                if r == NET_WAITING as i64 {
-                    armed.push((Source::Vmm(s), tag));
-                    return Armed::All;
-                }
-                w.release(tag);
-                // Another thread waits for this direction (`EAGAIN`): step; else look again.
-                return if r == -EAGAIN {
-                    Armed::Busy
-                } else {
-                    Armed::Ready
-                };
+            armed.push((source, tag));
+            if socket_now(s, event) != 0 {
+                Armed::Ready
+            } else {
+                Armed::All
             }
         }
-    } else {
-        None
-    };
-    let Some((word, s)) = word else {
-        w.release(tag);
-        return Armed::Busy;
-    };
-    if word
-        .compare_exchange(0, tag + 1, Ordering::SeqCst, Ordering::SeqCst)
-        .is_err()
-    {
-        w.release(tag); // another thread waits on this buffer
-        return Armed::Busy;
-    }
-    armed.push((Source::Word(word), tag));
-    if socket_now(s, event) != 0 {
-        Armed::Ready
-    } else {
-        Armed::All
+        Source::Vmm(..) => {
+            let r = net(NET_OP_POLL, s, direction, u64::from(tag), 0);
+            if r == NET_WAITING as i64 {
+                armed.push((source, tag));
+                return Armed::All;
+            }
+            w.release(tag);
+            // Another thread waits for this direction (`EAGAIN`): step; else look again.
+            if r == -EAGAIN {
+                Armed::Busy
+            } else {
+                Armed::Ready
+            }
+        }
     }
 }
 
@@ -222,7 +234,7 @@ fn withdraw(w: &AnyWait, armed: &[(Source, u32)]) {
             Source::Word(word) => word
                 .compare_exchange(tag + 1, 0, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok(),
-            Source::Vmm(s) => net(NET_OP_CANCEL, *s, u64::from(*tag), 0, 0) == 0,
+            Source::Vmm(s, _) => net(NET_OP_CANCEL, *s, u64::from(*tag), 0, 0) == 0,
         };
         if back {
             w.release(*tag);
