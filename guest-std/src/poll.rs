@@ -63,8 +63,9 @@ const ENOTCONN: i64 = 107;
 /// The VMM's readiness of one direction (`NET_READABLE` or `NET_WRITABLE`) of socket `s`, now.
 fn vmm_now(s: u64, direction: u64) -> i16 {
     match net(NET_OP_POLL, s, direction, NET_NO_WAIT, 0) {
-        // Not ready, or (`EINVAL`) a buffer or ring appeared meanwhile: the next look sees it.
-        r if r == -EAGAIN || r == -22 => 0,
+        // Not ready, or (`EINVAL`) a buffer or ring appeared meanwhile: the next look sees it;
+        // `EINTR` (a VMM before 2026-11-29 gave it when its thread was kicked): look again.
+        r if r == -EAGAIN || r == -22 || r == -4 => 0,
         r if r == -ENOTCONN => POLLHUP,
         r if r < 0 => POLLERR,
         r => r as i16,

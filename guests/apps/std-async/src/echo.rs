@@ -118,7 +118,14 @@ fn serve_loop(mut poll: Poll, mut listener: TcpListener, closed: usize) -> Resul
                     let Some(c) = conns.get_mut(&token) else {
                         continue;
                     };
-                    if pump(c).map_err(ctx("echo"))? {
+                    let finished = pump(c).map_err(|e| {
+                        format!(
+                            "echo of connection {}: {e} ({} pending)",
+                            token.0,
+                            c.pending.len()
+                        )
+                    })?;
+                    if finished {
                         let mut c = conns.remove(&token).expect("present");
                         poll.registry()
                             .deregister(&mut c.stream)
@@ -236,7 +243,13 @@ fn clients(addr: SocketAddr, n: usize) -> Result<(usize, usize)> {
             if let Some(e) = c.stream.take_error().map_err(ctx("take_error"))? {
                 return Err(format!("connection {}: {e}", c.id));
             }
-            if drive(c).map_err(ctx("client"))? {
+            let finished = drive(c).map_err(|e| {
+                format!(
+                    "client connection {}: {e} (sent {}, received {})",
+                    c.id, c.sent, c.received
+                )
+            })?;
+            if finished {
                 let c = live.remove(&ev.token()).expect("present");
                 wrong += c.wrong;
                 done += 1;
@@ -252,7 +265,10 @@ pub(crate) fn to_itself(port: u16, connections: usize) -> Result<()> {
     let poll = Poll::new().map_err(ctx("Poll::new"))?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(ctx("Waker::new"))?);
     let listener = listen()?;
-    let server = std::thread::spawn(move || serve_loop(poll, listener, 0));
+    let server = std::thread::spawn(move || {
+        // Printed at once: a failing server would leave its clients waiting.
+        serve_loop(poll, listener, 0).inspect_err(|e| eprintln!("std-async: server: {e}"))
+    });
     let addr: SocketAddr = format!("127.0.0.1:{port}")
         .parse()
         .map_err(ctx("address"))?;

@@ -93,9 +93,17 @@ impl Net {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        // SAFETY: one valid pollfd, a zero timeout (never blocks), no signal mask.
-        if unsafe { libc::ppoll(&mut pfd, 1, &zero, std::ptr::null()) } < 0 {
-            return Ok(neg(errno()));
+        // A vCPU thread is kicked with signals (a revoked processor, chaos): `EINTR` is retried,
+        // never the guest's answer (it once made a listener look failed, `POLLERR`).
+        loop {
+            // SAFETY: one valid pollfd, a zero timeout (never blocks), no signal mask.
+            if unsafe { libc::ppoll(&mut pfd, 1, &zero, std::ptr::null()) } >= 0 {
+                break;
+            }
+            match errno() {
+                libc::EINTR => continue,
+                e => return Ok(neg(e)),
+            }
         }
         let ready =
             (pfd.revents & (libc::POLLIN | libc::POLLOUT | libc::POLLERR | libc::POLLHUP)) as u64;
