@@ -48,6 +48,8 @@ mod preempt_at;
 mod security;
 #[path = "kvm/std_api.rs"]
 mod std_api;
+#[path = "kvm/std_async.rs"]
+mod std_async;
 #[path = "kvm/std_env.rs"]
 mod std_env;
 #[path = "kvm/std_files.rs"]
@@ -287,6 +289,7 @@ fn main() {
     trials.extend(placement::tests());
     trials.extend(std_guests::tests());
     trials.extend(std_api::tests());
+    trials.extend(std_async::tests());
     trials.extend(std_env::tests());
     trials.extend(std_files::tests());
     trials.extend(net::tests());

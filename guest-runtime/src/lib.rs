@@ -36,6 +36,7 @@ mod exception_stack;
 pub mod fault;
 pub mod io;
 pub mod net;
+pub mod net_any;
 pub mod net_deadline;
 pub(crate) mod percpu;
 pub mod random;

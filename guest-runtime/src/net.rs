@@ -280,13 +280,19 @@ pub(crate) fn poll_completions() {
             "activm-rt: net ring: head {head} is more than {NET_RING_CAPACITY} past tail {tail}"
         );
     }
-    let mut threads = [ptr::null_mut::<tcb::Tcb>(); NET_RING_CAPACITY];
-    for (i, slot) in threads.iter_mut().take(n).enumerate() {
+    // Each report's claim is made under the consumer's lock, so a waiter that gives up a tag
+    // whose report is on its way ([`abandon`]) knows whether the claim was made.
+    let mut threads = [ptr::null::<tcb::Tcb>(); NET_RING_CAPACITY];
+    let mut woken = 0;
+    for i in 0..n {
         let e = entry(tail.wrapping_add(i as u32) as usize % NET_RING_CAPACITY);
-        let Some(waiter) = WAITERS.get(e.tag as usize) else {
+        if e.tag >= NET_RING_CAPACITY as u64 {
             panic!("activm-rt: net readiness with tag {} from the VMM", e.tag);
-        };
-        *slot = waiter.load(Ordering::Relaxed);
+        }
+        if let Some(t) = take_report(e.tag as u32) {
+            threads[woken] = t;
+            woken += 1;
+        }
     }
     r.tail.store(head, Ordering::Release);
     drop(_consumer);
@@ -295,14 +301,11 @@ pub(crate) fn poll_completions() {
     // socket reader's turn is short (~1 us for a key-value request), an interrupt to a halted
     // vCPU and its halt after cost over 100 us each on this platform (`sched::wakeup`). A
     // spinning vCPU still takes a share. Behind a longer queue they are woken as usual.
-    let local = sched::runs_soon_here(n);
-    for &thread in &threads[..n] {
-        // SAFETY: the thread waits for this very report (its tag is not free), so its TCB is
+    let local = sched::runs_soon_here(woken);
+    for &thread in &threads[..woken] {
+        // SAFETY: the thread waits for this very report (its claim was ours), so its TCB is
         // live until it is woken; nothing touches it after the wake.
         let t = unsafe { &*thread };
-        if !claim_report(t) {
-            continue; // its deadline's timer woke it; it sees the claim (`net_deadline`)
-        }
         if local {
             if t.wake_owned() {
                 sched::make_runnable(t, false);
@@ -310,6 +313,55 @@ pub(crate) fn poll_completions() {
         } else {
             sched::wake(t);
         }
+    }
+}
+
+/// A waiter that gave up its tag while the report was on its way ([`abandon`]).
+fn orphan() -> *mut Tcb {
+    ptr::dangling_mut()
+}
+
+/// Under the consumer's lock: the report of `tag` arrived. The thread the caller must wake, if
+/// any: none for a tag given up (it is free again), nor when the waiter's timer or another
+/// report of the same wait claimed it first.
+fn take_report(tag: u32) -> Option<*const Tcb> {
+    let waiter = WAITERS[tag as usize].swap(ptr::null_mut(), Ordering::AcqRel);
+    if waiter == orphan() {
+        free_tag(tag);
+        return None;
+    }
+    if waiter.is_null() {
+        return None; // reported twice: nobody waits for it any more
+    }
+    // SAFETY: the thread waits for this report (its tag is not free), so its TCB is live.
+    claim_report(unsafe { &*waiter }).then_some(waiter.cast_const())
+}
+
+/// Reports `tag` from the guest itself, as the VMM would (an `eventfd` write wakes a thread
+/// that waits for it beside sockets): its waiter is woken unless it was woken already.
+pub fn report_local(tag: u32) {
+    if tag as usize >= NET_RING_CAPACITY {
+        return;
+    }
+    let woken = {
+        let _consumer = CONSUMER.lock();
+        take_report(tag)
+    };
+    if let Some(t) = woken {
+        // SAFETY: as in `poll_completions`: the claim was ours, so the thread waits for it.
+        sched::wake(unsafe { &*t });
+    }
+}
+
+/// A waiter gives up `tag`, whose report is in the ring or on its way (it could not take the
+/// wait back): the report frees the tag without waking anyone, or, if it was taken already,
+/// the tag is freed now.
+pub(crate) fn abandon(tag: u32) {
+    let _consumer = CONSUMER.lock();
+    let before = WAITERS[tag as usize].swap(orphan(), Ordering::AcqRel);
+    if before.is_null() {
+        WAITERS[tag as usize].store(ptr::null_mut(), Ordering::Relaxed);
+        free_tag(tag);
     }
 }
 

@@ -45,6 +45,17 @@ pub fn passed(deadline: u64) -> bool {
     cpu::rdtsc() >= deadline
 }
 
+/// Parks the calling thread until TSC `deadline` (the last stretch is spun, yielding).
+pub fn wait_until(deadline: u64) {
+    if !passed(deadline) {
+        let me = sched::current();
+        me.prepare_wait();
+        timer::add_sleeper(me, deadline);
+        sched::wait(me);
+    }
+    timer::spin_until(deadline, || false);
+}
+
 /// The current thread `me`, armed (`timed::arm`) with its tag out to the VMM, waits until the
 /// report or TSC `deadline`; `withdraw()` takes the tag back (true: the VMM never took it).
 /// Returns whether the wait timed out. See the module for the races.

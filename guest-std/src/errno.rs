@@ -8,6 +8,7 @@ pub const ESRCH: i32 = 3;
 pub const EBADF: i32 = 9;
 pub const EAGAIN: i32 = 11;
 pub const ENOMEM: i32 = 12;
+pub const EFAULT: i32 = 14;
 pub const EMFILE: i32 = 24;
 pub const EINVAL: i32 = 22;
 pub const ENOSYS: i32 = 38;

@@ -13,17 +13,20 @@
 //! * thread-locals ([`emutls`]): the targets use emulated TLS, served from activm-rt's
 //!   per-thread table (on x86_64 CPL3 cannot move `%fs` with a thread);
 //! * time, memory, entropy, console I/O, exit ([`sys`]);
-//! * files in the VMM's mounts ([`fs`]); sockets return `ENOSYS`.
+//! * files in the VMM's mounts ([`fs`]); sockets through the VMM ([`socket`]); `poll`
+//!   ([`poll`]) and `eventfd` ([`eventfd`]).
 #![no_std]
 
 extern crate alloc;
 
 pub mod emutls;
 pub mod errno;
+pub mod eventfd;
 pub mod fs;
 pub mod futex;
 pub mod iovec;
 pub mod net;
+pub mod poll;
 pub mod socket;
 mod socket_call;
 pub mod socket_dup;

@@ -161,6 +161,15 @@ pub fn readable(s: u64) -> Option<()> {
     (!AREAS[s as usize].load(Ordering::Acquire).is_null()).then_some(())
 }
 
+/// The `waiter` word of `s`'s buffer, if it has one (`poll` of several descriptors leaves its
+/// tag there).
+pub fn waiter_word(s: u64) -> Option<&'static core::sync::atomic::AtomicU32> {
+    let area = AREAS[s as usize].load(Ordering::Acquire);
+    // SAFETY: as in `recv`: the buffer lives while the socket is open, and `poll`'s caller
+    // keeps it open for the call (std and mio close a descriptor no `poll` watches).
+    (!area.is_null()).then(|| unsafe { &(*area).waiter })
+}
+
 /// `poll(POLLIN)` on `s`'s buffer: `POLLIN` (with `POLLERR` after an error) once bytes, the
 /// end of the stream or an error are there; 0 if not (`wait`: not before `deadline`).
 pub fn wait_readable(s: u64, deadline: Option<u64>, wait: bool) -> i16 {

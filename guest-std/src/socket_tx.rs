@@ -183,6 +183,19 @@ pub fn room(s: u64) -> Option<()> {
     (!AREAS[s as usize].load(Ordering::Acquire).is_null()).then_some(())
 }
 
+/// The `waiter` word of `s`'s ring, if it has one (`poll` of several descriptors leaves its
+/// tag there), after the doorbell (a full ring is sent as the host socket drains).
+pub fn waiter_word(s: u64) -> Option<&'static core::sync::atomic::AtomicU32> {
+    let area = AREAS[s as usize].load(Ordering::Acquire);
+    if area.is_null() {
+        return None;
+    }
+    ring_doorbell(s);
+    // SAFETY: as in `send`: the ring lives while the socket is open, and `poll`'s caller keeps
+    // it open for the call.
+    Some(unsafe { &(*area).waiter })
+}
+
 /// `poll(POLLOUT)` on `s`'s ring: `POLLOUT` (with `POLLERR` after an error) once it has room;
 /// 0 if not (`wait`: not before `deadline`).
 pub fn wait_room(s: u64, deadline: Option<u64>, wait: bool) -> i16 {

@@ -196,6 +196,10 @@ pub unsafe extern "C" fn sys_read_entropy(buf: *mut u8, len: usize, _flags: u32)
 /// `buf` points to `len` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_write(fd: i32, buf: *const u8, len: usize) -> isize {
+    if crate::eventfd::in_range(fd) {
+        // SAFETY: the caller's contract.
+        return unsafe { crate::eventfd::write(fd, buf, len) };
+    }
     if crate::socket::is_socket(fd) {
         // SAFETY: the caller's contract.
         return unsafe { crate::socket::sys_send(fd, buf, len, 0) };
@@ -232,6 +236,10 @@ pub unsafe extern "C" fn sys_writev(fd: i32, iov: *const Iovec, iovcnt: usize) -
 /// `buf` points to `len` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_read(fd: i32, buf: *mut u8, len: usize) -> isize {
+    if crate::eventfd::in_range(fd) {
+        // SAFETY: the caller's contract.
+        return unsafe { crate::eventfd::read(fd, buf, len) };
+    }
     if crate::socket::is_socket(fd) {
         // SAFETY: the caller passes `len` writable bytes.
         return unsafe { crate::socket::sys_recv(fd, buf, len, 0) };
@@ -253,7 +261,7 @@ pub unsafe extern "C" fn sys_read(fd: i32, buf: *mut u8, len: usize) -> isize {
 /// `iov` points to `iovcnt` iovecs of writable memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sys_readv(fd: i32, iov: *const Iovec, iovcnt: usize) -> isize {
-    if crate::socket::is_socket(fd) && iovcnt > 0 {
+    if (crate::socket::is_socket(fd) || crate::eventfd::in_range(fd)) && iovcnt > 0 {
         // SAFETY: the caller passes `iovcnt` iovecs of writable memory; the first is read into.
         let v = unsafe { &*iov };
         // SAFETY: the first iovec is writable memory (the caller's contract).
@@ -271,6 +279,9 @@ pub unsafe extern "C" fn sys_readv(fd: i32, iov: *const Iovec, iovcnt: usize) ->
 /// VMM ([`crate::fs`]); negative descriptors are `-EBADF`.
 #[unsafe(no_mangle)]
 pub extern "C" fn sys_close(fd: i32) -> i32 {
+    if crate::eventfd::in_range(fd) {
+        return crate::eventfd::close(fd);
+    }
     if crate::socket::is_socket(fd) {
         return crate::socket::close(fd);
     }

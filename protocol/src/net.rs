@@ -86,7 +86,8 @@ pub const NET_OP_UDP_CONNECT: u64 = 21;
 /// `poll(s, events, tag)`: `events` one of [`NET_READABLE`] or [`NET_WRITABLE`]; the ready
 /// bits ([`NET_READABLE`] ... [`NET_HANGUP`]) if any, else waits like `recv` (`NET_WAITING`,
 /// the tag reported when the socket is ready; `-EAGAIN` for [`NET_NO_WAIT`]). A direction a
-/// receive buffer or transmit ring serves is `-EINVAL`. Additive: ABI version unchanged.
+/// receive buffer or transmit ring serves is `-EINVAL`. TCP and (since 2026-11-29) UDP
+/// sockets with a host socket; `-ENOTCONN` without one. Additive: ABI version unchanged.
 pub const NET_OP_POLL: u64 = 24;
 /// `cancel(s, tag)`: takes back a wait armed on `s` under `tag`: 0 if no report will come,
 /// `-ENOENT` if the VMM reported it already (it is in the ring or on its way). A tag out of

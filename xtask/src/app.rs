@@ -56,6 +56,7 @@ pub(crate) const STD_APPS: &[&str] = &[
     "std-threadbench",
     "std-kv",
     "std-udp",
+    "std-async",
 ];
 
 /// The std guests of this repository that are a libtest binary: (guests/apps/NAME, its test

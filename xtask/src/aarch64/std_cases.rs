@@ -11,6 +11,7 @@ pub(super) const STD_APPS: &[&str] = &[
     "std-fs",
     "std-udp",
     "std-kv",
+    "std-async",
 ];
 
 /// `std-udp self`'s whole stdout (tests/kvm/net_udp.rs checks the same lines on x86_64).
@@ -183,6 +184,38 @@ pub(super) fn cases() -> Vec<Case> {
             NET_SELF_OUTPUT.to_string(),
         ));
     }
+    // The mio echo server and 8 client connections to itself through the loopback, and
+    // eventfd's wake-ups across threads (tests/kvm/std_async.rs checks the same on x86_64).
+    cases.push(Case::exact(
+        "std-async-self",
+        format!(
+            "(ip link set lo up || ifconfig lo 127.0.0.1 up) 2>/dev/null; {}",
+            stdout_of(
+                "std-async-self",
+                "/guests/std-async --vcpus 2 --timeout 120 --publish 47204:80 \
+                 --allow-connect 127.0.0.1:47204",
+                "self 47204 8",
+            )
+        ),
+        0,
+        "std-async self: 8 connections echoed 65536 bytes each, wrong bytes: 0
+std-async self: server accepted 8, timer ticked while serving: true, stopped by the waker: true
+std-async self: done
+"
+        .to_string(),
+    ));
+    cases.push(Case::new(
+        "std-async-eventfd",
+        "/activm run /guests/std-async --vcpus 2 --timeout 120 -- eventfd",
+        0,
+        &[
+            "std-async eventfd: semaphore reads [\"Ok(1)\", \"Ok(1)\", \"Err(11 WouldBlock)\"]",
+            "std-async eventfd: blocking read got 7 after 100 ms or more: true",
+            "std-async eventfd: blocking write waited: true, read 0xfffffffffffffffe then 5",
+            "std-async eventfd: ping-pong 10000 round trips, wrong values: 0",
+            "std-async eventfd: done",
+        ],
+    ));
     // std-kv's RESP server driven by separate client processes (busybox `nc`) through the
     // published port: SET/GET/INCR answers checked, then 4 connections at once send 50 INCRs
     // each and the count must be 200; activm is ended by SIGTERM.

@@ -425,6 +425,17 @@ mod tests {
         assert_eq!(call(recv, udp, buf, 16 | no_wait, 0), Ok(4));
         assert_eq!(ram.read_bytes(buf, 4).unwrap(), b"next");
         assert_eq!(call(recv, udp, buf, 16 | no_wait, 0), Ok(neg(libc::EAGAIN)));
+        // poll (24): a bound UDP socket answers; an unbound one has no host socket.
+        let poll = |s, events| call(NET_OP_POLL, s, events, NET_NO_WAIT, 0);
+        assert_eq!(poll(udp, NET_READABLE), Ok(neg(libc::EAGAIN)));
+        assert_eq!(poll(udp, NET_WRITABLE), Ok(NET_WRITABLE));
+        peer.send_to(b"ready", from).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(poll(udp, NET_READABLE), Ok(NET_READABLE));
+        assert_eq!(call(recv, udp, buf, 16 | no_wait, 0), Ok(5));
+        let unbound = call(NET_OP_SOCKET, 0, NET_KIND_UDP, 0, 0).unwrap();
+        assert_eq!(poll(unbound, NET_WRITABLE), Ok(neg(libc::ENOTCONN)));
+        assert_eq!(call(NET_OP_CLOSE, unbound, 0, 0, 0), Ok(0));
         // connect: the default peer.
         assert_eq!(
             call(NET_OP_UDP_CONNECT, udp, elsewhere, 0, 0),

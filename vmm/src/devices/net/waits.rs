@@ -62,7 +62,8 @@ impl Net {
     /// The ready bits (`NET_READABLE`, `NET_WRITABLE`, `NET_ERROR`, `NET_HANGUP`, Linux's
     /// values) if any, else the wait is armed under `tag` (`NET_WAITING`, or `-EAGAIN` for
     /// `NET_NO_WAIT`). A direction the guest's receive buffer or transmit ring serves is
-    /// `-EINVAL` (the guest looks there), a socket without a host socket `-ENOTCONN`.
+    /// `-EINVAL` (the guest looks there), a socket without a host socket (a fresh one, an
+    /// unbound UDP socket) `-ENOTCONN`. TCP streams, listeners and UDP sockets.
     pub(super) fn poll(
         &self,
         table: &mut Table,
@@ -80,7 +81,7 @@ impl Net {
             return Ok(neg(libc::EINVAL));
         }
         let fd = match (&sock.kind, &sock.fd) {
-            (Kind::Stream | Kind::Listener { .. }, Some(fd)) => fd.as_raw_fd(),
+            (Kind::Stream | Kind::Listener { .. } | Kind::Datagram(_), Some(fd)) => fd.as_raw_fd(),
             _ => return Ok(neg(libc::ENOTCONN)),
         };
         let mut pfd = libc::pollfd {
@@ -92,9 +93,17 @@ impl Net {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        // SAFETY: one valid pollfd, a zero timeout (never blocks), no signal mask.
-        if unsafe { libc::ppoll(&mut pfd, 1, &zero, std::ptr::null()) } < 0 {
-            return Ok(neg(errno()));
+        // A vCPU thread is kicked with signals (a revoked processor, chaos): `EINTR` is retried,
+        // never the guest's answer (it once made a listener look failed, `POLLERR`).
+        loop {
+            // SAFETY: one valid pollfd, a zero timeout (never blocks), no signal mask.
+            if unsafe { libc::ppoll(&mut pfd, 1, &zero, std::ptr::null()) } >= 0 {
+                break;
+            }
+            match errno() {
+                libc::EINTR => continue,
+                e => return Ok(neg(e)),
+            }
         }
         let ready =
             (pfd.revents & (libc::POLLIN | libc::POLLOUT | libc::POLLERR | libc::POLLHUP)) as u64;
