@@ -139,6 +139,7 @@ pub fn run_guests(
                 .map_err(|e| Error::Host(format!("cannot start a disk thread: {e}")))?;
         }
         let idle = batch_idle[created.guest.id];
+        procs.alloc.set_host_idle_priority(created.guest.id, idle);
         for (index, fd) in created.fds.into_iter().enumerate() {
             let guest = Arc::clone(&created.guest);
             let thread = std::thread::Builder::new()

@@ -327,6 +327,11 @@ impl Allocator {
         self.lock().guests[guest].latency_critical = on;
     }
 
+    /// `guest`'s vCPU threads run at the host's idle priority (`place.rs`).
+    pub fn set_host_idle_priority(&self, guest: GuestId, on: bool) {
+        self.lock().placement.set_idle(guest, on);
+    }
+
     /// How to read `guest`'s earliest sleeper: its timed wake-ups then follow it (`timed.rs`).
     pub fn watch_sleepers(&self, guest: GuestId, probe: SleeperProbe) {
         self.lock().guests[guest].sleepers = Some(probe);

@@ -26,6 +26,13 @@
 //! granted a processor, the threads are bound to their own processors' CPUs again
 //! ([`narrow_guest_sets`]).
 //!
+//! **Beside guests at the host's idle priority** (`SCHED_IDLE`, [`Placement::set_idle`]: the
+//! best-effort guests beside a latency-critical one), a guest of normal priority that is the
+//! only one holds the CPUs of every processor: a thread of its own preempts an idle-priority
+//! vCPU thread at once, so its busy vCPU runs wherever the host has a CPU to spare (one bound
+//! to its processor's CPU waited there behind the server's own client while the batch guest's
+//! CPU was free to take).
+//!
 //! **Widened under foreign load.** A CPU that other processes keep busy holds a thread bound to
 //! it: the granted thread waits there for a host tick or more (54 ms was seen) while the other
 //! CPU may be free, and the chaos soak got fewer preemptions with placement than without it on
@@ -74,6 +81,8 @@ pub(super) struct Placement {
     wide_until: Option<Instant>,
     /// Times placement was widened, for `--stats`.
     pub(super) widenings: u64,
+    /// Per guest: its vCPU threads run at the host's idle priority.
+    idle: Vec<bool>,
 }
 
 impl Placement {
@@ -103,6 +112,14 @@ impl Placement {
 
     pub(super) fn add_guest(&mut self, nr_vcpus: usize) {
         self.threads.push(vec![Thread::default(); nr_vcpus]);
+        self.idle.push(false);
+    }
+
+    /// `guest`'s vCPU threads run at the host's idle priority (see the module).
+    pub(super) fn set_idle(&mut self, guest: GuestId, on: bool) {
+        if let Some(idle) = self.idle.get_mut(guest) {
+            *idle = on;
+        }
     }
 
     /// The thread of `vcpu` of `guest` is `tid` (the calling thread); it binds itself as a
@@ -272,14 +289,27 @@ fn place_granted_at(state: &mut State, granted: &[(GuestId, usize)], now: Instan
 /// them: no other guest holds or wants a processor, and the budget has no more processors than
 /// bits. Else 0: each thread is bound to its own processor's CPU. With `running`, only the
 /// processors of running vCPUs count (a granted thread starts alone on its processor's CPU).
+/// A guest of normal priority whose only company runs at the host's idle priority: every
+/// processor (see the module).
 fn held_set(state: &State, id: GuestId, running: bool) -> u64 {
-    let others = state
+    let idle = &state.placement.idle;
+    let idle_at = |o: GuestId| idle.get(o).copied().unwrap_or(false);
+    let mut company = state
         .guests
         .iter()
         .enumerate()
-        .any(|(o, g)| o != id && (g.holding() > 0 || g.demand() > 0));
-    if others || state.placement.cpus.len() > 64 {
+        .filter(|(o, g)| *o != id && (g.holding() > 0 || g.demand() > 0));
+    let cpus = state.placement.cpus.len();
+    if cpus > 64 {
         return 0;
+    }
+    if let Some((first, _)) = company.next() {
+        let all_idle = idle_at(first) && company.all(|(o, _)| idle_at(o));
+        return if all_idle && !idle_at(id) {
+            (0..cpus).fold(0, |set, p| set | 1u64 << p)
+        } else {
+            0
+        };
     }
     let g = &state.guests[id];
     (0..g.vcpus.len())
@@ -488,6 +518,25 @@ mod tests {
             bound(&alloc)[kept],
             alloc.lock().placement.threads[h][0].processor
         );
+    }
+
+    #[test]
+    fn a_guest_beside_idle_priority_guests_runs_on_every_cpu() {
+        // A one-vCPU guest beside a one-vCPU guest at the host's idle priority: each holds a
+        // processor; the first may run on both CPUs, the idle-priority one on its own only.
+        let alloc = placed(1);
+        let h = alloc.add_guest(1);
+        alloc.set_host_idle_priority(h, true);
+        assert!(alloc.rebalance().is_empty());
+        assert_eq!(alloc.acquire(0, 0), Acquired::Resume);
+        assert_eq!(alloc.acquire(h, 0), Acquired::Resume);
+        assert!(alloc.rebalance().is_empty());
+        assert_eq!(sets(&alloc, 0), [0b11]);
+        assert_eq!(sets(&alloc, h), [0]);
+        // Both of normal priority: disjoint again at the next grant.
+        alloc.set_host_idle_priority(h, false);
+        alloc.release(h, 0, Release::Descheduled);
+        assert_eq!(sets(&alloc, 0), [0]);
     }
 
     #[test]
