@@ -104,16 +104,13 @@ pub(super) fn decide(state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
         .collect();
     let prefer = state.prefer_new;
     let mut granted = Vec::new();
-    loop {
-        let Some((id, g)) = state
-            .guests
-            .iter_mut()
-            .enumerate()
-            .filter(|(id, g)| free[tier[*id]] > 0 && g.holding() < g.share)
-            .max_by_key(|(_, g)| g.share - g.holding())
-        else {
-            break;
-        };
+    while let Some((id, g)) = state
+        .guests
+        .iter_mut()
+        .enumerate()
+        .filter(|(id, g)| free[tier[*id]] > 0 && g.holding() < g.share)
+        .max_by_key(|(_, g)| g.share - g.holding())
+    {
         // Oblivious (and activation vCPUs preempted silently): the longest waiter resumes.
         let waiter = g
             .since(|s| {
