@@ -2,42 +2,17 @@
 
 use std::time::Instant;
 
-use super::{place, tiered_shares, GuestId, Slot, State};
-
-/// The shares of the guests: the budget is split among the guests of normal priority, and
-/// again among those at the host's idle priority (scavengers: their vCPU threads run only
-/// where the others leave a CPU idle, so they take no processor from them; `place.rs`).
-fn shares(state: &State) -> Vec<usize> {
-    let tier = |scavengers: bool| -> Vec<(usize, bool)> {
-        (0..state.guests.len())
-            .map(|id| {
-                let g = &state.guests[id];
-                if state.placement.is_idle(id) == scavengers {
-                    (g.demand(), g.latency_critical)
-                } else {
-                    (0, false)
-                }
-            })
-            .collect()
-    };
-    let normal = tiered_shares(state.budget, &tier(false), state.rotation);
-    let scavenging = tiered_shares(state.budget, &tier(true), state.rotation);
-    normal.iter().zip(scavenging).map(|(a, b)| a + b).collect()
-}
-
-/// Processors of `scavengers`' tier (see [`shares`]) that no guest of it holds.
-fn free_in_tier(state: &State, scavengers: bool) -> usize {
-    let held: usize = (0..state.guests.len())
-        .filter(|&id| state.placement.is_idle(id) == scavengers)
-        .map(|id| state.guests[id].holding())
-        .sum();
-    state.budget.saturating_sub(held)
-}
+use super::{place, tiered_shares, GuestId, GuestState, Slot, State};
 
 /// Recompute the shares, mark revokes and grants, and wake the threads of the vCPUs granted
 /// a processor or told to hand over; returns the vCPUs to kick.
 pub(super) fn decide(state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
-    let shares = shares(state);
+    let demands: Vec<(usize, bool)> = state
+        .guests
+        .iter()
+        .map(|g| (g.demand(), g.latency_critical))
+        .collect();
+    let shares = tiered_shares(state.budget, &demands, state.rotation);
     let quantum = state.quantum;
     let mut kicks = Vec::new();
     // Take processors away first (they come back through `release`).
@@ -97,20 +72,22 @@ pub(super) fn decide(state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
             }
         }
     }
-    // Grant free processors to the guests furthest below their share, in each tier.
-    let mut free = [free_in_tier(state, false), free_in_tier(state, true)];
-    let tier: Vec<usize> = (0..state.guests.len())
-        .map(|id| usize::from(state.placement.is_idle(id)))
-        .collect();
+    // Grant free processors to the guests furthest below their share.
+    let mut free = state
+        .budget
+        .saturating_sub(state.guests.iter().map(GuestState::holding).sum());
     let prefer = state.prefer_new;
     let mut granted = Vec::new();
-    while let Some((id, g)) = state
-        .guests
-        .iter_mut()
-        .enumerate()
-        .filter(|(id, g)| free[tier[*id]] > 0 && g.holding() < g.share)
-        .max_by_key(|(_, g)| g.share - g.holding())
-    {
+    while free > 0 {
+        let Some((id, g)) = state
+            .guests
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, g)| g.holding() < g.share)
+            .max_by_key(|(_, g)| g.share - g.holding())
+        else {
+            break;
+        };
         // Oblivious (and activation vCPUs preempted silently): the longest waiter resumes.
         let waiter = g
             .since(|s| {
@@ -147,7 +124,7 @@ pub(super) fn decide(state: &mut State, now: Instant) -> Vec<(GuestId, usize)> {
         };
         g.vcpus[i] = grant;
         granted.push((id, i));
-        free[tier[id]] -= 1;
+        free -= 1;
     }
     // Bound to their processors' host CPUs before they wake (`place.rs`).
     place::place_granted(state, &granted);

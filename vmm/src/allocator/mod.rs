@@ -450,11 +450,12 @@ impl Allocator {
     pub fn keeps_processor_for_io(&self, guest: GuestId, vcpu: usize) -> bool {
         let state = self.lock();
         let g = &state.guests[guest];
-        let tier = state.placement.is_idle(guest);
         (g.latency_critical && !g.others_hold(vcpu))
-            || !state.guests.iter().enumerate().any(|(id, g)| {
-                id != guest && state.placement.is_idle(id) == tier && g.demand() > g.holding()
-            })
+            || !state
+                .guests
+                .iter()
+                .enumerate()
+                .any(|(id, g)| id != guest && g.demand() > g.holding())
     }
 
     /// Whether a vCPU of `guest` other than `vcpu` holds a processor (it takes the guest's

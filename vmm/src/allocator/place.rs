@@ -122,12 +122,6 @@ impl Placement {
         }
     }
 
-    /// Whether `guest`'s vCPU threads run at the host's idle priority: it scavenges, in a tier
-    /// of its own (`decide.rs`).
-    pub(super) fn is_idle(&self, guest: GuestId) -> bool {
-        self.idle.get(guest).copied().unwrap_or(false)
-    }
-
     /// The thread of `vcpu` of `guest` is `tid` (the calling thread); it binds itself as a
     /// thread granted before it registered would have been.
     pub(super) fn register(&mut self, guest: GuestId, vcpu: usize, tid: libc::pid_t) {
@@ -239,23 +233,24 @@ fn place_granted_at(state: &mut State, granted: &[(GuestId, usize)], now: Instan
     if state.placement.cpus.is_empty() {
         return;
     }
-    // Per tier (normal, idle priority): the processors its guests hold.
-    let mut used: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
-    for (id, g) in state.guests.iter().enumerate() {
-        for (v, slot) in g.vcpus.iter().enumerate() {
-            if !slot.holds_processor() || granted.contains(&(id, v)) {
-                continue;
-            }
-            if let Some(p) = state.placement.threads[id][v].processor {
-                used[usize::from(state.placement.is_idle(id))].push(p);
-            }
-        }
-    }
+    let mut used: Vec<usize> = state
+        .guests
+        .iter()
+        .enumerate()
+        .flat_map(|(id, g)| {
+            g.vcpus
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.holds_processor())
+                .map(move |(v, _)| (id, v))
+        })
+        .filter(|w| !granted.contains(w))
+        .filter_map(|(id, v)| state.placement.threads[id][v].processor)
+        .collect();
     let budget = state.budget;
     let placement = &mut state.placement;
     let wide = placement.widened(now);
     for &(id, v) in granted {
-        let used = &mut used[usize::from(placement.is_idle(id))];
         let thread = placement.threads[id][v];
         // Timed only once its thread exists: a thread still being created (vCPU creation takes
         // milliseconds at boot) is not waiting behind another.

@@ -56,32 +56,3 @@ fn an_untimed_yield_beside_a_running_vcpu_leaves_the_others_wake_ups() {
     alloc.yield_processor(server, 2, None, false);
     assert_eq!(alloc.timer_due(server, 0), TimerDue::Gone);
 }
-
-#[test]
-fn a_guest_at_the_host_idle_priority_scavenges_in_a_tier_of_its_own() {
-    // A latency-critical server beside a batch guest whose vCPU threads run at the host's idle
-    // priority: each tier splits the whole budget, so both hold both processors, the server's
-    // idle vCPUs keep theirs (nobody of its tier wants them), and the batch guest loses none
-    // when the server asks for all.
-    let alloc = Allocator::new(2, Duration::from_millis(10));
-    let server = alloc.add_guest(2);
-    let batch = alloc.add_guest(2);
-    alloc.set_latency_critical(server, true);
-    alloc.set_host_idle_priority(batch, true);
-    alloc.set_activations(server, true);
-    alloc.set_activations(batch, true);
-    settle(&alloc, server);
-    settle(&alloc, batch);
-    assert!((0..2).all(|v| running(&alloc, server, v) && running(&alloc, batch, v)));
-    assert!(alloc.keeps_processor_for_io(server, 0) && alloc.keeps_processor_for_io(server, 1));
-    alloc.release(server, 1, Release::Yielded);
-    let (_, kicks) = alloc.set_concurrency(server, 2);
-    assert!(
-        kicks.is_empty(),
-        "nothing of the batch guest revoked: {kicks:?}"
-    );
-    assert!((0..2).all(|v| running(&alloc, batch, v)));
-    // At normal priority the batch guest competes again: the server's share takes from it.
-    alloc.set_host_idle_priority(batch, false);
-    assert_eq!(alloc.rebalance().len(), 2);
-}
