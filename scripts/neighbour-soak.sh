@@ -16,6 +16,8 @@
 #          10) on --pcpus 2 with --chaos (seed = run number) and a disk slowed down with
 #          --io-latency 200 (the options of tests/kvm.rs chaos_soak_keeps_every_invariant);
 #          every process counts as a run.
+# LATENCY_CRITICAL=demo or =io marks that guest latency_critical in storm and serve modes: the
+# other one's vCPU threads then run at the host's idle priority (batch_sched_idle).
 # A run passes when activm exits 0 and both guests print their
 # exact results. Prints one line per run and the count; logs of failed runs are kept in
 # $OUT (default: a new directory under /tmp). Needs release builds:
@@ -87,6 +89,7 @@ image = "$G/rt-demo"
 name = "demo"
 vcpus = 2
 args = ["8", "$DEMO_ITERS"]
+latency_critical = $([ "${LATENCY_CRITICAL:-}" = demo ] && echo true || echo false)
 
 [[guest]]
 image = "$G/iobench"
@@ -94,6 +97,7 @@ name = "io"
 vcpus = 4
 disk = "disk.img"
 args = [$NEIGHBOUR_ARGS]
+latency_critical = $([ "${LATENCY_CRITICAL:-}" = io ] && echo true || echo false)
 TOML
 DEMO_OK="\[demo\] rt-demo: 8 threads x $DEMO_ITERS increments on 2 vCPUs: total $((8 * DEMO_ITERS)) (expected $((8 * DEMO_ITERS)))"
 failed=0
