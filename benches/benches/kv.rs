@@ -80,7 +80,12 @@ fn start_redis_server(port: u16) -> Result<Server, String> {
 
 /// Host CPU time (user + system) `pid` has used, in microseconds (`/proc/PID/stat`).
 fn cpu_us(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_us_of(&format!("/proc/{pid}/stat"))
+}
+
+/// The user + system time in a `stat` file of `/proc`, in microseconds.
+fn cpu_us_of(path: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the command name, which ends with the last ')': state is field 3, utime 14.
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split(' ').collect();
@@ -88,6 +93,42 @@ fn cpu_us(pid: u32) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (hz > 0).then(|| ticks as f64 * 1e6 / hz as f64)
+}
+
+/// Host CPU time (user + system) of the threads of `pid` whose name starts with `prefix`, in
+/// microseconds (`/proc/PID/task/*/stat`).
+fn threads_cpu_us(pid: u32, prefix: &str) -> Option<f64> {
+    let mut total = 0.0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if name.starts_with(prefix) {
+            let tid: u32 = task.file_name().to_str()?.parse().ok()?;
+            total += cpu_us_of(&format!("/proc/{pid}/task/{tid}/stat"))?;
+        }
+    }
+    Some(total)
+}
+
+/// One run beside the batch guest: the row's figures, and the host CPUs the batch guest's
+/// vCPU threads (`batch` = (pid, thread name prefix)) used during it on average.
+fn measure_beside(
+    port: u16,
+    test: &str,
+    pipeline: u32,
+    requests: u32,
+    batch: (u32, &str),
+) -> Result<(Measured, f64), String> {
+    let start = (Instant::now(), threads_cpu_us(batch.0, batch.1));
+    let m = measure(port, test, pipeline, requests, None)?;
+    let used = threads_cpu_us(batch.0, batch.1);
+    let cpus = match (start.1, used) {
+        (Some(b), Some(a)) => (a - b) / (start.0.elapsed().as_secs_f64() * 1e6),
+        _ => f64::NAN,
+    };
+    Ok((m, cpus))
 }
 
 /// One redis-benchmark run: (requests/s, p50 ms, p99 ms), and the server's host CPU per
@@ -310,7 +351,8 @@ fn beside_nbody(
     let batch_ms = 600_000;
     let tests = [("get", 1), ("set", 1)];
     println!(
-        "beside a batch guest (nbody nbody-for 1024 bodies, 2 threads, 2 vCPUs) on the same 2 CPUs"
+        "beside a batch guest (nbody nbody-for 1024 bodies, 2 threads, 2 vCPUs) on the same 2 CPUs; \
+         last column: host CPUs the batch guest's vCPU threads used during the run"
     );
     let mut anchor = Vec::new();
     {
@@ -320,7 +362,7 @@ fn beside_nbody(
             .arg(&nbody)
             .args(["--vcpus", "2", "--host-sched", "--timeout", "900", "--"])
             .args(["nbody-for", "1024", &batch_ms.to_string(), "2"]);
-        let _batch = Server(
+        let batch = Server(
             batch
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -330,8 +372,9 @@ fn beside_nbody(
         let port = free_port()?;
         let _server = start_redis_server(port)?;
         for &(test, pipeline) in &tests {
-            let m = measure(port, test, pipeline, requests, None)?;
-            row("redis-server + nbody", test, pipeline, m, m);
+            let (m, cpus) =
+                measure_beside(port, test, pipeline, requests, (batch.0.id(), "g0-vcpu"))?;
+            row_beside("redis-server + nbody", test, pipeline, m, m, cpus);
             anchor.push(m);
         }
     }
@@ -359,10 +402,11 @@ fn beside_nbody(
         std::fs::write(&config, text).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(activm);
         cmd.arg("run").arg(&config);
-        let _server = start(cmd, port)?;
+        let server = start(cmd, port)?;
         for (i, &(test, pipeline)) in tests.iter().enumerate() {
-            let m = measure(port, test, pipeline, requests, None)?;
-            row(name, test, pipeline, m, anchor[i]);
+            let (m, cpus) =
+                measure_beside(port, test, pipeline, requests, (server.0.id(), "g1-vcpu"))?;
+            row_beside(name, test, pipeline, m, anchor[i], cpus);
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -370,13 +414,23 @@ fn beside_nbody(
 }
 
 fn row(name: &str, test: &str, pipeline: u32, m: Measured, base: Measured) {
-    let label = format!("{} -P {pipeline}", test.to_uppercase());
     // The CPU columns only where measured (not beside the batch guest, whose process it shares).
     let cpu = if m.cpu.is_nan() {
         format!("{:>10} {:>10}", "-", "-")
     } else {
         format!("{:>10.1} {:>9.2}x", m.cpu, m.cpu / base.cpu)
     };
+    print_row(name, test, pipeline, m, base, &cpu);
+}
+
+/// A row beside the batch guest: its last column the host CPUs the batch guest used.
+fn row_beside(name: &str, test: &str, pipeline: u32, m: Measured, base: Measured, cpus: f64) {
+    let cpu = format!("{:>10} {:>10.2}", "-", cpus);
+    print_row(name, test, pipeline, m, base, &cpu);
+}
+
+fn print_row(name: &str, test: &str, pipeline: u32, m: Measured, base: Measured, cpu: &str) {
+    let label = format!("{} -P {pipeline}", test.to_uppercase());
     println!(
         "{name:<26} {label:<10} {:>12.0} {:>9.3} {:>9.3} {:>9.2}x {:>9.2}x {cpu}",
         m.rps,
