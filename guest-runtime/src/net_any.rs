@@ -63,18 +63,7 @@ impl AnyWait {
     /// Parks until the first report or the deadline; with `ready` (a source was found ready,
     /// or the caller gives up) only takes the wake-up that a claim already made owes.
     pub fn park(&self, ready: bool) {
-        if ready
-            && self
-                .me
-                .timed
-                .compare_exchange(
-                    timer::TIMED_ARMED,
-                    timer::TIMED_NOTIFIED,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-        {
+        if ready && timed::take_armed(self.me) {
             return; // claimed by ourselves: nobody wakes us
         }
         sched::wait(self.me);

@@ -12,6 +12,7 @@
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::errno::{fail, EAGAIN, EBADF, EINVAL, EMFILE};
+use crate::poll::{POLLIN, POLLNVAL, POLLOUT};
 
 /// The first eventfd descriptor (above the socket descriptors).
 pub const EVENTFD_BASE: i32 = 1 << 21;
@@ -26,10 +27,6 @@ const MAX_COUNT: u64 = u64::MAX - 1;
 const EFD_SEMAPHORE: i16 = 0o1;
 const EFD_NONBLOCK: i16 = 0o4000;
 const EFD_CLOEXEC: i16 = 0o40000;
-
-const POLLIN: i16 = 0x1;
-const POLLOUT: i16 = 0x4;
-const POLLNVAL: i16 = 0x20;
 
 const OPEN: u32 = 1;
 const SEMAPHORE: u32 = 2;

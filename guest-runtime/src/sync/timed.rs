@@ -19,7 +19,7 @@ pub(crate) fn arm(me: &Tcb, deadline: u64) {
 
 /// Moves `t`'s timed wait from armed to notified: whether it was armed (the timer had not
 /// claimed it).
-fn take_armed(t: &Tcb) -> bool {
+pub(crate) fn take_armed(t: &Tcb) -> bool {
     t.timed
         .compare_exchange(
             timer::TIMED_ARMED,
