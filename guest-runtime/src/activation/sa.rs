@@ -113,6 +113,7 @@ pub fn set_concurrency(n: u32) -> Option<u32> {
         return None;
     }
     header().requested_concurrency.store(n, Ordering::Release);
+    UNASKED.store(false, Ordering::SeqCst);
     Some(hypercall(Hypercall::SaSetConcurrency, u64::from(n)) as u32)
 }
 
@@ -141,6 +142,16 @@ pub fn is_warm(me: u32) -> bool {
 
 /// vCPUs that gave their processor back idle and have not started a new activation since.
 static YIELDED: AtomicU64 = AtomicU64::new(0);
+/// A processor was given back (`sa_yield`) since this guest last asked: the VMM's demand for
+/// it is below its concurrency until the next ask. A `sa_yield` sets that demand to what the
+/// guest then holds less one, forgetting vCPUs taken away meanwhile (PREEMPTED: their threads
+/// go on elsewhere, the vCPUs stay parked), and a new activation on the yielded vCPU (a timed
+/// wake-up, a completion owed a processor) raises it by that one only. So a yielded vCPU
+/// started again clears its [`YIELDED`] bit, not this: with only that bit to go by, a guest
+/// whose every yielded vCPU had come back and been preempted never asked again, and ran on
+/// one processor for the rest of a chaos soak (`rt-tests chaos-soak`, 3-5% of runs: 3-300
+/// PREEMPTED records in 20 s against 650-3600).
+static UNASKED: AtomicBool = AtomicBool::new(false);
 /// TSC of the last time this guest asked for its processors back.
 static LAST_ASK: AtomicU64 = AtomicU64::new(0);
 /// At most one ask per this many ns: an ask may come to nothing (its new activation canceled
@@ -226,6 +237,7 @@ fn give_back(me: u32, wake_ns: u64, work_queued: impl Fn() -> bool) -> u64 {
         return 0;
     }
     percpu::bump(&percpu::this().counters.idle_yields);
+    UNASKED.store(true, Ordering::SeqCst);
     super::cost::note_timed_yield(me, wake_ns);
     let _ = WARM.compare_exchange(me + 1, 0, Ordering::AcqRel, Ordering::Relaxed);
     let now = cpu::rdtsc().max(1);
@@ -266,19 +278,20 @@ pub fn backlog_waiting() -> bool {
     BACKLOG_SINCE.load(Ordering::Relaxed) != 0
 }
 
-/// Whether some vCPU gave its processor back idle (one load: cheap to ask on every loop).
+/// Whether some vCPU gave its processor back idle, or did since the last ask (two loads: cheap
+/// to ask on every loop).
 pub fn some_yielded() -> bool {
-    YIELDED.load(Ordering::Relaxed) != 0
+    YIELDED.load(Ordering::Relaxed) != 0 || UNASKED.load(Ordering::Relaxed)
 }
 
 /// Since when work waits here with no idle vCPU to take it (TSC; 0: nothing waits).
 static BACKLOG_SINCE: AtomicU64 = AtomicU64::new(0);
 
-/// Work is waiting and no vCPU idles here to take it: if some gave their processors back,
-/// ask the VMM for them again (`sa_setconcurrency`), once the work has waited the ask delay,
-/// and at most once a millisecond.
+/// Work is waiting and no vCPU idles here to take it: if some gave their processors back (or
+/// did since the last ask: [`UNASKED`]), ask the VMM for them again (`sa_setconcurrency`),
+/// once the work has waited the ask delay, and at most once a millisecond.
 pub fn want_processors() {
-    if YIELDED.load(Ordering::SeqCst) == 0 {
+    if YIELDED.load(Ordering::SeqCst) == 0 && !UNASKED.load(Ordering::SeqCst) {
         return;
     }
     let now = cpu::rdtsc();
@@ -309,6 +322,8 @@ pub fn want_processors() {
     let n = header().requested_concurrency.load(Ordering::Acquire);
     let n = if n == 0 { percpu::nr_vcpus() } else { n };
     super::cost::note_ask();
+    // Before the call: a yield after it sets the flag again.
+    UNASKED.store(false, Ordering::SeqCst);
     hypercall(Hypercall::SaSetConcurrency, u64::from(n));
 }
 

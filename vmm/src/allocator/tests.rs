@@ -135,6 +135,49 @@ fn activation_guest_gets_new_activations_up_to_its_share() {
     );
 }
 
+/// The contract the guest's asks rely on (`guest-runtime`, `activation::sa::UNASKED`): a yield
+/// sets the demand to what the guest holds less one, forgetting vCPUs preempted meanwhile; a
+/// new activation for a timer raises it by one only; only an ask restores it. A guest that
+/// asked only while a yielded vCPU had not started again ran on one processor of two.
+#[test]
+fn only_an_ask_restores_the_demand_a_yield_lowered() {
+    let alloc = Allocator::new(2, Duration::from_millis(10));
+    let g = alloc.add_guest(4);
+    alloc.set_activations(g, true);
+    settle(&alloc, g);
+    alloc.set_concurrency(g, 4);
+    settle(&alloc, g);
+    let holding = |alloc: &Allocator| {
+        let view = alloc.view(g);
+        (0..4)
+            .filter(|&v| view.vcpus[v].holds_processor())
+            .collect::<Vec<_>>()
+    };
+    let running = holding(&alloc);
+    assert_eq!(running.len(), 2);
+    // The budget drops to one: a vCPU is preempted (its context goes to the guest) and parks.
+    for (guest, v) in alloc.set_budget(1) {
+        alloc.release(guest, v, Release::Preempted);
+    }
+    let [alone] = holding(&alloc)[..] else {
+        panic!("not one vCPU running: {:?}", alloc.view(g).vcpus);
+    };
+    // The one left yields until a sleeper is due, and starts again for it.
+    alloc.release(g, alone, Release::Yielded);
+    assert_eq!(alloc.view(g).wanted, 0);
+    alloc.wake_for_timer(g, alone);
+    settle(&alloc, g);
+    assert_eq!(holding(&alloc), vec![alone]);
+    // The budget is back: the vCPU preempted before the yield is not wanted any more...
+    alloc.set_budget(2);
+    settle(&alloc, g);
+    assert_eq!((alloc.view(g).wanted, holding(&alloc).len()), (1, 1));
+    // ... until the guest asks.
+    alloc.set_concurrency(g, 4);
+    settle(&alloc, g);
+    assert_eq!(holding(&alloc).len(), 2);
+}
+
 #[test]
 fn second_guest_takes_half_from_an_activation_guest() {
     let alloc = Allocator::new(2, Duration::from_millis(10));
