@@ -110,14 +110,7 @@ pub(super) fn activation_tests() -> Vec<Trial> {
             "control_socket_removes_and_adds_vcpus",
             control_socket_add_remove,
         ),
-        Trial::test("defer_preemption_hint_is_honoured", || {
-            selftest(&["--vcpus", "2", "--pcpus", "2", "--stats"], &["sa-defer"])?
-                .expect_code(0)?
-                .stdout_has("sa-defer ok")?
-                .stderr_has("PREEMPTED=0")?
-                .stderr_has("deferred=1")?;
-            Ok(())
-        }),
+        Trial::test("defer_preemption_hint_is_honoured", defer_preemption_hint),
         Trial::test(
             "chaos_budget_changes_keep_an_oblivious_guest_correct",
             || {
@@ -354,4 +347,27 @@ fn control_socket() -> Result<(), Failed> {
     let _ = child.kill();
     let _ = child.wait();
     result
+}
+
+/// The victim yields at its safe point and no PREEMPTED record arrives. The VMM's grace is
+/// 100 us: on a loaded host the victim's thread may not run that soon, and the VMM then takes
+/// the processor (the guest exits 3). Such a run, with its deferral counted, is tried again,
+/// at most twice; on a quiet host the first run passes.
+fn defer_preemption_hint() -> Result<(), Failed> {
+    let mut attempt = 1;
+    loop {
+        let run = selftest(&["--vcpus", "2", "--pcpus", "2", "--stats"], &["sa-defer"])?;
+        if run.code == 3 && attempt < 3 {
+            run.stdout_has("the grace ran out")?
+                .stderr_has("deferred=1")?;
+            eprintln!("sa-defer, run {attempt}: the victim did not run within the grace; again");
+            attempt += 1;
+            continue;
+        }
+        run.expect_code(0)?
+            .stdout_has("sa-defer ok")?
+            .stderr_has("PREEMPTED=0")?
+            .stderr_has("deferred=1")?;
+        return Ok(());
+    }
 }
