@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use activm::config;
 use clap::{Parser, Subcommand};
 
+pub(crate) mod settings;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "activm",
