@@ -11,12 +11,16 @@
 //! 2. the project's binary with `cargo rustc`, which links that library in with
 //!    `--extern force:activm_std=...` (the program never names it) and puts the stub's linker
 //!    script on the search path.
+//!
+//! `clippy-guests` lints this repository's std guests with the same two runs, the second in check
+//! mode with clippy-driver compiling the project's own crates.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::{
-    check_elf, guest_cargo, install_toolchain, parse_arch, repo_root, run, GuestArch, USAGE,
+    check_elf, guest_cargo, install_toolchain, parse_arch, profile_dir, repo_root, run, GuestArch,
+    GUEST_CLIPPY_DRIVER, USAGE,
 };
 
 /// The `std` guest target of `arch`: its name, which is also its JSON file's under guests/ and
@@ -169,6 +173,13 @@ fn shared_args(cmd: &mut Command, o: &Options) {
     }
 }
 
+/// Cargo's output directory of `o`'s builds: TARGET_DIR/ARCH-activm-std/PROFILE.
+fn out_dir(o: &Options) -> PathBuf {
+    o.target_dir
+        .join(std_target(o.arch))
+        .join(profile_dir(o.release))
+}
+
 /// The newest `libactivm_std-*.rlib` in `deps`.
 fn runtime_rlib(deps: &Path) -> Result<PathBuf, String> {
     let entries = std::fs::read_dir(deps).map_err(|e| format!("{}: {e}", deps.display()))?;
@@ -193,33 +204,48 @@ pub(crate) fn app(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds this repository's std guests ([`STD_APPS`]) for `arch` and returns their ELF paths.
-pub(crate) fn build_std_apps(arch: GuestArch, release: bool) -> Result<Vec<PathBuf>, String> {
+/// This repository's std guests ([`STD_APPS`] and [`STD_TEST_APPS`]) as build options for
+/// `arch`, each into guests/target.
+fn std_apps(arch: GuestArch, release: bool) -> impl Iterator<Item = Options> {
     let root = repo_root();
     let programs = STD_APPS.iter().map(|app| (*app, None));
     let tests = STD_TEST_APPS
         .iter()
         .map(|(app, test)| (*app, Some(test.to_string())));
-    programs
-        .chain(tests)
-        .map(|(app, test)| {
-            build(&Options {
-                project: root.join("guests/apps").join(app),
-                release,
-                arch,
-                bin: None,
-                test,
-                target_dir: root.join("guests/target"),
-            })
-        })
-        .collect()
+    programs.chain(tests).map(move |(app, test)| Options {
+        project: root.join("guests/apps").join(app),
+        release,
+        arch,
+        bin: None,
+        test,
+        target_dir: root.join("guests/target"),
+    })
 }
 
-fn build(o: &Options) -> Result<PathBuf, String> {
-    let root = repo_root();
-    let profile_dir = if o.release { "release" } else { "debug" };
-    let out_dir = o.target_dir.join(std_target(o.arch)).join(profile_dir);
+/// Builds this repository's std guests ([`STD_APPS`]) for `arch` and returns their ELF paths.
+pub(crate) fn build_std_apps(arch: GuestArch, release: bool) -> Result<Vec<PathBuf>, String> {
+    std_apps(arch, release).map(|o| build(&o)).collect()
+}
 
+/// Runs clippy (`-D warnings`) over this repository's std guests for `arch`: the programs
+/// `build_std_apps` builds, each linted as `build` compiles it (dev profile, as `cargo clippy`).
+pub(crate) fn clippy_std_apps(arch: GuestArch) -> Result<(), String> {
+    std_apps(arch, false).try_for_each(|o| clippy(&o))
+}
+
+/// What the `cargo rustc` of a project's program does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Action {
+    /// Builds the guest ELF.
+    Build,
+    /// Checks the program with clippy-driver (as `cargo clippy` does) and builds nothing.
+    Clippy,
+}
+
+/// Builds activm-std for `o` (step 1) and returns the `cargo rustc` command of the project's
+/// program (step 2), ending in rustc arguments: a caller may add more.
+fn program_command(o: &Options, action: Action) -> Result<Command, String> {
+    let root = repo_root();
     let mut runtime = guest_cargo();
     runtime.current_dir(&o.project).arg("build").arg("--quiet");
     runtime
@@ -228,10 +254,19 @@ fn build(o: &Options) -> Result<PathBuf, String> {
     shared_args(&mut runtime, o);
     println!("xtask: building activm-std for {}", o.project.display());
     run(&mut runtime)?;
-    let rlib = runtime_rlib(&out_dir.join("deps"))?;
+    let rlib = runtime_rlib(&out_dir(o).join("deps"))?;
 
     let mut program = guest_cargo();
     program.current_dir(&o.project).arg("rustc");
+    if action == Action::Clippy {
+        // `cargo rustc` in check mode, the project's own crates compiled by clippy-driver:
+        // `cargo clippy` itself cannot hand the runtime to the program alone.
+        program.args(["--profile", "check"]);
+        program.env("RUSTC_WORKSPACE_WRAPPER", GUEST_CLIPPY_DRIVER);
+        // The rustc arguments (`-D warnings`) reach the program only: cargo fails on a warning
+        // of the project's build script too.
+        program.args(["-Zwarnings", "--config", "build.warnings=\"deny\""]);
+    }
     program
         .arg("--manifest-path")
         .arg(o.project.join("Cargo.toml"));
@@ -242,7 +277,9 @@ fn build(o: &Options) -> Result<PathBuf, String> {
         program.args(["--test", test]);
     }
     shared_args(&mut program, o);
-    program.arg("--message-format=json-render-diagnostics");
+    if action == Action::Build {
+        program.arg("--message-format=json-render-diagnostics");
+    }
     // Cargo does not track an `--extern` it was handed: a stamp of the runtime's build in the
     // flags (which cargo does fingerprint) relinks the program when activm-std changes.
     let stamp = std::fs::metadata(&rlib)
@@ -262,6 +299,19 @@ fn build(o: &Options) -> Result<PathBuf, String> {
             "native={}",
             root.join(link_script_dir(o.arch)).display()
         ));
+    Ok(program)
+}
+
+/// Lints the project's program with clippy, warnings denied.
+fn clippy(o: &Options) -> Result<(), String> {
+    let mut program = program_command(o, Action::Clippy)?;
+    program.args(["-D", "warnings"]);
+    println!("xtask: clippy {}", o.project.display());
+    run(&mut program)
+}
+
+fn build(o: &Options) -> Result<PathBuf, String> {
+    let mut program = program_command(o, Action::Build)?;
     println!("xtask: building {}", o.project.display());
     let out = program
         .stderr(std::process::Stdio::inherit())
@@ -290,7 +340,7 @@ fn build(o: &Options) -> Result<PathBuf, String> {
     if o.test.is_some() {
         // cargo names a test binary `deps/NAME-HASH`: a copy under the project's name is stable.
         let name = o.project.file_name().ok_or("project path has no name")?;
-        let stable = out_dir.join(name);
+        let stable = out_dir(o).join(name);
         std::fs::copy(&elf, &stable).map_err(|e| format!("{}: {e}", stable.display()))?;
         elf = stable;
     }

@@ -22,6 +22,8 @@ const PACKAGES: &[&str] = &["rustc-web", "rust-web-src", "lld-16", "rust-web-cli
 /// The guest toolchain.
 const GUEST_CARGO: &str = "/usr/bin/cargo";
 const GUEST_RUSTC: &str = "/usr/bin/rustc";
+/// The guest toolchain's clippy (package rust-web-clippy), rustc with the lints.
+const GUEST_CLIPPY_DRIVER: &str = "/usr/bin/clippy-driver";
 /// The guest architectures: custom targets guests/<arch>-activm.json.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum GuestArch {
@@ -74,7 +76,8 @@ usage: cargo xtask COMMAND
                                  kernel when missing; exit status 77 = skipped; --only runs the
                                  named cases, `prefix*` allowed; --smp: the QEMU
                                  machine's CPUs, default 2)
-  clippy-guests [--arch ARCH]    run clippy on the guest workspace for the guest target (-D warnings)
+  clippy-guests [--arch ARCH]    run clippy on the guest workspace for the guest target, then on the
+                                 std guests guests/apps/std-* for their std target (-D warnings)
   guest-path APP [--release]     print the path of guest APP's ELF (e.g. demo, selftest)
   fuzz [TARGET] [--seconds N]    build the fuzz targets (fuzz/) and run each (or TARGET) for N s (default 60)
   app PATH [--release] [--bin NAME | --test NAME] [--target-dir DIR] [--arch x86_64|aarch64]
@@ -493,7 +496,9 @@ fn clippy_guests(arch: GuestArch) -> Result<(), String> {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    run(&mut cmd)
+    run(&mut cmd)?;
+    // The std guests (guests/apps/std-*), each its own workspace: the ones build-guests builds.
+    app::clippy_std_apps(arch)
 }
 
 /// `[--arch x86_64|aarch64]`.
