@@ -143,6 +143,12 @@ fn render_stats(guest: &Guest) -> String {
     );
     let _ = write!(
         out,
+        "\nprocessor offers declined={} asks for processors (sa_setconcurrency)={}",
+        n(&s.offers_declined),
+        n(&s.asks)
+    );
+    let _ = write!(
+        out,
         "\ninterrupt watch: undelivered interrupts redelivered={}",
         n(&s.interrupts_nudged)
     );

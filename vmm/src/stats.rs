@@ -18,6 +18,11 @@ pub struct GuestStats {
     /// vCPUs that had to run forward from CPL0 before their context could be taken.
     pub run_forwards: AtomicU64,
     pub yields: AtomicU64,
+    /// `sa_yield` offers the VMM declined (the processor kept: nobody else wanted it with I/O in
+    /// flight, or a latency-critical guest's last one).
+    pub offers_declined: AtomicU64,
+    /// `sa_setconcurrency` calls: the guest's asks for processors.
+    pub asks: AtomicU64,
     /// Yielded vCPUs whose wake-up time (`sa_yield(wake_ns)`) came before any other grant.
     pub yield_wakes: AtomicU64,
     /// Preemptions deferred because the guest set `defer_preemption`.

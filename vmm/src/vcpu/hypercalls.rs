@@ -264,6 +264,7 @@ impl VcpuThread {
                 guest.config.vcpus
             )));
         }
+        guest.stats.asks.fetch_add(1, Ordering::Relaxed);
         let (previous, kicks) = guest
             .procs
             .alloc
@@ -293,6 +294,10 @@ impl VcpuThread {
                 .alloc
                 .keeps_processor_for_io(self.guest.id, self.index as usize)
         {
+            self.guest
+                .stats
+                .offers_declined
+                .fetch_add(1, Ordering::Relaxed);
             return Ok(protocol::hypercall::SA_YIELD_DECLINED);
         }
         // A wake-up asked for more than a second ahead is clamped (the guest asks again).
