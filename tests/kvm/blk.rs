@@ -415,11 +415,14 @@ pub(super) fn blk_tests() -> Vec<Trial> {
         }),
         Trial::test("blk_async_protocol_and_violations", || {
             let disk = temp_disk("blk-async-hostile", 1)?;
-            let slow = ["--disk", disk.arg(), "--io-latency", "2000"];
             // The violations need a request still in flight at the next call: a 1 s device,
             // so a guest descheduled between its two calls on a loaded host still sees it.
             let slower = ["--disk", disk.arg(), "--io-latency", "1000000"];
-            selftest(&slow, &["blk-async", "ok"])?
+            // A request must still be in flight when `blk_submit` returns: at 2 ms a vCPU
+            // thread descheduled inside the call found it due and completed it in the exit
+            // ("completed at once (0)", CI-like load, 2026-11-29: 1 suite run in 30).
+            let in_flight = ["--disk", disk.arg(), "--io-latency", "100000"];
+            selftest(&in_flight, &["blk-async", "ok"])?
                 .expect_code(0)?
                 .stdout_has("blk-async: tag 5 result 0")?;
             for (case, message) in [

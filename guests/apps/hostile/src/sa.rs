@@ -293,7 +293,16 @@ fn consume_second(frame: &mut IrqFrame) {
 fn consumes_late(vcpu: u32) -> ! {
     together(
         vcpu,
-        || enable(consumes_late_entry as *const () as u64, consume_second, 4),
+        // A full pool: every preemption beside the neighbour ends in a new activation that
+        // takes a stack and never gives it back, and on a loaded host 4 ran out before vCPU 0
+        // reported (CI-like load, 2026-11-29: 2 suite runs in 30, an empty pool).
+        || {
+            enable(
+                consumes_late_entry as *const () as u64,
+                consume_second,
+                STACK_POOL_CAPACITY,
+            )
+        },
         consumes_late_part,
     )
 }
