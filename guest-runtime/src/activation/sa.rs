@@ -329,7 +329,7 @@ pub fn want_processors() {
     let n = header().requested_concurrency.load(Ordering::Acquire);
     let n = if n == 0 { percpu::nr_vcpus() } else { n };
     super::cost::note_ask();
-    // Before the call: a yield after it sets the flag again.
+    // Before the call: a yield after it marks again.
     UNASKED.store(0, Ordering::SeqCst);
     hypercall(Hypercall::SaSetConcurrency, u64::from(n));
 }
