@@ -18,7 +18,11 @@
 //! activations without it. First, what an
 //! idle server costs: the batch guest's steps/s alone and beside an idle std-kv.
 //!
-//! `cargo xtask bench kv`; `ACTIVM_BENCH_QUICK=1` for fewer requests; `ACTIVM_KV_ROOT=DIR`
+//! The table alone gives each figure's median over rounds (`ACTIVM_KV_ROUNDS`, default 3), each
+//! round running every server in turn; ratios are of those medians. The rows beside the batch
+//! guest are one round.
+//!
+//! `cargo xtask bench kv`; `ACTIVM_BENCH_QUICK=1` for fewer requests and one round; `ACTIVM_KV_ROOT=DIR`
 //! takes `target/release/activm` and the guests from DIR's tree instead. Installs redis-tools and
 //! redis-server with apt-get when missing. Everything stays on 127.0.0.1.
 
@@ -155,6 +159,30 @@ fn measure(
     })
 }
 
+/// Rounds of the table alone: `ACTIVM_KV_ROUNDS`, else 3 (1 with `ACTIVM_BENCH_QUICK`).
+fn rounds(quick: bool) -> usize {
+    std::env::var("ACTIVM_KV_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(if quick { 1 } else { 3 })
+}
+
+/// Each figure's median over `runs` (one figure per round; NaN where it was not measured).
+fn median(runs: &[Measured]) -> Measured {
+    let of = |pick: fn(&Measured) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(pick).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    Measured {
+        rps: of(|m| m.rps),
+        p50: of(|m| m.p50),
+        p99: of(|m| m.p99),
+        cpu: of(|m| m.cpu),
+    }
+}
+
 /// One row's figures.
 #[derive(Clone, Copy)]
 struct Measured {
@@ -240,7 +268,7 @@ fn run() -> Result<(), String> {
         ("activm, activ., 1 vCPU", &[], "1"),
     ];
     let tests = [("get", 1), ("set", 1), ("get", 16), ("set", 16)];
-    println!("std-kv on activm ({vcpus} vCPUs) vs host redis-server; redis-benchmark -c 50 -n {requests} --csv; shared 2-CPU host");
+    println!("std-kv on activm ({vcpus} vCPUs) vs host redis-server; redis-benchmark -c 50 -n {requests} --csv; shared 2-CPU host; medians of {} rounds", rounds(quick));
     println!(
         "{:<26} {:<10} {:>12} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
         "server",
@@ -253,28 +281,43 @@ fn run() -> Result<(), String> {
         "CPU us/req",
         "x redis"
     );
-    let mut anchor = Vec::new();
-    {
-        let port = free_port()?;
-        let server = start_redis_server(port)?;
-        for &(test, pipeline) in &tests {
-            let m = measure(port, test, pipeline, requests, Some(server.0.id()))?;
-            row("redis-server (host)", test, pipeline, m, m);
-            anchor.push(m);
+    // Per server (redis-server, then each mode) and test: one figure per round. Every round
+    // runs every server, so a slow minute of the host falls on all of them alike.
+    let mut runs = vec![vec![Vec::new(); tests.len()]; 1 + modes.len()];
+    for _ in 0..rounds(quick) {
+        {
+            let port = free_port()?;
+            let server = start_redis_server(port)?;
+            for (i, &(test, pipeline)) in tests.iter().enumerate() {
+                runs[0][i].push(measure(
+                    port,
+                    test,
+                    pipeline,
+                    requests,
+                    Some(server.0.id()),
+                )?);
+            }
+        }
+        for (k, (_, flags, vcpus)) in modes.iter().enumerate() {
+            let port = free_port()?;
+            let mut cmd = Command::new(&activm);
+            cmd.arg("run")
+                .arg(&kv)
+                .args(["--vcpus", vcpus, "--timeout", "600"])
+                .args(["--publish", &format!("{port}:6379")])
+                .args(*flags);
+            let server = start(cmd, port)?;
+            for (i, &(test, pipeline)) in tests.iter().enumerate() {
+                let m = measure(port, test, pipeline, requests, Some(server.0.id()))?;
+                runs[k + 1][i].push(m);
+            }
         }
     }
-    for (name, flags, vcpus) in modes {
-        let port = free_port()?;
-        let mut cmd = Command::new(&activm);
-        cmd.arg("run")
-            .arg(&kv)
-            .args(["--vcpus", vcpus, "--timeout", "600"])
-            .args(["--publish", &format!("{port}:6379")])
-            .args(flags);
-        let server = start(cmd, port)?;
+    let anchor: Vec<Measured> = runs[0].iter().map(|r| median(r)).collect();
+    let names = std::iter::once("redis-server (host)").chain(modes.iter().map(|m| m.0));
+    for (name, per_test) in names.zip(&runs) {
         for (i, &(test, pipeline)) in tests.iter().enumerate() {
-            let m = measure(port, test, pipeline, requests, Some(server.0.id()))?;
-            row(name, test, pipeline, m, anchor[i]);
+            row(name, test, pipeline, median(&per_test[i]), anchor[i]);
         }
     }
     beside_nbody(&activm, &kv, &root, requests)
