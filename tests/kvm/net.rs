@@ -138,7 +138,7 @@ fn benchmark_then_round_trip(options: &'static [&'static str]) -> Result<Server,
 
 /// A server alone on the host serves the benchmark; its idle vCPUs offer their processors back
 /// and the VMM, with nobody else to give them to, declines. A declined offer is no yield: the
-/// guest must not ask for its processors again afterwards (before the fix, 12-15 asks in this
+/// guest must not ask for its processors again afterwards (before the fix, 12-22 asks in this
 /// run, each waking the second vCPU for work the first would have taken). Its one ask is the
 /// runtime's start; a second may come from an offer in flight on the other vCPU.
 fn alone_asks_for_no_processors_it_kept() -> Result<(), Failed> {
